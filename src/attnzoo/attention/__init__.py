@@ -1,0 +1,22 @@
+"""Attention mechanisms, registered by name."""
+
+from attnzoo.attention import mha  # noqa: F401  (registers the mechanism)
+from attnzoo.attention.base import (
+    ATTENTION,
+    Attention,
+    AttentionContext,
+    attend,
+    eager_attention,
+    repeat_kv,
+    sdpa_attention,
+)
+
+__all__ = [
+    "ATTENTION",
+    "Attention",
+    "AttentionContext",
+    "attend",
+    "eager_attention",
+    "repeat_kv",
+    "sdpa_attention",
+]

@@ -1,0 +1,40 @@
+"""Multi-head attention with grouped kv heads: MHA, GQA and MQA through ``n_kv_heads``."""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from attnzoo.attention.base import ATTENTION, Attention, AttentionContext, attend, residual_linear
+from attnzoo.cache import LayerCache
+
+
+@ATTENTION.register("mha")
+class MultiHeadAttention(Attention):
+    """softmax(QKᵀ/√d + B)·V per head (Vaswani et al., 2017, Eq. 1), with B the positional bias if any.
+
+    Query head h reads kv head h // (n_heads / n_kv_heads) (GQA, Ainslie et al., 2023; MQA when
+    n_kv_heads = 1), as in HF LLaMA, whose projection names (q/k/v/o_proj) are used here.
+    """
+
+    def __init__(self, cfg, layer_idx):
+        super().__init__(cfg, layer_idx)
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=cfg.bias)
+        self.k_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=cfg.bias)
+        self.v_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=cfg.bias)
+        self.o_proj = residual_linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=cfg.bias)
+
+    def forward(self, x: Tensor, ctx: AttentionContext, cache: LayerCache | None = None) -> Tensor:
+        batch, seq_len, _ = x.shape
+        q = self.q_proj(x).view(batch, seq_len, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(batch, seq_len, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(batch, seq_len, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = ctx.rotate(q), ctx.rotate(k)
+        if cache is not None:
+            k, v = cache.update(ctx.start, k=k, v=v)
+        out = attend(q, k, v, ctx, dropout_p=self.attn_dropout)
+        return self.o_proj(out.transpose(1, 2).reshape(batch, seq_len, -1))
+
+    def new_layer_cache(self, batch_size, max_len, *, device, dtype):
+        shape = (self.n_kv_heads, self.head_dim)
+        return LayerCache.allocate(batch_size, max_len, device=device, dtype=dtype, k=shape, v=shape)

@@ -1,0 +1,178 @@
+"""Model configuration: one typed, validated dataclass with a JSON round trip."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+MLP_KINDS = ("swiglu", "gelu")
+NORM_KINDS = ("rmsnorm", "layernorm")
+ATTN_BACKENDS = ("auto", "eager", "sdpa")
+
+
+def require(ok: bool, name: str, value: Any, allowed: str) -> None:
+    """Raise the project's standard config error: the field, its bad value, and what is allowed."""
+    if not ok:
+        raise ValueError(f"{name}={value!r} is invalid: {allowed}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture of a decoder-only Transformer.
+
+    Derived fields (``n_kv_heads``, ``head_dim``, ``mlp_hidden_dim``) may be left as ``None`` and are
+    resolved on construction; the options dicts are completed with their defaults, so ``to_json`` writes
+    the full architecture. Every bad field raises ``ValueError`` naming the field, the value and what is
+    allowed. Use ``dataclasses.replace`` to derive a modified, re-validated copy.
+    """
+
+    vocab_size: int = 256
+    dim: int = 256
+    n_layers: int = 4
+    n_heads: int = 8
+    n_kv_heads: int | None = None  # None → n_heads (MHA); 1 → MQA; in between → GQA
+    head_dim: int | None = None  # None → dim // n_heads
+    mlp: str = "swiglu"
+    mlp_hidden_dim: int | None = None  # None → 4·dim for gelu, 8/3·dim rounded up to 32 for swiglu
+    norm: str = "rmsnorm"
+    norm_eps: float = 1e-5
+    dropout: float = 0.0
+    bias: bool = False
+    tie_embeddings: bool = True
+    max_seq_len: int = 1024
+    attention: str = "mha"
+    attention_options: dict[str, Any] = field(default_factory=dict)
+    position: str = "rope"
+    position_options: dict[str, Any] = field(default_factory=dict)
+    attn_backend: str = "auto"
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        # Imported here: the registries import mechanism modules, which refer back to this class.
+        from attnzoo.attention import ATTENTION
+        from attnzoo.positions import POSITIONS
+
+        for name in ("vocab_size", "dim", "n_layers", "n_heads", "max_seq_len"):
+            value = getattr(self, name)
+            require(_is_int(value) and value >= 1, name, value, "must be an integer >= 1")
+
+        if self.n_kv_heads is None:
+            self._set("n_kv_heads", self.n_heads)
+        require(
+            _is_int(self.n_kv_heads) and 1 <= self.n_kv_heads <= self.n_heads,
+            "n_kv_heads",
+            self.n_kv_heads,
+            f"must be an integer in [1, n_heads={self.n_heads}]",
+        )
+        require(
+            self.n_heads % self.n_kv_heads == 0,
+            "n_kv_heads",
+            self.n_kv_heads,
+            f"must divide n_heads={self.n_heads} (query heads share kv heads)",
+        )
+        if self.head_dim is None:
+            require(
+                self.dim % self.n_heads == 0,
+                "n_heads",
+                self.n_heads,
+                f"must divide dim={self.dim} when head_dim is not given",
+            )
+            self._set("head_dim", self.dim // self.n_heads)
+        require(_is_int(self.head_dim) and self.head_dim >= 1, "head_dim", self.head_dim, "must be an integer >= 1")
+
+        require(self.mlp in MLP_KINDS, "mlp", self.mlp, f"choose one of {list(MLP_KINDS)}")
+        if self.mlp_hidden_dim is None:
+            hidden = 4 * self.dim if self.mlp == "gelu" else -(-8 * self.dim // 3 // 32) * 32
+            self._set("mlp_hidden_dim", hidden)
+        require(
+            _is_int(self.mlp_hidden_dim) and self.mlp_hidden_dim >= 1,
+            "mlp_hidden_dim",
+            self.mlp_hidden_dim,
+            "must be an integer >= 1",
+        )
+        require(self.norm in NORM_KINDS, "norm", self.norm, f"choose one of {list(NORM_KINDS)}")
+        require(_is_number(self.norm_eps) and self.norm_eps > 0, "norm_eps", self.norm_eps, "must be a number > 0")
+        require(_is_number(self.dropout) and 0 <= self.dropout < 1, "dropout", self.dropout, "must be in [0, 1)")
+        require(_is_number(self.init_std) and self.init_std > 0, "init_std", self.init_std, "must be a number > 0")
+        for name in ("bias", "tie_embeddings"):
+            require(isinstance(getattr(self, name), bool), name, getattr(self, name), "must be true or false")
+        require(
+            self.attn_backend in ATTN_BACKENDS,
+            "attn_backend",
+            self.attn_backend,
+            f"choose one of {list(ATTN_BACKENDS)}",
+        )
+
+        for registry, name, options_field in (
+            (ATTENTION, self.attention, "attention_options"),
+            (POSITIONS, self.position, "position_options"),
+        ):
+            options = getattr(self, options_field)
+            require(isinstance(options, dict), options_field, options, "must be a dict of options")
+            typed = registry.parse_options(name, options)
+            self._set(options_field, dataclasses.asdict(typed))
+
+        attention_cls = ATTENTION.get(self.attention)
+        attention_cls.validate_config(self)
+        POSITIONS.get(self.position).validate_config(self, attention_cls.qk_head_dim(self))
+
+    def _set(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+
+    @property
+    def attention_opts(self) -> Any:
+        """The typed ``Options`` dataclass of the attention mechanism."""
+        from attnzoo.attention import ATTENTION
+
+        return ATTENTION.parse_options(self.attention, self.attention_options)
+
+    @property
+    def position_opts(self) -> Any:
+        """The typed ``Options`` dataclass of the positional scheme."""
+        from attnzoo.positions import POSITIONS
+
+        return POSITIONS.parse_options(self.position, self.position_options)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown ModelConfig field(s) {unknown}; allowed: {sorted(known)}")
+        return cls(**data)
+
+    def to_json(self, path: str | os.PathLike | None = None) -> str:
+        text = json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+        if path is not None:
+            from attnzoo.io import atomic_write_text
+
+            atomic_write_text(path, text)
+        return text
+
+    @classmethod
+    def from_json(cls, path_or_text: str | os.PathLike) -> ModelConfig:
+        text = str(path_or_text)
+        if not text.lstrip().startswith("{"):
+            with open(path_or_text, encoding="utf-8") as f:
+                text = f.read()
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"model config is not valid JSON ({err}): {str(path_or_text)[:200]}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"model config JSON must be an object, got {type(data).__name__}")
+        return cls.from_dict(data)

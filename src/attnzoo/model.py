@@ -1,0 +1,234 @@
+"""A pre-norm decoder-only Transformer whose attention and positions are chosen by name.
+
+config → Transformer(config) → model(idx) / model(idx, targets) → generate → save/from_pretrained
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_model, save_model
+from torch import Tensor, nn
+
+from attnzoo.attention import ATTENTION, AttentionContext
+from attnzoo.attention.base import residual_linear
+from attnzoo.cache import KVCache, LayerCache
+from attnzoo.config import ModelConfig
+from attnzoo.generation import check_sampling_args, sample_next_token
+from attnzoo.io import atomic_write
+from attnzoo.positions import POSITIONS
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+
+
+def make_norm(cfg: ModelConfig) -> nn.Module:
+    if cfg.norm == "rmsnorm":
+        return nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
+    return nn.LayerNorm(cfg.dim, eps=cfg.norm_eps, bias=cfg.bias)
+
+
+class MLP(nn.Module):
+    """SwiGLU, down(silu(gate(x)) ⊙ up(x)) (Shazeer, 2020), or GELU, down(gelu(up(x)))."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gated = cfg.mlp == "swiglu"
+        if self.gated:
+            self.gate_proj = nn.Linear(cfg.dim, cfg.mlp_hidden_dim, bias=cfg.bias)
+        self.up_proj = nn.Linear(cfg.dim, cfg.mlp_hidden_dim, bias=cfg.bias)
+        self.down_proj = residual_linear(cfg.mlp_hidden_dim, cfg.dim, bias=cfg.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        hidden = F.silu(self.gate_proj(x)) * self.up_proj(x) if self.gated else F.gelu(self.up_proj(x))
+        return self.down_proj(hidden)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.input_layernorm = make_norm(cfg)
+        self.self_attn = ATTENTION.get(cfg.attention)(cfg, layer_idx)
+        self.post_attention_layernorm = make_norm(cfg)
+        self.mlp = MLP(cfg)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: Tensor, ctx: AttentionContext, cache: LayerCache | None) -> Tensor:
+        x = x + self.dropout(self.self_attn(self.input_layernorm(x), ctx, cache))
+        return x + self.dropout(self.mlp(self.post_attention_layernorm(x)))
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.position = POSITIONS.get(cfg.position)(cfg, ATTENTION.get(cfg.attention).qk_head_dim(cfg))
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        self.norm = make_norm(cfg)
+        self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """GPT-2 init: N(0, init_std), residual projections scaled by 1/√(2·n_layers); then each
+        mechanism initialises its own parameters."""
+        std = self.config.init_std
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                scale = (
+                    1 / math.sqrt(2 * self.config.n_layers) if getattr(module, "is_residual_projection", False) else 1
+                )
+                nn.init.normal_(module.weight, std=std * scale)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, std=std)
+        for block in self.layers:
+            block.self_attn.reset_mechanism_parameters()
+
+    def num_parameters(self, exclude_embeddings: bool = False) -> int:
+        n = sum(p.numel() for p in self.parameters())
+        if exclude_embeddings:
+            n -= self.embed_tokens.weight.numel()
+        return n
+
+    def new_cache(self, batch_size: int, max_len: int, *, dtype: torch.dtype | None = None) -> KVCache:
+        """A static cache for ``batch_size`` sequences of up to ``max_len`` positions."""
+        if batch_size < 1 or max_len < 1:
+            raise ValueError(f"batch_size={batch_size} and max_len={max_len} must both be >= 1")
+        self.position.check_length(max_len)
+        weight = self.embed_tokens.weight
+        dtype = dtype or weight.dtype
+        layers = [
+            block.self_attn.new_layer_cache(batch_size, max_len, device=weight.device, dtype=dtype)
+            for block in self.layers
+        ]
+        return KVCache(layers, batch_size, max_len)
+
+    def _context(self, batch: int, seq_len: int, cache: KVCache | None, maps: list | None) -> AttentionContext:
+        if cache is not None:
+            cache.check_fits(batch, seq_len)
+        start = cache.length if cache is not None else 0
+        end = start + seq_len
+        self.position.check_length(end)
+        positions = torch.arange(start, end, device=self.embed_tokens.weight.device)
+        backend = "eager" if self.config.attn_backend == "eager" else "sdpa"
+        return AttentionContext(
+            positions=positions,
+            start=start,
+            position=self.position,
+            position_state=self.position.prepare(positions, end),
+            backend=backend,
+            attention_maps=maps,
+        )
+
+    def _hidden(self, idx: Tensor, cache: KVCache | None, maps: list | None = None) -> Tensor:
+        if idx.dim() != 2:
+            raise ValueError(f"idx must have shape (batch, seq_len); got {tuple(idx.shape)}")
+        batch, seq_len = idx.shape
+        if seq_len == 0:
+            raise ValueError("idx has no tokens (seq_len=0)")
+        ctx = self._context(batch, seq_len, cache, maps)
+        x = self.embed_tokens(idx)
+        position_embedding = self.position.embed(ctx.positions)
+        if position_embedding is not None:
+            x = x + position_embedding.to(x.dtype)
+        x = self.dropout(x)
+        for i, block in enumerate(self.layers):
+            x = block(x, ctx, cache.layers[i] if cache is not None else None)
+        if cache is not None:
+            cache.length = ctx.end
+        return self.norm(x)
+
+    def forward(
+        self, idx: Tensor, targets: Tensor | None = None, *, cache: KVCache | None = None
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """Logits (B, T, vocab); with ``targets`` (B, T), also the mean cross-entropy (-100 is ignored).
+
+        With a ``cache``, ``idx`` continues the cached sequence and is appended to it.
+        """
+        logits = self.lm_head(self._hidden(idx, cache))
+        if targets is None:
+            return logits
+        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)
+        return logits, loss
+
+    @torch.no_grad()
+    def attention_maps(self, idx: Tensor) -> list[Tensor]:
+        """Each layer's effective attention map, (B, heads, T, T) in fp32, from the eager path."""
+        maps: list[Tensor] = []
+        self._hidden(idx, cache=None, maps=maps)
+        return maps
+
+    @torch.no_grad()
+    def generate(
+        self,
+        idx: Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_token_id: int | None = None,
+        generator: torch.Generator | None = None,
+        use_cache: bool = True,
+    ) -> Tensor:
+        """Extend ``idx`` (B, T) by up to ``max_new_tokens``; greedy when ``temperature`` is 0.
+
+        Sequences that emit ``eos_token_id`` are padded with it until all have finished. ``use_cache=False``
+        recomputes the whole prefix each step: the reference the cached path must reproduce.
+        """
+        check_sampling_args(temperature, top_k, top_p)
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens={max_new_tokens} is invalid: must be >= 0")
+        batch, prompt_len = idx.shape
+        cache = self.new_cache(batch, prompt_len + max_new_tokens) if use_cache and max_new_tokens else None
+        finished = torch.zeros(batch, dtype=torch.bool, device=idx.device)
+        step_input = idx
+        for _ in range(max_new_tokens):
+            logits = self(step_input, cache=cache)[:, -1] if use_cache else self(idx)[:, -1]
+            next_token = sample_next_token(
+                logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
+            )
+            if eos_token_id is not None:
+                next_token = next_token.masked_fill(finished, eos_token_id)
+                finished |= next_token == eos_token_id
+            idx = torch.cat((idx, next_token[:, None]), dim=1)
+            step_input = next_token[:, None]
+            if eos_token_id is not None and bool(finished.all()):
+                break
+        return idx
+
+    def save_pretrained(self, directory: str | os.PathLike) -> None:
+        """Write ``config.json`` and ``model.safetensors`` (tied weights stored once); each atomically."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.config.to_json(directory / CONFIG_NAME)
+        atomic_write(directory / WEIGHTS_NAME, lambda tmp: save_model(self, str(tmp)))
+
+    @classmethod
+    def from_pretrained(cls, directory: str | os.PathLike, *, device: str | torch.device = "cpu") -> Transformer:
+        directory = Path(directory)
+        config_path, weights_path = directory / CONFIG_NAME, directory / WEIGHTS_NAME
+        for path in (config_path, weights_path):
+            if not path.is_file():
+                raise FileNotFoundError(
+                    f"{path} not found; a saved model directory holds {CONFIG_NAME} and {WEIGHTS_NAME}"
+                )
+        model = cls(ModelConfig.from_json(config_path))
+        try:
+            missing, unexpected = load_model(model, str(weights_path), strict=False, device=str(device))
+        except Exception as err:  # safetensors raises its own error types for corrupt files
+            raise ValueError(f"cannot read weights from {weights_path}: {err}") from None
+        if missing or unexpected:
+            raise ValueError(
+                f"{weights_path} does not match {config_path}: missing {sorted(missing)[:8]}, "
+                f"unexpected {sorted(unexpected)[:8]}"
+            )
+        return model.to(device)

@@ -1,0 +1,52 @@
+"""The positional-scheme interface.
+
+A scheme may act at three places, and each hook defaults to "does nothing":
+
+* ``embed``: a (T, dim) tensor added to the token embeddings (learned, sinusoidal);
+* ``rotate``: a rotation of queries and keys inside attention (RoPE);
+* ``bias``: an additive (H, T, S) bias on the scaled attention logits (ALiBi).
+
+``prepare`` runs once per model forward, so per-position tables are built once and shared by layers.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from torch import Tensor, nn
+
+from attnzoo.registry import NoOptions, Registry
+
+if TYPE_CHECKING:
+    from attnzoo.config import ModelConfig
+
+POSITIONS: Registry[type[PositionalEncoding]] = Registry("positional scheme", "position")
+
+
+class PositionalEncoding(nn.Module):
+    Options: type = NoOptions
+    registry_name: str
+
+    def __init__(self, cfg: ModelConfig, qk_head_dim: int):
+        super().__init__()
+        self.options = cfg.position_opts
+
+    @classmethod
+    def validate_config(cls, cfg: ModelConfig, qk_head_dim: int) -> None:
+        """Refuse configurations the scheme cannot serve; ``qk_head_dim`` is the size attention rotates."""
+
+    def check_length(self, end: int) -> None:
+        """Raise ``ValueError`` if positions ``0 .. end-1`` are beyond what the scheme can encode."""
+
+    def embed(self, positions: Tensor) -> Tensor | None:
+        return None
+
+    def prepare(self, positions: Tensor, end: int) -> Any:
+        """Per-forward state for ``rotate``; ``end`` is one past the last position of the sequence so far."""
+        return None
+
+    def rotate(self, x: Tensor, state: Any) -> Tensor:
+        return x
+
+    def bias(self, n_heads: int, q_positions: Tensor, k_positions: Tensor) -> Tensor | None:
+        return None
