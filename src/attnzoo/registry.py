@@ -45,14 +45,15 @@ class Registry(Generic[T]):
     def parse_options(self, name: str, options: dict[str, Any]) -> Any:
         """Build the typed options of ``name`` from a dict, naming any bad key and the allowed ones."""
         options_cls = self.get(name).Options
+        options_field = f"{self.config_field}_options"
         allowed = [f.name for f in dataclasses.fields(options_cls)]
         unknown = sorted(set(options) - set(allowed))
         if unknown:
             raise ValueError(
-                f"{self.config_field} has unknown option(s) {unknown} for {self.kind} {name!r}; "
+                f"{options_field} has unknown option(s) {unknown} for {self.kind} {name!r}; "
                 f"allowed: {allowed or 'none'}"
             )
         try:
             return options_cls(**options)
         except ValueError as err:
-            raise ValueError(f"{self.config_field} for {self.kind} {name!r}: {err}") from None
+            raise ValueError(f"{options_field} for {self.kind} {name!r}: {err}") from None

@@ -1,0 +1,239 @@
+import dataclasses
+import math
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from attnzoo import ModelConfig, Transformer
+from attnzoo.attention import AttentionContext, eager_attention, repeat_kv, sdpa_attention
+from attnzoo.positions import POSITIONS
+
+POSITION_NAMES = ["none", "learned", "sinusoidal", "rope", "alibi"]
+KV_HEADS = {"mha": 4, "gqa": 2, "mqa": 1}  # with 4 query heads
+
+
+def tiny(**overrides):
+    base = dict(vocab_size=61, dim=32, n_layers=2, n_heads=4, max_seq_len=48)
+    return ModelConfig(**{**base, **overrides})
+
+
+def cached_logits(model, idx, prefill, single_steps):
+    """Prefill, then token by token, then the rest as one multi-token chunk on a non-empty cache."""
+    cache = model.new_cache(idx.shape[0], idx.shape[1])
+    pieces = [model(idx[:, :prefill], cache=cache)]
+    for t in range(prefill, prefill + single_steps):
+        pieces.append(model(idx[:, t : t + 1], cache=cache))
+    pieces.append(model(idx[:, prefill + single_steps :], cache=cache))
+    assert cache.length == idx.shape[1]
+    return torch.cat(pieces, dim=1)
+
+
+@pytest.mark.parametrize("position", POSITION_NAMES)
+@pytest.mark.parametrize("heads", KV_HEADS)
+def test_eager_equals_sdpa(position, heads):
+    cfg = tiny(position=position, n_kv_heads=KV_HEADS[heads], attn_backend="eager")
+    eager = Transformer(cfg).eval()
+    sdpa = Transformer(dataclasses.replace(cfg, attn_backend="sdpa")).eval()
+    sdpa.load_state_dict(eager.state_dict())
+    idx = torch.randint(0, 61, (2, 40))
+    # fp32; the two kernels sum in different orders.
+    torch.testing.assert_close(sdpa(idx), eager(idx), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("backend", ["eager", "sdpa"])
+@pytest.mark.parametrize("position", POSITION_NAMES)
+@pytest.mark.parametrize("heads", KV_HEADS)
+def test_cached_decoding_equals_full_forward(position, heads, backend):
+    model = Transformer(tiny(position=position, n_kv_heads=KV_HEADS[heads], attn_backend=backend)).eval()
+    idx = torch.randint(0, 61, (2, 40))
+    full = model(idx)
+    for prefill, steps in ((1, 6), (13, 5)):
+        assert (cached_logits(model, idx, prefill, steps) - full).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("rope_type", ["linear", "yarn", "llama3"])
+def test_cached_decoding_equals_full_forward_with_rope_scaling(rope_type):
+    options = {"rope_type": rope_type, "factor": 4.0, "original_max_position_embeddings": 16}
+    model = Transformer(tiny(position_options={"partial_rotary_factor": 0.5, **options})).eval()
+    idx = torch.randint(0, 61, (1, 40))
+    assert (cached_logits(model, idx, 9, 4) - model(idx)).abs().max() <= 1e-5
+
+
+def test_dynamic_ntk_cache_is_exact_within_the_original_context_only():
+    # Dynamic NTK re-derives θ from the length so far (as HF does); cached keys keep the rotation they
+    # were stored with, so past the original context a cache and a full forward differ by design.
+    options = {"rope_type": "dynamic", "factor": 4.0, "original_max_position_embeddings": 24}
+    model = Transformer(tiny(position_options=options, init_std=0.3)).eval()
+    idx = torch.randint(0, 61, (1, 40))
+    within = cached_logits(model, idx[:, :24], 8, 4)
+    assert (within - model(idx[:, :24])).abs().max() <= 1e-5
+    assert (cached_logits(model, idx, 8, 4) - model(idx)).abs().max() > 1e-3
+
+
+def test_query_head_h_reads_kv_head_h_over_n_rep():
+    batch, n_heads, n_kv_heads, T, d = 2, 6, 2, 9, 8
+    q, k, v = (
+        torch.randn(batch, n_heads, T, d),
+        torch.randn(batch, n_kv_heads, T, d),
+        torch.randn(batch, n_kv_heads, T, d),
+    )
+    cfg = ModelConfig(vocab_size=8, dim=48, n_heads=6, n_kv_heads=2, n_layers=1, position="none")
+    ctx = AttentionContext(torch.arange(T), 0, POSITIONS.get("none")(cfg, d), None, "eager")
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    expected = torch.stack(
+        [
+            (q[:, h] @ k[:, h // 3].transpose(-1, -2) / math.sqrt(d)).masked_fill(~causal, -torch.inf).softmax(-1)
+            @ v[:, h // 3]
+            for h in range(n_heads)
+        ],
+        dim=1,
+    )
+    torch.testing.assert_close(eager_attention(q, k, v, ctx)[0], expected, atol=1e-6, rtol=0)
+    torch.testing.assert_close(sdpa_attention(q, k, v, ctx), expected, atol=1e-6, rtol=0)
+    assert torch.equal(repeat_kv(k, 3), k.repeat_interleave(3, dim=1))
+
+
+def test_sdpa_training_saves_no_per_head_t_by_t_tensor():
+    # Memory linear in T: nothing of shape (..., T, T) may be kept for backward on the SDPA path.
+    T = 64
+
+    def saved_square_tensors(backend):
+        model = Transformer(tiny(attn_backend=backend, max_seq_len=T))
+        squares = []
+
+        def pack(tensor):
+            if tensor.dim() >= 2 and tensor.shape[-2:] == (T, T):
+                squares.append(tuple(tensor.shape))
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            model(torch.randint(0, 61, (2, T)), torch.randint(0, 61, (2, T)))[1].backward()
+        return squares
+
+    assert saved_square_tensors("eager"), "the probe must see the eager path's (T, T) probabilities"
+    assert saved_square_tensors("sdpa") == []
+
+
+def test_attention_maps_are_causal_distributions():
+    model = Transformer(tiny())
+    maps = model.attention_maps(torch.randint(0, 61, (2, 10)))
+    assert len(maps) == 2 and maps[0].shape == (2, 4, 10, 10)
+    torch.testing.assert_close(maps[1].sum(-1), torch.ones(2, 4, 10))
+    assert maps[0].triu(diagonal=1).abs().max() == 0
+
+
+# --- generation -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("position", POSITION_NAMES)
+def test_greedy_generation_with_and_without_cache_agree(position):
+    model = Transformer(tiny(position=position, n_kv_heads=2)).eval()
+    prompt = torch.randint(0, 61, (2, 5))
+    cached = model.generate(prompt, 20, temperature=0)
+    assert cached.shape == (2, 25) and torch.equal(cached[:, :5], prompt)
+    assert torch.equal(cached, model.generate(prompt, 20, temperature=0, use_cache=False))
+
+
+def test_sampling_is_reproducible_and_cache_independent():
+    model = Transformer(tiny()).eval()
+    prompt = torch.randint(0, 61, (3, 4))
+
+    def sample(use_cache, seed=7):
+        generator = torch.Generator().manual_seed(seed)
+        return model.generate(
+            prompt, 12, temperature=1.0, top_k=20, top_p=0.9, generator=generator, use_cache=use_cache
+        )
+
+    assert torch.equal(sample(True), sample(False))
+    assert not torch.equal(sample(True, seed=7), sample(True, seed=8))
+
+
+def test_top_k_one_and_tiny_top_p_are_greedy():
+    model = Transformer(tiny()).eval()
+    prompt = torch.randint(0, 61, (2, 4))
+    greedy = model.generate(prompt, 8, temperature=0)
+    assert torch.equal(model.generate(prompt, 8, temperature=1.5, top_k=1), greedy)
+    assert torch.equal(model.generate(prompt, 8, temperature=1.5, top_p=1e-6), greedy)
+
+
+def test_sampling_respects_top_k():
+    from attnzoo.generation import sample_next_token
+
+    logits = torch.arange(10.0).repeat(500, 1)
+    tokens = sample_next_token(logits, temperature=5.0, top_k=3, generator=torch.Generator().manual_seed(0))
+    assert set(tokens.tolist()) == {7, 8, 9}
+
+
+def test_generation_stops_at_eos_and_pads_finished_rows():
+    model = Transformer(tiny()).eval()
+    prompt = torch.randint(0, 61, (2, 4))
+    greedy = model.generate(prompt, 6, temperature=0)
+    eos = int(greedy[0, 4])  # row 0's first new token
+    out = model.generate(prompt, 6, temperature=0, eos_token_id=eos)
+    assert out[0, 4] == eos and (out[0, 4:] == eos).all()
+    if eos not in greedy[1, 4:].tolist():
+        assert torch.equal(out[1], greedy[1])  # row 1 never finishes, so it runs the full length
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(temperature=-1.0), "temperature=-1.0"),
+        (dict(top_k=0), "top_k=0"),
+        (dict(top_p=1.5), "top_p=1.5"),
+        (dict(max_new_tokens=-1), "max_new_tokens=-1"),
+    ],
+)
+def test_generate_rejects_bad_arguments(kwargs, message):
+    model = Transformer(tiny())
+    with pytest.raises(ValueError, match=message.replace(".", r"\.")):
+        model.generate(torch.zeros(1, 2, dtype=torch.long), **{"max_new_tokens": 3, **kwargs})
+
+
+def test_cache_rejects_a_different_batch_and_overflow():
+    model = Transformer(tiny())
+    cache = model.new_cache(2, 5)
+    with pytest.raises(ValueError, match="batch size 1 differs from the cache's batch_size=2"):
+        model(torch.zeros(1, 2, dtype=torch.long), cache=cache)
+    model(torch.zeros(2, 5, dtype=torch.long), cache=cache)
+    with pytest.raises(ValueError, match="holds 5 of max_len=5"):
+        model(torch.zeros(2, 1, dtype=torch.long), cache=cache)
+
+
+def test_bad_input_shapes_are_clear_errors():
+    model = Transformer(tiny())
+    with pytest.raises(ValueError, match=r"\(batch, seq_len\)"):
+        model(torch.zeros(5, dtype=torch.long))
+    with pytest.raises(ValueError, match="no tokens"):
+        model(torch.zeros(1, 0, dtype=torch.long))
+
+
+# --- save / load ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_save_and_load_round_trip(tmp_path, tie):
+    model = Transformer(tiny(tie_embeddings=tie, position="learned", n_kv_heads=2)).eval()
+    model.save_pretrained(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
+    loaded = Transformer.from_pretrained(tmp_path).eval()
+    assert loaded.config == model.config
+    idx = torch.randint(0, 61, (2, 16))
+    assert torch.equal(loaded(idx), model(idx))
+    with safe_open(tmp_path / "model.safetensors", "pt") as f:
+        stored = set(f.keys())
+    assert ("lm_head.weight" in stored) != tie  # a tied head is stored once, under the embedding
+    assert (loaded.lm_head.weight is loaded.embed_tokens.weight) == tie
+
+
+def test_loading_refuses_mismatched_or_missing_files(tmp_path):
+    Transformer(tiny()).save_pretrained(tmp_path)
+    tiny(dim=64, n_heads=4).to_json(tmp_path / "config.json")
+    with pytest.raises(ValueError, match="cannot read weights"):
+        Transformer.from_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"\x00" * 10)
+    with pytest.raises(ValueError, match="cannot read weights"):
+        Transformer.from_pretrained(tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"model\.safetensors"):
+        Transformer.from_pretrained(tmp_path / "missing")
