@@ -189,13 +189,12 @@ def sdpa_attention(
     n_heads, query_len, key_len = q.shape[1], q.shape[2], k.shape[2]
     k, v = repeat_kv(k, n_heads // k.shape[1]), repeat_kv(v, n_heads // v.shape[1])
     bias = _expand_bias(ctx.score_bias(n_heads // bias_repeat, key_len), bias_repeat)
-    if bias is None and window is None and query_len == key_len:
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale)
+    if bias is None and window is None and query_len in (1, key_len):
+        # A fresh sequence is plain causal; a single new token sees every cached key.
+        is_causal = query_len > 1
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
     allowed = ctx.allowed(key_len, window)
-    if bias is None:
-        mask = None if bool(allowed.all()) else allowed
-    else:
-        mask = bias.masked_fill(~allowed, float("-inf")).to(q.dtype)
+    mask = allowed if bias is None else bias.masked_fill(~allowed, float("-inf")).to(q.dtype)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
 
 
