@@ -237,3 +237,33 @@ def test_loading_refuses_mismatched_or_missing_files(tmp_path):
         Transformer.from_pretrained(tmp_path)
     with pytest.raises(FileNotFoundError, match=r"model\.safetensors"):
         Transformer.from_pretrained(tmp_path / "missing")
+
+
+# --- block variants used by converted models ----------------------------------------------------------------
+
+
+def test_parallel_residual_block_formula():
+    # GPT-NeoX: both branches read the block input: x + attn(norm1(x)) + mlp(norm2(x)).
+    model = Transformer(tiny(n_layers=1, parallel_residual=True, norm="layernorm", bias=True, mlp="gelu")).eval()
+    idx = torch.randint(0, 61, (2, 9))
+    block = model.layers[0]
+    x = model.embed_tokens(idx)
+    ctx = model._context(2, 9, cache=None, maps=None)
+    expected = x + block.self_attn(block.input_layernorm(x), ctx) + block.mlp(block.post_attention_layernorm(x))
+    torch.testing.assert_close(model(idx), model.lm_head(model.norm(expected)))
+
+
+def test_embedding_norm_and_tanh_gelu():
+    model = Transformer(tiny(embedding_norm=True, mlp="gelu_tanh", norm="layernorm", bias=True)).eval()
+    assert model.embed_norm is not None
+    h = torch.randn(3, 32)
+    mlp = model.layers[0].mlp
+    up = mlp.up_proj(h)
+    tanh_gelu = 0.5 * up * (1 + torch.tanh(math.sqrt(2 / math.pi) * (up + 0.044715 * up**3)))
+    torch.testing.assert_close(mlp(h), mlp.down_proj(tanh_gelu), atol=1e-6, rtol=0)
+    with torch.no_grad():
+        model.embed_norm.weight.zero_()
+        model.embed_norm.bias.fill_(0.5)
+    # With a constant embedding norm the first block's input no longer depends on the tokens.
+    maps = model.attention_maps(torch.randint(0, 61, (2, 6)))
+    torch.testing.assert_close(maps[0][0], maps[0][1])

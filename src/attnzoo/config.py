@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-MLP_KINDS = ("swiglu", "gelu")
+MLP_KINDS = ("swiglu", "gelu", "gelu_tanh")
 NORM_KINDS = ("rmsnorm", "layernorm")
 ATTN_BACKENDS = ("auto", "eager", "sdpa")
 
@@ -50,6 +50,8 @@ class ModelConfig:
     dropout: float = 0.0
     bias: bool = False
     tie_embeddings: bool = True
+    parallel_residual: bool = False  # GPT-J / GPT-NeoX: x + attn(norm1(x)) + mlp(norm2(x))
+    embedding_norm: bool = False  # BLOOM: a norm right after the token embedding
     max_seq_len: int = 1024
     attention: str = "mha"
     attention_options: dict[str, Any] = field(default_factory=dict)
@@ -93,7 +95,7 @@ class ModelConfig:
 
         require(self.mlp in MLP_KINDS, "mlp", self.mlp, f"choose one of {list(MLP_KINDS)}")
         if self.mlp_hidden_dim is None:
-            hidden = 4 * self.dim if self.mlp == "gelu" else -(-8 * self.dim // 3 // 32) * 32
+            hidden = -(-8 * self.dim // 3 // 32) * 32 if self.mlp == "swiglu" else 4 * self.dim
             self._set("mlp_hidden_dim", hidden)
         require(
             _is_int(self.mlp_hidden_dim) and self.mlp_hidden_dim >= 1,
@@ -105,7 +107,7 @@ class ModelConfig:
         require(_is_number(self.norm_eps) and self.norm_eps > 0, "norm_eps", self.norm_eps, "must be a number > 0")
         require(_is_number(self.dropout) and 0 <= self.dropout < 1, "dropout", self.dropout, "must be in [0, 1)")
         require(_is_number(self.init_std) and self.init_std > 0, "init_std", self.init_std, "must be a number > 0")
-        for name in ("bias", "tie_embeddings"):
+        for name in ("bias", "tie_embeddings", "parallel_residual", "embedding_norm"):
             require(isinstance(getattr(self, name), bool), name, getattr(self, name), "must be true or false")
         require(
             self.attn_backend in ATTN_BACKENDS,

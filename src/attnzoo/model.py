@@ -33,18 +33,22 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
 
 
 class MLP(nn.Module):
-    """SwiGLU, down(silu(gate(x)) ⊙ up(x)) (Shazeer, 2020), or GELU, down(gelu(up(x)))."""
+    """SwiGLU, down(silu(gate(x)) ⊙ up(x)) (Shazeer, 2020), or GELU, down(gelu(up(x))), exact or tanh-approximated."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.gated = cfg.mlp == "swiglu"
+        self.gelu_approximate = "tanh" if cfg.mlp == "gelu_tanh" else "none"
         if self.gated:
             self.gate_proj = nn.Linear(cfg.dim, cfg.mlp_hidden_dim, bias=cfg.bias)
         self.up_proj = nn.Linear(cfg.dim, cfg.mlp_hidden_dim, bias=cfg.bias)
         self.down_proj = residual_linear(cfg.mlp_hidden_dim, cfg.dim, bias=cfg.bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        hidden = F.silu(self.gate_proj(x)) * self.up_proj(x) if self.gated else F.gelu(self.up_proj(x))
+        if self.gated:
+            hidden = F.silu(self.gate_proj(x)) * self.up_proj(x)
+        else:
+            hidden = F.gelu(self.up_proj(x), approximate=self.gelu_approximate)
         return self.down_proj(hidden)
 
 
@@ -56,9 +60,13 @@ class Block(nn.Module):
         self.post_attention_layernorm = make_norm(cfg)
         self.mlp = MLP(cfg)
         self.dropout = nn.Dropout(cfg.dropout)
+        self.parallel_residual = cfg.parallel_residual
 
     def forward(self, x: Tensor, ctx: AttentionContext, cache: LayerCache | None) -> Tensor:
-        x = x + self.dropout(self.self_attn(self.input_layernorm(x), ctx, cache))
+        attention_out = self.dropout(self.self_attn(self.input_layernorm(x), ctx, cache))
+        if self.parallel_residual:
+            return x + attention_out + self.dropout(self.mlp(self.post_attention_layernorm(x)))
+        x = x + attention_out
         return x + self.dropout(self.mlp(self.post_attention_layernorm(x)))
 
 
@@ -67,6 +75,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.config = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.embed_norm = make_norm(cfg) if cfg.embedding_norm else None
         self.position = POSITIONS.get(cfg.position)(cfg, ATTENTION.get(cfg.attention).qk_head_dim(cfg))
         self.dropout = nn.Dropout(cfg.dropout)
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
@@ -140,6 +149,8 @@ class Transformer(nn.Module):
         position_embedding = self.position.embed(ctx.positions)
         if position_embedding is not None:
             x = x + position_embedding.to(x.dtype)
+        if self.embed_norm is not None:
+            x = self.embed_norm(x)
         x = self.dropout(x)
         for i, block in enumerate(self.layers):
             x = block(x, ctx, cache.layers[i] if cache is not None else None)
