@@ -1,6 +1,6 @@
 """Attention mechanisms, registered by name."""
 
-from attnzoo.attention import mha  # noqa: F401  (registers the mechanism)
+from attnzoo.attention import mha, selective  # noqa: F401  (registers the mechanisms)
 from attnzoo.attention.base import (
     ATTENTION,
     Attention,

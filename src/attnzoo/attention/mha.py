@@ -24,11 +24,17 @@ class MultiHeadAttention(Attention):
         self.v_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=cfg.bias)
         self.o_proj = residual_linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=cfg.bias)
 
-    def forward(self, x: Tensor, ctx: AttentionContext, cache: LayerCache | None = None) -> Tensor:
+    def _project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(B, T, dim) → q (B, H, T, d), k and v (B, H_kv, T, d), before any rotation."""
         batch, seq_len, _ = x.shape
         q = self.q_proj(x).view(batch, seq_len, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, seq_len, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, seq_len, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        return q, k, v
+
+    def forward(self, x: Tensor, ctx: AttentionContext, cache: LayerCache | None = None) -> Tensor:
+        batch, seq_len, _ = x.shape
+        q, k, v = self._project(x)
         q, k = ctx.rotate(q), ctx.rotate(k)
         if cache is not None:
             k, v = cache.update(ctx.start, k=k, v=v)

@@ -1,0 +1,246 @@
+"""Selective self-attention: per-token, per-head inverse temperatures on queries and values.
+
+Zhang, Chang, Li, Roy-Chowdhury, Chen & Oymak, "Selective Attention: Enhancing Transformer through
+Principled Context Control", NeurIPS 2024 (arXiv 2411.12892). Not Leviathan et al.'s "Selective Attention
+Improves Transformer", which is a different method.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnzoo.attention.base import ATTENTION, AttentionContext, attend, repeat_kv, sdpa_attention
+from attnzoo.attention.mha import MultiHeadAttention
+from attnzoo.cache import LayerCache
+from attnzoo.config import require
+
+TEMPERATURE_FNS = ("shared", "mlp")
+POSITION_COEFFICIENTS = ("sigmoid", "pts")
+# The official code initialises β = 1.5, a position coefficient exp(−exp(1.5)) ≈ 0.0113: scaling starts
+# close to vanilla attention. The paper's σ(α) starts at the same value.
+OFFICIAL_BETA_INIT = 1.5
+
+
+@dataclass(frozen=True)
+class SelectiveOptions:
+    query_temperature: bool = True  # scale queries by τ_q
+    value_temperature: bool = True  # scale values by τ_v
+    token_temperature: bool = True  # the token part tanh(f(x)) of each τ
+    position_temperature: bool = True  # the position part c·log n of each τ
+    temperature_fn: str = "shared"  # f: "shared" reuses the q/v projections (a); "mlp" is W2·GELU(W1·x) (b)
+    temperature_hidden_dim: int | None = None  # "mlp" only; None → dim // 4 (about 5% more parameters)
+    position_coefficient: str = "sigmoid"  # c = σ(α) (paper) or "pts": c = exp(−exp(β)) (official code)
+    per_head_coefficient: bool = False  # one α (or β) per head instead of one per layer
+
+    def __post_init__(self):
+        for name in (
+            "query_temperature",
+            "value_temperature",
+            "token_temperature",
+            "position_temperature",
+            "per_head_coefficient",
+        ):
+            require(isinstance(getattr(self, name), bool), name, getattr(self, name), "must be true or false")
+        require(
+            self.temperature_fn in TEMPERATURE_FNS,
+            "temperature_fn",
+            self.temperature_fn,
+            f"choose one of {list(TEMPERATURE_FNS)}",
+        )
+        require(
+            self.position_coefficient in POSITION_COEFFICIENTS,
+            "position_coefficient",
+            self.position_coefficient,
+            f"choose one of {list(POSITION_COEFFICIENTS)}",
+        )
+        # Settings without effect are refused rather than ignored, so an ablation cannot silently be a no-op.
+        if self.temperature_hidden_dim is not None:
+            require(
+                isinstance(self.temperature_hidden_dim, int)
+                and not isinstance(self.temperature_hidden_dim, bool)
+                and self.temperature_hidden_dim >= 1,
+                "temperature_hidden_dim",
+                self.temperature_hidden_dim,
+                "must be an integer >= 1, or null for dim // 4",
+            )
+            require(
+                self.temperature_fn == "mlp",
+                "temperature_hidden_dim",
+                self.temperature_hidden_dim,
+                f"only applies to temperature_fn='mlp' (got temperature_fn={self.temperature_fn!r}); leave it null",
+            )
+        if not self.token_temperature:
+            require(
+                self.temperature_fn == "shared",
+                "temperature_fn",
+                self.temperature_fn,
+                "has no effect with token_temperature=false; leave it at 'shared'",
+            )
+        if not self.position_temperature:
+            require(
+                self.position_coefficient == "sigmoid",
+                "position_coefficient",
+                self.position_coefficient,
+                "has no effect with position_temperature=false; leave it at 'sigmoid'",
+            )
+            require(
+                not self.per_head_coefficient,
+                "per_head_coefficient",
+                self.per_head_coefficient,
+                "has no effect with position_temperature=false; leave it false",
+            )
+
+
+class Temperature(nn.Module):
+    """The inverse temperature of one side (queries or values): τ = 1 + tanh(f(x)) + c·log n, (B, heads, T).
+
+    n is the token's absolute 1-based position and c = σ(α) or exp(−exp(β)). f is per head: with weight
+    sharing f_h = w_hᵀ·GELU(p_h), p_h the head's slice of the existing q (or v) projection; otherwise a
+    separate MLP W2·GELU(W1·x) with one output per head.
+    """
+
+    def __init__(self, options: SelectiveOptions, dim: int, n_heads: int, head_dim: int):
+        super().__init__()
+        self.n_heads = n_heads
+        self.token = options.token_temperature
+        self.position = options.position_temperature
+        self.shared = options.temperature_fn == "shared"
+        self.pts = options.position_coefficient == "pts"
+        if self.token and self.shared:
+            self.weight = nn.Parameter(torch.empty(n_heads, head_dim))
+        elif self.token:
+            hidden = options.temperature_hidden_dim or max(1, dim // 4)
+            self.w1 = nn.Linear(dim, hidden, bias=False)
+            self.w2 = nn.Linear(hidden, n_heads, bias=False)
+        if self.position:
+            # Per layer a 0-dim scalar: the layout of the official code's `beta`.
+            shape = (n_heads,) if options.per_head_coefficient else ()
+            if self.pts:
+                self.beta = nn.Parameter(torch.empty(shape))
+            else:
+                self.alpha = nn.Parameter(torch.empty(shape))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        # f's last layer starts at zero, so tanh(f(x)) = 0 and only the small position part is active.
+        if self.token and self.shared:
+            nn.init.zeros_(self.weight)
+        elif self.token:
+            nn.init.zeros_(self.w2.weight)
+        if self.position and self.pts:
+            nn.init.constant_(self.beta, OFFICIAL_BETA_INIT)
+        elif self.position:
+            c = math.exp(-math.exp(OFFICIAL_BETA_INIT))
+            nn.init.constant_(self.alpha, math.log(c / (1 - c)))
+
+    def coefficient(self) -> Tensor:
+        """The position coefficient c, () or (heads,)."""
+        return torch.exp(-torch.exp(self.beta)) if self.pts else torch.sigmoid(self.alpha)
+
+    def forward(self, x: Tensor, heads: Tensor, positions: Tensor) -> Tensor:
+        """fp32 τ from the layer input ``x`` (B, T, dim), its projection ``heads`` (B, H, T, d), ``positions`` (T,)."""
+        batch, seq_len, _ = x.shape
+        tau = torch.ones(batch, self.n_heads, seq_len, device=x.device)
+        if self.token:
+            if self.shared:
+                f = torch.einsum("bhtd,hd->bht", F.gelu(heads), self.weight)
+            else:
+                f = self.w2(F.gelu(self.w1(x))).transpose(1, 2)
+            tau = tau + torch.tanh(f.float())
+        if self.position:
+            log_n = torch.log1p(positions.float())  # n = position + 1, absolute, so correct under a cache
+            tau = tau + self.coefficient().float()[..., None] * log_n
+        return tau
+
+
+@ATTENTION.register("selective")
+class SelectiveAttention(MultiHeadAttention):
+    """Selective self-attention (SSA; Zhang et al., NeurIPS 2024, §3):
+
+        out = softmax((τ_q ⊙ Q)Kᵀ/√d + B) · (τ_v ⊙ V),    τ(x, n) = tanh(f(x)) + 1 + σ(α)·log n,
+
+    with one τ per token and head (τ_q per query head, τ_v per kv head), n the absolute 1-based position,
+    B the positional bias if any (ALiBi, not temperature-scaled) and keys never scaled. The official
+    code's position-only form ("PTS") is τ_q = 1 + exp(−exp(β))·log n: logits × τ_q, a per-row scalar.
+
+    Projections are MHA's (q/k/v/o_proj, GQA via n_kv_heads), so an MHA checkpoint loads with only the
+    temperature parameters missing; with the token and position parts off, τ ≡ 1 and this is exactly MHA.
+    The token part reads the pre-RoPE projections, so f depends on the token alone. τ_q is folded into the
+    rotated queries (a per-row scalar commutes with the rotation); the eager path scales logit rows instead.
+    The cache stores rotated keys and τ_v-scaled values.
+    """
+
+    Options = SelectiveOptions
+
+    def __init__(self, cfg, layer_idx):
+        super().__init__(cfg, layer_idx)
+        options: SelectiveOptions = self.options
+        has_temperature = options.token_temperature or options.position_temperature
+        self.q_temperature = (
+            Temperature(options, cfg.dim, cfg.n_heads, cfg.head_dim)
+            if options.query_temperature and has_temperature
+            else None
+        )
+        self.v_temperature = (
+            Temperature(options, cfg.dim, cfg.n_kv_heads, cfg.head_dim)
+            if options.value_temperature and has_temperature
+            else None
+        )
+
+    def reset_mechanism_parameters(self) -> None:
+        for temperature in (self.q_temperature, self.v_temperature):
+            if temperature is not None:
+                temperature.reset_parameters()
+
+    def _temperatures(self, x: Tensor, q: Tensor, v: Tensor, positions: Tensor) -> tuple[Tensor | None, ...]:
+        tau_q = self.q_temperature(x, q, positions) if self.q_temperature is not None else None
+        tau_v = self.v_temperature(x, v, positions) if self.v_temperature is not None else None
+        return tau_q, tau_v
+
+    def temperatures(self, x: Tensor, positions: Tensor) -> dict[str, Tensor]:
+        """The fp32 inverse temperatures for layer input ``x`` (B, T, dim) at absolute 0-based ``positions`` (T,).
+
+        ``"query"``: (B, n_heads, T); ``"value"``: (B, n_kv_heads, T); each present when that side is on.
+        """
+        q, _, v = self._project(x)
+        tau_q, tau_v = self._temperatures(x, q, v, positions)
+        return {name: tau for name, tau in (("query", tau_q), ("value", tau_v)) if tau is not None}
+
+    def forward(self, x: Tensor, ctx: AttentionContext, cache: LayerCache | None = None) -> Tensor:
+        batch, seq_len, _ = x.shape
+        q, k, v = self._project(x)
+        tau_q, tau_v = self._temperatures(x, q, v, ctx.positions)
+        if tau_v is not None:
+            v = v * tau_v[..., None].to(v.dtype)
+        q, k = ctx.rotate(q), ctx.rotate(k)
+        if cache is not None:
+            k, v = cache.update(ctx.start, k=k, v=v)
+        if tau_q is None:
+            out = attend(q, k, v, ctx, dropout_p=self.attn_dropout)
+        elif ctx.use_eager:
+            out = self._eager_attention(q, k, v, tau_q, ctx)
+        else:
+            # Scaling query row t by τ_q scales logit row t by τ_q: one SDPA call, no T×S tensor.
+            out = sdpa_attention(q * tau_q[..., None].to(q.dtype), k, v, ctx, dropout_p=self.attn_dropout)
+        return self.o_proj(out.transpose(1, 2).reshape(batch, seq_len, -1))
+
+    def _eager_attention(self, q: Tensor, k: Tensor, v: Tensor, tau_q: Tensor, ctx: AttentionContext) -> Tensor:
+        """The reference: explicit fp32 logits whose rows are multiplied by τ_q, then masked softmax."""
+        key_len = k.shape[2]
+        n_rep = self.n_heads // self.n_kv_heads
+        k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
+        logits = torch.matmul(q, k.transpose(-2, -1)).float() / math.sqrt(self.head_dim)
+        logits = logits * tau_q[..., None]
+        bias = ctx.score_bias(self.n_heads, key_len)
+        if bias is not None:
+            logits = logits + bias
+        logits = logits.masked_fill(~ctx.allowed(key_len), float("-inf"))
+        probs = torch.softmax(logits, dim=-1)
+        ctx.record(probs)
+        dropped = F.dropout(probs, p=self.attn_dropout) if self.attn_dropout > 0 else probs
+        return torch.matmul(dropped.to(v.dtype), v)
