@@ -1,0 +1,154 @@
+"""Differential attention (Ye et al., "Differential Transformer", ICLR 2025, arXiv 2410.05258)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from attnzoo.attention.base import (
+    ATTENTION,
+    Attention,
+    AttentionContext,
+    eager_attention,
+    residual_linear,
+    sdpa_attention,
+)
+from attnzoo.cache import LayerCache
+from attnzoo.config import require
+
+
+def lambda_init_fn(depth: int) -> float:
+    """λ_init = 0.8 − 0.6·exp(−0.3·depth), with depth the 0-based layer index (the paper's l − 1)."""
+    return 0.8 - 0.6 * math.exp(-0.3 * depth)
+
+
+def sdpa_splits_values(device: torch.device) -> bool:
+    """Whether SDPA needs the 2d-wide values split into halves of the query/key size d on ``device``.
+
+    CUDA's memory-efficient kernel takes a value head size different from the query/key size, so two
+    calls with 2d values (the official ``flashdiff_1``) suffice there. On CPU, unequal sizes silently fall
+    back to SDPA's math path, which materialises the T×S map; four calls on d-wide value halves (the
+    official ``flashdiff_2``) keep the fused kernel. Other devices take the split, which every backend runs.
+    """
+    return device.type != "cuda"
+
+
+def sdpa_wide_values(q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, *, dropout_p: float) -> Tensor:
+    """softmax(qkᵀ/√d)·v through SDPA for values twice as wide as the queries; (B, H, T, 2d)."""
+    if not sdpa_splits_values(q.device):
+        return sdpa_attention(q, k, v, ctx, dropout_p=dropout_p)
+    # Under dropout each half draws its own mask, as in flashdiff_2; the expectation is unchanged.
+    return torch.cat([sdpa_attention(q, k, half, ctx, dropout_p=dropout_p) for half in v.chunk(2, dim=-1)], dim=-1)
+
+
+@dataclass(frozen=True)
+class DiffOptions:
+    lambda_init: float | None = None  # None → 0.8 − 0.6·exp(−0.3·depth)
+    subln_affine: bool = True  # False reproduces the first release (and flashdiff.py, HF diffllama)
+
+    def __post_init__(self):
+        if self.lambda_init is not None:
+            require(
+                isinstance(self.lambda_init, (int, float))
+                and not isinstance(self.lambda_init, bool)
+                and 0 <= self.lambda_init < 1,
+                "lambda_init",
+                self.lambda_init,
+                "must be null (the depth schedule) or a number in [0, 1): the output is scaled by 1 − lambda_init",
+            )
+        require(isinstance(self.subln_affine, bool), "subln_affine", self.subln_affine, "must be true or false")
+
+
+@ATTENTION.register("diff")
+class DifferentialAttention(Attention):
+    """Differential attention: the difference of two softmax maps cancels common-mode attention noise.
+
+    For differential head i, with query/key sub-heads of size d and a value head of size 2d (Eq. 1–3)::
+
+        A_i  = softmax(Q1_i K1_iᵀ/√d + B) − λ·softmax(Q2_i K2_iᵀ/√d + B)      (Eq. 1, both softmaxes in fp32)
+        λ    = exp(λ_q1·λ_k1) − exp(λ_q2·λ_k2) + λ_init                       (Eq. 2, fp32, one per layer)
+        O    = out_proj(concat_i (1 − λ_init)·subln(A_i V_i))                  (Eq. 3)
+
+    with B the positional bias (ALiBi), shared by both maps, and subln an RMSNorm over 2d (eps 1e-5).
+
+    Layout and names follow the official microsoft/unilm ``Diff-Transformer`` code, so its state dicts load
+    as they are: ``n_heads`` = H differential heads, d = head_dim / 2, the query/key sub-heads are striped
+    (head i uses sub-heads 2i and 2i+1), and with GQA differential head i reads kv head i // (H / H_kv),
+    whose keys are sub-heads 2j and 2j+1 (the *flash* semantics the authors recommend; their naive file
+    differs when H_kv < H). Projections have no bias, as in the official code, whatever ``cfg.bias`` says.
+    The projections have the parameters of MHA with 2H heads of size d; λ adds 4d and subln 2d per layer.
+    """
+
+    Options = DiffOptions
+
+    def __init__(self, cfg, layer_idx):
+        super().__init__(cfg, layer_idx)
+        self.n_heads, self.n_kv_heads = cfg.n_heads, cfg.n_kv_heads
+        self.head_dim = cfg.head_dim // 2  # d: the official code's name for the sub-head size
+        self.lambda_init = lambda_init_fn(layer_idx) if self.options.lambda_init is None else self.options.lambda_init
+        self.q_proj = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.out_proj = residual_linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
+        self.lambda_q1 = nn.Parameter(torch.zeros(self.head_dim))
+        self.lambda_k1 = nn.Parameter(torch.zeros(self.head_dim))
+        self.lambda_q2 = nn.Parameter(torch.zeros(self.head_dim))
+        self.lambda_k2 = nn.Parameter(torch.zeros(self.head_dim))
+        self.subln = nn.RMSNorm(2 * self.head_dim, eps=1e-5, elementwise_affine=self.options.subln_affine)
+        self.reset_mechanism_parameters()
+
+    @classmethod
+    def validate_config(cls, cfg):
+        require(
+            cfg.head_dim % 2 == 0,
+            "head_dim",
+            cfg.head_dim,
+            "must be even for diff attention: each differential head splits into two query/key sub-heads of "
+            "size head_dim / 2 (head_dim defaults to dim / n_heads)",
+        )
+
+    @classmethod
+    def qk_head_dim(cls, cfg):
+        return cfg.head_dim // 2
+
+    def reset_mechanism_parameters(self) -> None:
+        for vector in (self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2):
+            nn.init.normal_(vector, mean=0.0, std=0.1)
+
+    def lambda_full(self) -> Tensor:
+        """λ of Eq. 2, an fp32 scalar."""
+        lambda_1 = torch.exp(torch.dot(self.lambda_q1.float(), self.lambda_k1.float()))
+        lambda_2 = torch.exp(torch.dot(self.lambda_q2.float(), self.lambda_k2.float()))
+        return lambda_1 - lambda_2 + self.lambda_init
+
+    def forward(self, x: Tensor, ctx: AttentionContext, cache: LayerCache | None = None) -> Tensor:
+        batch, seq_len, _ = x.shape
+        d = self.head_dim
+        q = self.q_proj(x).view(batch, seq_len, 2 * self.n_heads, d).transpose(1, 2)
+        k = self.k_proj(x).view(batch, seq_len, 2 * self.n_kv_heads, d).transpose(1, 2)
+        v = self.v_proj(x).view(batch, seq_len, self.n_kv_heads, 2 * d).transpose(1, 2)
+        q, k = ctx.rotate(q), ctx.rotate(k)
+        if cache is not None:
+            k, v = cache.update(ctx.start, k=k, v=v)
+        q1, q2, k1, k2 = q[:, 0::2], q[:, 1::2], k[:, 0::2], k[:, 1::2]
+        lam = self.lambda_full()
+        if ctx.use_eager:
+            attn1, probs1 = eager_attention(q1, k1, v, ctx, dropout_p=self.attn_dropout)
+            attn2, probs2 = eager_attention(q2, k2, v, ctx, dropout_p=self.attn_dropout)
+            ctx.record(probs1 - lam * probs2)
+        else:
+            attn1 = sdpa_wide_values(q1, k1, v, ctx, dropout_p=self.attn_dropout)
+            attn2 = sdpa_wide_values(q2, k2, v, ctx, dropout_p=self.attn_dropout)
+        # (A1 − λ·A2)·V = A1·V − λ·A2·V, so the fast path never forms the difference map.
+        attn = attn1 - lam.to(attn1.dtype) * attn2
+        attn = self.subln(attn) * (1 - self.lambda_init)
+        return self.out_proj(attn.transpose(1, 2).reshape(batch, seq_len, -1))
+
+    def new_layer_cache(self, batch_size, max_len, *, device, dtype):
+        d = self.head_dim
+        return LayerCache.allocate(
+            batch_size, max_len, device=device, dtype=dtype, k=(2 * self.n_kv_heads, d), v=(self.n_kv_heads, 2 * d)
+        )

@@ -1,0 +1,75 @@
+"""DIFF V2: differential attention over one attention call (Diff Transformer V2, Microsoft, 2026)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from attnzoo.attention.base import (
+    ATTENTION,
+    Attention,
+    AttentionContext,
+    eager_attention,
+    residual_linear,
+    sdpa_attention,
+)
+from attnzoo.cache import LayerCache
+from attnzoo.config import require
+
+
+@ATTENTION.register("diff_v2")
+class DiffV2Attention(Attention):
+    """DIFF V2: one causal attention over 2h query heads, whose adjacent heads are subtracted.
+
+    With a_m = softmax(Q_m K_mᵀ/√d + B)·V_m the output of query head m (m = 0 .. 2h−1, size d) and
+    λ_i(t) = sigmoid(x_t W_λ)_i one weight per token and differential head, the formula of the official
+    ``Diff-Transformer-V2/multihead_flashdiffv2.py`` (and its blog post of 2026-01-20) is::
+
+        head_i(t) = a_2i(t) − λ_i(t)·a_2i+1(t),     O = o_proj(concat_i head_i)
+
+    V1's per-head norm, (1 − λ_init) factor and exp-reparameterised λ are gone, and V and the head size
+    stay at the baseline's. ``n_heads`` = h, ``head_dim`` = d, ``n_kv_heads`` = h_kv; parameter names
+    (``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``, ``lambda_proj``) are the official ones, and, as there,
+    no projection has a bias, whatever ``cfg.bias`` says. Query head m reads kv head m // (2h / h_kv), so
+    heads 2i and 2i+1 share their keys and values; with ALiBi they share differential head i's slope.
+    """
+
+    def __init__(self, cfg, layer_idx):
+        super().__init__(cfg, layer_idx)
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.dim, 2 * cfg.n_heads * cfg.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.o_proj = residual_linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
+        self.lambda_proj = nn.Linear(cfg.dim, cfg.n_heads, bias=False)
+
+    @classmethod
+    def validate_config(cls, cfg):
+        require(
+            cfg.n_heads % cfg.n_kv_heads == 0,
+            "n_kv_heads",
+            cfg.n_kv_heads,
+            f"must divide n_heads={cfg.n_heads} for diff_v2: the 2·n_heads query heads form n_kv_heads contiguous "
+            "kv groups, and query heads 2i and 2i+1 (one differential head) must fall in the same group",
+        )
+
+    def forward(self, x: Tensor, ctx: AttentionContext, cache: LayerCache | None = None) -> Tensor:
+        batch, seq_len, _ = x.shape
+        q = self.q_proj(x).view(batch, seq_len, 2 * self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(batch, seq_len, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(batch, seq_len, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = ctx.rotate(q), ctx.rotate(k)
+        if cache is not None:
+            k, v = cache.update(ctx.start, k=k, v=v)
+        lam = torch.sigmoid(self.lambda_proj(x)).transpose(1, 2)[..., None]  # (B, h, T, 1)
+        if ctx.use_eager:
+            attn, probs = eager_attention(q, k, v, ctx, dropout_p=self.attn_dropout, bias_repeat=2)
+            ctx.record(probs[:, 0::2] - lam * probs[:, 1::2])
+        else:
+            attn = sdpa_attention(q, k, v, ctx, dropout_p=self.attn_dropout, bias_repeat=2)
+        attn = attn[:, 0::2] - lam * attn[:, 1::2]
+        return self.o_proj(attn.transpose(1, 2).reshape(batch, seq_len, -1))
+
+    def new_layer_cache(self, batch_size, max_len, *, device, dtype):
+        shape = (self.n_kv_heads, self.head_dim)
+        return LayerCache.allocate(batch_size, max_len, device=device, dtype=dtype, k=shape, v=shape)
