@@ -83,7 +83,8 @@ class Attention(nn.Module):
 
     Subclasses implement ``forward(x, ctx, cache) -> (B, T, dim)`` and ``new_layer_cache``, may declare
     an ``Options`` dataclass (their ``attention_options``), refuse unsupported configurations in
-    ``validate_config``, report the head size that positions rotate in ``qk_head_dim``, and initialise
+    ``validate_config``, report the head size that positions rotate in ``qk_head_dim``, say how they pair
+    with an MHA baseline in ``paired_overrides``, and initialise
     their own parameters in ``reset_mechanism_parameters`` (called after the model's generic init).
     When ``ctx.attention_maps`` is a list, a layer takes its eager path and records its effective
     (B, heads, T, S) attention map with ``ctx.record``.
@@ -101,6 +102,12 @@ class Attention(nn.Module):
     @classmethod
     def validate_config(cls, cfg: ModelConfig) -> None:
         """Raise ``ValueError`` for configurations the mechanism's math does not allow."""
+
+    @classmethod
+    def paired_overrides(cls, baseline: ModelConfig) -> dict[str, Any]:
+        """Config fields to change when this mechanism replaces MHA in ``baseline``, as its paper pairs them
+        (Diff halves the head count and doubles the head size); the default keeps the heads."""
+        return {}
 
     @classmethod
     def qk_head_dim(cls, cfg: ModelConfig) -> int:

@@ -111,6 +111,16 @@ class DifferentialAttention(Attention):
         )
 
     @classmethod
+    def paired_overrides(cls, baseline):
+        # The paper's pairing: half the heads, each of twice the size, so the sub-heads keep the baseline's
+        # head size and the projections keep its parameter count.
+        return {
+            "n_heads": max(1, baseline.n_heads // 2),
+            "n_kv_heads": max(1, baseline.n_kv_heads // 2),
+            "head_dim": 2 * baseline.head_dim,
+        }
+
+    @classmethod
     def qk_head_dim(cls, cfg):
         return cfg.head_dim // 2
 

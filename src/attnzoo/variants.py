@@ -1,0 +1,97 @@
+"""Variant specs ("diff+alibi+kv2") and parameter-matched configs for side-by-side comparisons.
+
+A variant is an attention mechanism × positional scheme × kv-head count applied to a baseline config. Each
+mechanism pairs itself with the baseline as its paper does (``Attention.paired_overrides``: Diff halves
+the head count and doubles the head size), then the MLP width is adjusted so that every variant's total
+parameter count matches the baseline's within a tolerance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from attnzoo.attention import ATTENTION
+from attnzoo.config import ModelConfig
+from attnzoo.positions import POSITIONS
+
+SPEC_FORMAT = "ATTENTION[+POSITION][+kvN], e.g. 'mha+rope', 'diff+alibi', 'mha+rope+kv2'"
+
+
+@dataclass(frozen=True)
+class Variant:
+    attention: str
+    position: str = "rope"
+    n_kv_heads: int | None = None  # None keeps the baseline's
+
+    @property
+    def label(self) -> str:
+        kv = f"+kv{self.n_kv_heads}" if self.n_kv_heads is not None else ""
+        return f"{self.attention}+{self.position}{kv}"
+
+    @classmethod
+    def parse(cls, spec: str) -> Variant:
+        parts = [p.strip() for p in spec.strip().split("+")]
+        if not parts[0] or len(parts) > 3:
+            raise ValueError(f"variant {spec!r} is invalid: expected {SPEC_FORMAT}")
+        attention, rest = parts[0], parts[1:]
+        kv = None
+        if rest and rest[-1].startswith("kv"):
+            digits = rest.pop()[2:]
+            if not digits.isdigit() or int(digits) < 1:
+                raise ValueError(f"variant {spec!r} has a bad kv-head count {digits!r}: expected kvN with N >= 1")
+            kv = int(digits)
+        if len(rest) > 1:
+            raise ValueError(f"variant {spec!r} is invalid: expected {SPEC_FORMAT}")
+        position = rest[0] if rest else "rope"
+        for registry, name in ((ATTENTION, attention), (POSITIONS, position)):
+            if name not in registry.names():
+                raise ValueError(
+                    f"variant {spec!r}: {name!r} is not a known {registry.kind}; choose one of {registry.names()}"
+                )
+        return cls(attention, position, kv)
+
+
+def count_parameters(cfg: ModelConfig) -> int:
+    """Parameter count without allocating weights."""
+    from attnzoo.model import Transformer
+
+    with torch.device("meta"):
+        return Transformer(cfg).num_parameters()
+
+
+def variant_config(variant: Variant, baseline: ModelConfig) -> ModelConfig:
+    """The baseline with this variant's attention, position and kv heads, paired as the mechanism's paper does."""
+    changes: dict = {"attention": variant.attention, "attention_options": {}}
+    if variant.position != baseline.position:
+        changes.update(position=variant.position, position_options={})
+    if variant.n_kv_heads is not None:
+        changes["n_kv_heads"] = variant.n_kv_heads
+    paired = dataclasses.replace(baseline, **changes)
+    return dataclasses.replace(paired, **ATTENTION.get(variant.attention).paired_overrides(paired))
+
+
+def match_parameters(cfg: ModelConfig, target: int, tolerance: float = 0.02) -> ModelConfig:
+    """Adjust ``mlp_hidden_dim`` (in steps of 8) so the parameter count is as close to ``target`` as possible.
+
+    Raises ``ValueError`` if even the best width misses ``target`` by more than ``tolerance`` (relative).
+    """
+    per_unit = count_parameters(dataclasses.replace(cfg, mlp_hidden_dim=cfg.mlp_hidden_dim + 8))
+    per_unit = (per_unit - count_parameters(cfg)) / 8
+    hidden = cfg.mlp_hidden_dim + round((target - count_parameters(cfg)) / per_unit / 8) * 8
+    matched = dataclasses.replace(cfg, mlp_hidden_dim=max(8, hidden))
+    error = abs(count_parameters(matched) - target) / target
+    if error > tolerance:
+        raise ValueError(
+            f"cannot match {cfg.attention}+{cfg.position} to {target:,} parameters within {tolerance:.0%} by the MLP "
+            f"width alone (best: {count_parameters(matched):,}, off by {error:.1%}); use a larger model"
+        )
+    return matched
+
+
+def matched_configs(variants: list[Variant], baseline: ModelConfig, tolerance: float = 0.02) -> dict[str, ModelConfig]:
+    """Parameter-matched configs keyed by variant label; the target is the baseline's parameter count."""
+    target = count_parameters(baseline)
+    return {v.label: match_parameters(variant_config(v, baseline), target, tolerance) for v in variants}

@@ -1,0 +1,62 @@
+import pytest
+
+from attnzoo import ModelConfig, Transformer
+from attnzoo.variants import Variant, count_parameters, matched_configs, variant_config
+
+BASE = ModelConfig(vocab_size=256, dim=128, n_layers=2, n_heads=8, max_seq_len=64)
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ("mha", Variant("mha", "rope")),
+        ("diff+alibi", Variant("diff", "alibi")),
+        ("mha+rope+kv2", Variant("mha", "rope", 2)),
+        (" selective + none ", Variant("selective", "none")),
+    ],
+)
+def test_parse(spec, expected):
+    assert Variant.parse(spec) == expected
+    assert Variant.parse(expected.label) == expected
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("", "expected ATTENTION"),
+        ("flash+rope", "'flash' is not a known attention mechanism"),
+        ("mha+xpos", "'xpos' is not a known positional scheme"),
+        ("mha+rope+kv0", "bad kv-head count '0'"),
+        ("mha+rope+alibi", "expected ATTENTION"),
+    ],
+)
+def test_parse_errors_name_the_spec(spec, message):
+    with pytest.raises(ValueError, match=message):
+        Variant.parse(spec)
+
+
+def test_count_parameters_equals_a_built_model():
+    assert count_parameters(BASE) == Transformer(BASE).num_parameters()
+
+
+def test_diff_pairs_with_half_the_heads_of_twice_the_size():
+    cfg = variant_config(Variant("diff", "rope", 4), BASE)
+    assert (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim) == (4, 2, 32)
+    assert variant_config(Variant("mha", "alibi"), BASE).n_heads == 8
+
+
+def test_matched_configs_are_within_two_percent_of_the_baseline():
+    variants = [Variant.parse(s) for s in ("mha+rope", "diff+rope", "diff_v2+rope", "selective+rope", "mha+rope+kv1")]
+    target = count_parameters(BASE)
+    configs = matched_configs(variants, BASE)
+    assert list(configs) == [v.label for v in variants]
+    for cfg in configs.values():
+        assert abs(count_parameters(cfg) - target) / target <= 0.02
+    # MQA drops most k/v weights; the matcher widens its MLP to make up for them.
+    assert configs["mha+rope+kv1"].mlp_hidden_dim > configs["mha+rope"].mlp_hidden_dim
+
+
+def test_unmatchable_variant_is_refused():
+    tiny = ModelConfig(vocab_size=4096, dim=16, n_layers=1, n_heads=2, mlp_hidden_dim=8)
+    with pytest.raises(ValueError, match="cannot match"):
+        matched_configs([Variant("mha", "learned")], tiny, tolerance=1e-6)
