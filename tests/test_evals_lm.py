@@ -1,0 +1,111 @@
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnzoo import ModelConfig, Transformer
+from attnzoo.evals import IGNORE_INDEX, LMEvalConfig, evaluate_lm, length_extrapolation
+from attnzoo.evals.lm import windows
+
+
+class Uniform(nn.Module):
+    """Equal logits for every token: cross-entropy ln V at every position."""
+
+    def __init__(self, vocab_size):
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.anchor = nn.Parameter(torch.zeros(()))
+
+    def forward(self, idx):
+        return self.anchor.expand(*idx.shape, self.vocab_size)
+
+
+class Fibonacci(nn.Module):
+    """Certain of x[t+1] = x[t] + x[t-1] mod V once it has seen two tokens, uniform at a window's first one."""
+
+    def __init__(self, vocab_size):
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.anchor = nn.Parameter(torch.zeros(()))
+
+    def forward(self, idx):
+        logits = torch.zeros(*idx.shape, self.vocab_size) + self.anchor
+        following = (idx[:, 1:] + idx[:, :-1]) % self.vocab_size
+        logits[:, 1:] = 100 * F.one_hot(following, self.vocab_size).float()
+        return logits
+
+
+def fibonacci_stream(n, vocab_size):
+    tokens = [1, 1]
+    while len(tokens) < n:
+        tokens.append((tokens[-1] + tokens[-2]) % vocab_size)
+    return torch.tensor(tokens)
+
+
+@pytest.mark.parametrize("stride", [None, 4, 1])
+def test_windows_score_every_token_after_the_first_once(stride):
+    tokens = torch.arange(1000, 1042)  # distinct, so each target names the token it scores
+    cfg = LMEvalConfig(block_len=8, stride=stride)
+    inputs, targets = windows(tokens, cfg)
+    assert inputs.shape == targets.shape and inputs.shape[1] == 8
+    scored = targets[targets != IGNORE_INDEX]
+    assert scored.tolist() == sorted(set(scored.tolist()))  # each once, in stream order
+    assert scored[0] == 1001  # everything but the first token can be predicted
+    assert len(tokens) - 1 - len(scored) < (stride or 8)  # only an incomplete last window is left out
+    # Inputs are the stream itself and each target is the token after its input.
+    assert torch.equal(targets[targets != IGNORE_INDEX] - 1, inputs[targets != IGNORE_INDEX])
+    # After the first window, every scored token sees at least block_len - stride tokens of context.
+    later = (targets[1:] != IGNORE_INDEX).nonzero()[:, 1]
+    assert later.min() >= 8 - (stride or 8)
+
+
+def test_uniform_byte_predictor_is_eight_bits_per_byte():
+    tokens = torch.randint(0, 256, (200,))
+    result = evaluate_lm(Uniform(256), tokens, LMEvalConfig(block_len=16))
+    assert result.loss == pytest.approx(math.log(256))
+    assert result.perplexity == pytest.approx(256)
+    assert result.bits_per_byte == pytest.approx(8.0)
+    assert result.tokens == (200 - 1) // 16 * 16
+    # Two bytes per token: the same 8 bits per token cover twice the bytes.
+    assert evaluate_lm(Uniform(256), tokens, LMEvalConfig(16, bytes_per_token=2.0)).bits_per_byte == pytest.approx(4.0)
+
+
+def test_sliding_window_removes_the_early_token_curse():
+    vocab, block = 17, 8
+    tokens = fibonacci_stream(8 * block + 1, vocab)
+    # Nonoverlapping: the first prediction of each of the 8 blocks is uniform, the other 7 are certain.
+    chunks = evaluate_lm(Fibonacci(vocab), tokens, LMEvalConfig(block_len=block))
+    assert chunks.loss == pytest.approx(math.log(vocab) / block, rel=1e-4)
+    # Sliding: only the first window's first prediction lacks context; 64 predictions are scored in all.
+    sliding = evaluate_lm(Fibonacci(vocab), tokens, LMEvalConfig(block_len=block, stride=2))
+    assert sliding.tokens == 8 * block
+    assert sliding.loss == pytest.approx(math.log(vocab) / sliding.tokens, rel=1e-4)
+
+
+def test_stream_shorter_than_a_block_is_refused():
+    with pytest.raises(ValueError, match="block_len"):
+        evaluate_lm(Uniform(4), torch.zeros(8, dtype=torch.long), LMEvalConfig(block_len=8))
+
+
+def test_extrapolation_reports_lengths_the_model_refuses_as_unavailable():
+    model = Transformer(ModelConfig(vocab_size=32, dim=16, n_layers=1, n_heads=2, position="learned", max_seq_len=16))
+    tokens = torch.randint(0, 32, (80,))
+    points = length_extrapolation(model, tokens, LMEvalConfig(block_len=8, batch_size=4), multiples=(1, 2, 4, 8))
+    assert [p.block_len for p in points] == [8, 16, 32, 64]
+    for point in points[:2]:
+        assert point.result is not None and point.reason is None
+        assert point.result.block_len == point.block_len
+    for point in points[2:]:
+        assert point.result is None and "max_seq_len=16" in point.reason
+
+
+def test_extrapolation_runs_every_length_for_rope_and_scales_the_stride():
+    model = Transformer(ModelConfig(vocab_size=32, dim=16, n_layers=1, n_heads=2, max_seq_len=8))
+    tokens = torch.randint(0, 32, (40,))
+    points = length_extrapolation(model, tokens, LMEvalConfig(block_len=4, stride=2), multiples=(1, 2, 4))
+    assert all(p.result is not None for p in points)
+    assert [p.result.stride for p in points] == [2, 4, 8]
+    # An untrained model is close to uniform at every length.
+    assert all(abs(p.result.loss - math.log(32)) < 0.3 for p in points)
