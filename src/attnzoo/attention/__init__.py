@@ -1,6 +1,6 @@
 """Attention mechanisms, registered by name."""
 
-from attnzoo.attention import diff, diff_v2, mha, selective  # noqa: F401  (registers the mechanisms)
+from attnzoo.attention import dcmha, diff, diff_v2, mha, selective  # noqa: F401  (registers the mechanism)
 from attnzoo.attention.base import (
     ATTENTION,
     Attention,

@@ -48,6 +48,7 @@ def sdpa_wide_values(q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, *, 
 class DiffOptions:
     lambda_init: float | None = None  # None → 0.8 − 0.6·exp(−0.3·depth)
     subln_affine: bool = True  # False reproduces the first release (and flashdiff.py, HF diffllama)
+    subln_eps: float = 1e-5  # the official value; HF diffllama uses its rms_norm_eps
 
     def __post_init__(self):
         if self.lambda_init is not None:
@@ -60,6 +61,12 @@ class DiffOptions:
                 "must be null (the depth schedule) or a number in [0, 1): the output is scaled by 1 − lambda_init",
             )
         require(isinstance(self.subln_affine, bool), "subln_affine", self.subln_affine, "must be true or false")
+        require(
+            isinstance(self.subln_eps, (int, float)) and not isinstance(self.subln_eps, bool) and self.subln_eps > 0,
+            "subln_eps",
+            self.subln_eps,
+            "must be a number > 0",
+        )
 
 
 @ATTENTION.register("diff")
@@ -72,7 +79,7 @@ class DifferentialAttention(Attention):
         λ    = exp(λ_q1·λ_k1) − exp(λ_q2·λ_k2) + λ_init                       (Eq. 2, fp32, one per layer)
         O    = out_proj(concat_i (1 − λ_init)·subln(A_i V_i))                  (Eq. 3)
 
-    with B the positional bias (ALiBi), shared by both maps, and subln an RMSNorm over 2d (eps 1e-5).
+    with B the positional bias (ALiBi), shared by both maps, and subln an RMSNorm over 2d (eps 1e-5 by default).
 
     Layout and names follow the official microsoft/unilm ``Diff-Transformer`` code, so its state dicts load
     as they are: ``n_heads`` = H differential heads, d = head_dim / 2, the query/key sub-heads are striped
@@ -97,7 +104,9 @@ class DifferentialAttention(Attention):
         self.lambda_k1 = nn.Parameter(torch.zeros(self.head_dim))
         self.lambda_q2 = nn.Parameter(torch.zeros(self.head_dim))
         self.lambda_k2 = nn.Parameter(torch.zeros(self.head_dim))
-        self.subln = nn.RMSNorm(2 * self.head_dim, eps=1e-5, elementwise_affine=self.options.subln_affine)
+        self.subln = nn.RMSNorm(
+            2 * self.head_dim, eps=self.options.subln_eps, elementwise_affine=self.options.subln_affine
+        )
         self.reset_mechanism_parameters()
 
     @classmethod

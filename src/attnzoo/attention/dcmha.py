@@ -1,0 +1,429 @@
+"""Dynamically composable multi-head attention (DCMHA), the attention of DCFormer (Xiao et al., ICML 2024).
+
+Parameter names, shapes and slot order follow the official code (Caiyun-AI/DCFormer), so its checkpoints
+convert by renaming: ``dyn_w_proj.dw1`` (D, G, 4, K), ``dyn_w_proj.qkw`` (G, 4, K, 2R, N/G) and
+``dyn_w_proj.dd`` (D, G, 4N/G), slots [pre_q, pre_k, post_q, post_k]. Heads are numbered group-major
+(head = g·N/G + m), as the official ``'B (G M) T S'`` layout.
+
+Three computations of the same attention, each tested against the others:
+
+* the eager reference: the full (B, N, T, S) scores composed with explicit per-token N×N matrices;
+* the training path: queries in chunks, each against its key range or window, composed through the
+  rank-R factors with batched matmuls, so memory grows with T·chunk and no N×N matrix is formed;
+* cached decoding: merged key-side matrices KW[s] are cached per key position, and each step forms the
+  query-side matrix once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import partial
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnzoo.attention.base import ATTENTION, Attention, AttentionContext, residual_linear
+from attnzoo.cache import SEQ_DIM, LayerCache
+from attnzoo.config import require
+
+PRE_Q, PRE_K, POST_Q, POST_K = range(4)  # the official slot order of the dynamic-weight parameters
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class DCMHAOptions:
+    pre_compose: bool = True  # compose the logits, before the softmax
+    post_compose: bool = True  # compose the probabilities, after the softmax
+    query_wise: bool = False  # query-wise composition only (no key-wise terms), as the official `query_wise`
+    static_proj: bool = False  # add the static talking-heads matrix W_b; the official default is off
+    num_groups: int = 1  # G: heads compose only within their group (tensor parallelism)
+    rank: int = 2  # R: rank of the dynamic low-rank projections
+    dynamic_w_hidden_dim: int | None = None  # K; None → 2·R·N/G (= 4N), as the official code
+    qk_norm: bool = False  # RMSNorm (learnable scale) over head_dim on queries and keys, before RoPE
+    window_size: int = 256  # keys a local layer's query sees, itself included
+    window_type: str = "LG"  # layer i is local if window_type[i % len] is "L", global if "G"
+    q_chunk_size: int = 128  # queries per block on the training path
+
+    def __post_init__(self):
+        for name in ("pre_compose", "post_compose", "query_wise", "static_proj", "qk_norm"):
+            require(isinstance(getattr(self, name), bool), name, getattr(self, name), "must be true or false")
+        for name in ("num_groups", "rank", "window_size", "q_chunk_size"):
+            value = getattr(self, name)
+            require(_is_int(value) and value >= 1, name, value, "must be an integer >= 1")
+        hidden = self.dynamic_w_hidden_dim
+        require(
+            hidden is None or (_is_int(hidden) and hidden >= 1),
+            "dynamic_w_hidden_dim",
+            hidden,
+            "must be null or an integer >= 1",
+        )
+        require(
+            isinstance(self.window_type, str) and len(self.window_type) > 0 and set(self.window_type) <= {"L", "G"},
+            "window_type",
+            self.window_type,
+            'must be a non-empty string of "L" (local) and "G" (global), one per layer, repeated over depth',
+        )
+
+
+class Mixing(NamedTuple):
+    """Dynamic head-mixing weights of one composition (pre or post), tokens on axis 2.
+
+    w1, w2: (B, G, L, R, M); dd: (B, G, L, M), with M = N/G heads per group. The key-side fields are None
+    for query-wise composition.
+    """
+
+    qw1: Tensor
+    qw2: Tensor
+    qdd: Tensor
+    kw1: Tensor | None
+    kw2: Tensor | None
+    kdd: Tensor | None
+
+    def block(self, queries: slice, keys: slice) -> Mixing:
+        def take(w: Tensor | None, rows: slice) -> Tensor | None:
+            return None if w is None else w[:, :, rows]
+
+        return Mixing(
+            *(take(w, queries) for w in (self.qw1, self.qw2, self.qdd)),
+            *(take(w, keys) for w in (self.kw1, self.kw2, self.kdd)),
+        )
+
+
+def query_matrices(mixing: Mixing, static_w: Tensor | None) -> Tensor:
+    """(B, G, T, M, M) QW[t] = I + W_b + qw1[t]ᵀ·qw2[t] + diag(qdd[t]), indexed [input head, output head].
+
+    The identity residual and the static matrix ride on the query side, so the cached key-side matrices are
+    exactly kw1ᵀ·kw2 + diag(kdd), and query-wise composition needs no special case.
+    """
+    matrices = mixing.qw1.mT @ mixing.qw2 + torch.diag_embed(1 + mixing.qdd)
+    return matrices if static_w is None else matrices + static_w[:, None]
+
+
+def key_matrices(mixing: Mixing) -> Tensor:
+    """(B, G, M, M, S) KW[s] = kw1[s]ᵀ·kw2[s] + diag(kdd[s]), indexed [input head, output head, key].
+
+    Key positions come last, the layout of the cache, so a decoding step reads each entry contiguously.
+    """
+    return (mixing.kw1.mT @ mixing.kw2 + torch.diag_embed(mixing.kdd)).permute(0, 1, 3, 4, 2)
+
+
+def compose_merged(scores: Tensor, query_w: Tensor, key_w: Tensor | None) -> Tensor:
+    """A'[:, t, s] = (QW[t] + KW[s])ᵀ · A[:, t, s] within each head group: the explicit matrix form.
+
+    scores: (B, N, T, S); query_w: (B, G, T, M, M); key_w: (B, G, M, M, S) or None.
+    """
+    batch, _, query_len, key_len = scores.shape
+    groups, heads_per_group = query_w.shape[1], query_w.shape[-1]
+    grouped = scores.view(batch, groups, heads_per_group, query_len, key_len)
+    if key_w is not None and query_len == 1:
+        # One decoding step, as the official decoder: W[s] = QW + KW[s] for every cached key, applied as one
+        # broadcast multiply-sum (an einsum would run S tiny M×M matmuls).
+        weights = key_w + query_w[:, :, 0, :, :, None]
+        return (grouped.unsqueeze(3) * weights.unsqueeze(4)).sum(2).reshape(scores.shape)
+    out = torch.einsum("bgnts,bgtnm->bgmts", grouped, query_w)
+    if key_w is not None:
+        out = out + torch.einsum("bgnts,bgnms->bgmts", grouped, key_w)
+    return out.reshape(scores.shape)
+
+
+def compose_low_rank(scores: Tensor, mixing: Mixing, static_w: Tensor | None) -> Tensor:
+    """The same composition through the rank-R factors, as the official ``_cross_head_proj``:
+
+    A'[m,t,s] = A[m,t,s]·(1 + qdd[t,m] + kdd[s,m]) + Σ_r qw2[t,r,m]·Σ_n qw1[t,r,n]·A[n,t,s]
+              + Σ_r kw2[s,r,m]·Σ_n kw1[s,r,n]·A[n,t,s]  (+ Σ_n W_b[n,m]·A[n,t,s]).
+
+    Each side is two batched matmuls over a view of A with its own token axis as the batch axis, so the
+    cost is O(R·N) per score instead of O(N²), and no per-token N×N matrix is formed.
+    """
+    batch, _, query_len, key_len = scores.shape
+    groups, heads_per_group = mixing.qdd.shape[1], mixing.qdd.shape[-1]
+    grouped = scores.view(batch, groups, heads_per_group, query_len, key_len)
+    out = grouped * (1 + mixing.qdd.mT[..., None])
+    by_query = grouped.transpose(2, 3)  # (B, G, T, M, S)
+    out = out + (mixing.qw2.mT @ (mixing.qw1 @ by_query)).transpose(2, 3)
+    if mixing.kw1 is not None:
+        out = torch.addcmul(out, grouped, mixing.kdd.mT[..., None, :])
+        by_key = grouped.permute(0, 1, 4, 2, 3)  # (B, G, S, M, T)
+        out = out + (mixing.kw2.mT @ (mixing.kw1 @ by_key)).permute(0, 1, 3, 4, 2)
+    if static_w is not None:
+        out = out + torch.einsum("bgnts,gnm->bgmts", grouped, static_w)
+    return out.reshape(scores.shape)
+
+
+class DynamicWeightProjection(nn.Module):
+    """x → the dynamic composition weights of the four slots (DCFormer, Eq. 6–7).
+
+    h = GELU(x·dw1); [w1 | w2] = h·qkw; w1 ← RMSNorm over heads (no scale, eps 1e-6); dd = tanh(x·dd).
+    GELU is exact, as in the official PyTorch code (the JAX training code uses the tanh approximation).
+    """
+
+    def __init__(self, dim: int, n_heads: int, num_groups: int, rank: int, hidden_dim: int):
+        super().__init__()
+        self.rank = rank
+        heads_per_group = n_heads // num_groups
+        # Zeros make every dynamic weight zero (plain MHA) until reset_parameters draws the training init.
+        self.dw1 = nn.Parameter(torch.zeros(dim, num_groups, 4, hidden_dim))
+        self.qkw = nn.Parameter(torch.zeros(num_groups, 4, hidden_dim, 2 * rank, heads_per_group))
+        self.dd = nn.Parameter(torch.zeros(dim, num_groups, 4 * heads_per_group))
+
+    def reset_parameters(self) -> None:
+        """The official JAX training init (``dc_attentions.py``)."""
+        dim, hidden = self.dw1.shape[0], self.dw1.shape[-1]
+        heads_per_group = self.qkw.shape[-1]
+        nn.init.normal_(self.dw1, std=math.sqrt(2 / (dim + hidden)))
+        nn.init.normal_(self.qkw, std=math.sqrt(1 / hidden) * 2 / (heads_per_group + self.rank) * 0.01)
+        nn.init.normal_(self.dd, std=math.sqrt(2 / (dim + heads_per_group)) * 0.005)
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(B, T, D) → w1, w2: (B, G, T, 4, R, M) and dd: (B, G, T, 4, M)."""
+        batch, seq_len, dim = x.shape
+        groups, slots, hidden = self.dw1.shape[1:]
+        heads_per_group = self.qkw.shape[-1]
+        h = F.gelu(x @ self.dw1.view(dim, -1)).view(batch, seq_len, groups, slots, hidden)
+        w1, w2 = torch.einsum("btgck,gckim->bgtcim", h, self.qkw).split(self.rank, dim=-2)
+        w1 = F.rms_norm(w1, (heads_per_group,), eps=1e-6)
+        dd = torch.tanh(x @ self.dd.view(dim, -1)).view(batch, seq_len, groups, slots, heads_per_group)
+        return w1, w2, dd.transpose(1, 2)
+
+
+class WindowCache(LayerCache):
+    """Per-position buffers of a layer whose queries see at most ``window`` keys (None: all).
+
+    Position p lives in slot p % capacity. A global layer's capacity is max_len, so slots are positions; a
+    local layer keeps only its last ``window`` positions in a ring.
+    """
+
+    def __init__(self, window: int | None, **buffers: Tensor):
+        super().__init__(**buffers)
+        self.window = window
+        self.capacity = next(iter(buffers.values())).shape[SEQ_DIM]
+
+    def extend(self, start: int, **new: Tensor) -> tuple[Tensor, ...]:
+        """Store the chunk at positions start.. and return (key positions, *entries) the chunk's queries may see.
+
+        Entries come in slot order, with their positions; slots the window excludes are masked by position.
+        """
+        length = next(iter(new.values())).shape[SEQ_DIM]
+        end = start + length
+        first = 0 if self.window is None else max(0, start - self.window + 1)
+        device = self.buffers[next(iter(new))].device
+        if end - first <= self.capacity:
+            # All visible positions survive the write, so the buffers are read in place.
+            self._write(start, new)
+            filled = min(end, self.capacity)
+            slots = torch.arange(filled, device=device)
+            positions = end - 1 - (end - 1 - slots) % self.capacity
+            return positions, *(self.buffers[name][:, :, :filled] for name in new)
+        # A chunk longer than the ring: read the cached part of the window before the write overwrites it.
+        cached = torch.arange(first, start, device=device)
+        entries = [
+            torch.cat((self.buffers[name].index_select(SEQ_DIM, cached % self.capacity), value), dim=SEQ_DIM)
+            for name, value in new.items()
+        ]
+        self._write(start, new)
+        return torch.arange(first, end, device=device), *entries
+
+    def _write(self, start: int, new: dict[str, Tensor]) -> None:
+        for name, value in new.items():
+            kept = min(value.shape[SEQ_DIM], self.capacity)
+            end = start + value.shape[SEQ_DIM]
+            slots = torch.arange(end - kept, end, device=value.device) % self.capacity
+            buffer = self.buffers[name]
+            buffer.index_copy_(SEQ_DIM, slots, value[:, :, -kept:].to(buffer.dtype))
+
+
+@ATTENTION.register("dcmha")
+class DynamicallyComposableAttention(Attention):
+    """DCMHA (Xiao et al., 2024, "Improving Transformers with Dynamically Composable Multi-Head Attention").
+
+    Logits A = QKᵀ/√d + B (B the positional bias) are composed across heads before the softmax and the
+    probabilities again after it, with weights computed from the layer input x (Eq. 5–7):
+
+        A'[m,t,s] = A[m,t,s] + Σ_n A[n,t,s]·(QW[t] + KW[s])[n,m],
+        QW[t] = qw1[t]ᵀ·qw2[t] + diag(qdd[t]),  KW[s] = kw1[s]ᵀ·kw2[s] + diag(kdd[s]).
+
+    Order, as the official code: logits (+ bias) → pre-compose → mask → fp32 softmax → post-compose → @V.
+    Masked probabilities are exactly 0 after the softmax and composition mixes heads at the same (t, s),
+    whose mask is shared, so they stay 0: the JAX code's re-zeroing after post-compose would be a no-op.
+    Local layers (``window_type``) see ``window_size`` keys including the query itself, the JAX training
+    semantics. Projections are q/k/v/o_proj with grouped kv heads, as ``mha``.
+    """
+
+    Options = DCMHAOptions
+
+    def __init__(self, cfg, layer_idx):
+        super().__init__(cfg, layer_idx)
+        opts = self.options
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.num_groups = opts.num_groups
+        self.window = opts.window_size if opts.window_type[layer_idx % len(opts.window_type)] == "L" else None
+        self.q_proj = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=cfg.bias)
+        self.k_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=cfg.bias)
+        self.v_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=cfg.bias)
+        self.o_proj = residual_linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=cfg.bias)
+        if opts.qk_norm:
+            self.q_norm = nn.RMSNorm(cfg.head_dim, eps=1e-6)
+            self.k_norm = nn.RMSNorm(cfg.head_dim, eps=1e-6)
+        hidden = opts.dynamic_w_hidden_dim or 2 * opts.rank * cfg.n_heads // opts.num_groups
+        self.dyn_w_proj = DynamicWeightProjection(cfg.dim, cfg.n_heads, opts.num_groups, opts.rank, hidden)
+        # W_b of the pre and post composition, (2, G, M, M) indexed [input head, output head].
+        heads_per_group = cfg.n_heads // opts.num_groups
+        self.static_w = (
+            nn.Parameter(torch.zeros(2, opts.num_groups, heads_per_group, heads_per_group))
+            if opts.static_proj
+            else None
+        )
+
+    @classmethod
+    def validate_config(cls, cfg):
+        groups = cfg.attention_opts.num_groups
+        require(
+            cfg.n_heads % groups == 0,
+            "attention_options.num_groups",
+            groups,
+            f"must divide n_heads={cfg.n_heads}: heads are composed within equal groups",
+        )
+
+    def reset_mechanism_parameters(self) -> None:
+        self.dyn_w_proj.reset_parameters()
+        if self.static_w is not None:
+            heads_per_group = self.static_w.shape[-1]
+            nn.init.normal_(self.static_w, std=math.sqrt(2 / (2 * heads_per_group)) * 0.1)
+
+    def forward(self, x: Tensor, ctx: AttentionContext, cache: LayerCache | None = None) -> Tensor:
+        batch, seq_len, _ = x.shape
+        q = self.q_proj(x).view(batch, seq_len, self.n_heads, self.head_dim)
+        k = self.k_proj(x).view(batch, seq_len, self.n_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(batch, seq_len, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        if self.options.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = ctx.rotate(q.transpose(1, 2)), ctx.rotate(k.transpose(1, 2))
+        pre, post = self._mixings(x)
+        if cache is not None:
+            out = self._attend_cached(q, k, v, pre, post, ctx, cache)
+        elif ctx.use_eager:
+            out = self._attend_eager(q, k, v, pre, post, ctx)
+        else:
+            out = self._attend_chunked(q, k, v, pre, post, ctx)
+        return self.o_proj(out.transpose(1, 2).reshape(batch, seq_len, -1))
+
+    def _mixings(self, x: Tensor) -> tuple[Mixing | None, Mixing | None]:
+        """The pre and post composition weights (None where switched off), in fp32 like the scores."""
+        opts = self.options
+        if not (opts.pre_compose or opts.post_compose):
+            return None, None
+        w1, w2, dd = (w.float() for w in self.dyn_w_proj(x))
+
+        def mixing(query_slot: int, key_slot: int) -> Mixing:
+            query_side = (w1[:, :, :, query_slot], w2[:, :, :, query_slot], dd[:, :, :, query_slot])
+            key_side = (w1[:, :, :, key_slot], w2[:, :, :, key_slot], dd[:, :, :, key_slot])
+            return Mixing(*query_side, *((None,) * 3 if opts.query_wise else key_side))
+
+        return (
+            mixing(PRE_Q, PRE_K) if opts.pre_compose else None,
+            mixing(POST_Q, POST_K) if opts.post_compose else None,
+        )
+
+    def _composers(self, pre: Mixing | None, post: Mixing | None, make) -> list:
+        """[pre, post] score → score functions, make(which, mixing, static_w) for each composition that is on."""
+        return [
+            None
+            if mixing is None
+            else make(which, mixing, None if self.static_w is None else self.static_w[which].float())
+            for which, mixing in enumerate((pre, post))
+        ]
+
+    def _attend_eager(self, q, k, v, pre, post, ctx) -> Tensor:
+        """The reference: full (B, N, T, T) scores, composed with explicit per-token N×N matrices."""
+
+        def make(which, mixing, static_w):
+            key_w = None if mixing.kw1 is None else key_matrices(mixing)
+            return partial(compose_merged, query_w=query_matrices(mixing, static_w), key_w=key_w)
+
+        composers = self._composers(pre, post, make)
+        out, probs = self._attend(q, k, v, ctx.positions, ctx.positions, ctx, *composers)
+        ctx.record(probs)
+        return out
+
+    def _attend_chunked(self, q, k, v, pre, post, ctx) -> Tensor:
+        """Queries in blocks of q_chunk_size, each against its key range or window: O(T·chunk) scores."""
+        seq_len, chunk = q.shape[2], self.options.q_chunk_size
+        outs = []
+        for q_start in range(0, seq_len, chunk):
+            queries = slice(q_start, min(seq_len, q_start + chunk))
+            keys = slice(0 if self.window is None else max(0, q_start - self.window + 1), queries.stop)
+
+            def make(which, mixing, static_w, queries=queries, keys=keys):
+                return partial(compose_low_rank, mixing=mixing.block(queries, keys), static_w=static_w)
+
+            out, _ = self._attend(
+                q[:, :, queries],
+                k[:, :, keys],
+                v[:, :, keys],
+                ctx.positions[queries],
+                ctx.positions[keys],
+                ctx,
+                *self._composers(pre, post, make),
+            )
+            outs.append(out)
+        return torch.cat(outs, dim=2)
+
+    def _attend_cached(self, q, k, v, pre, post, ctx, cache: WindowCache) -> Tensor:
+        """Attend over the cache, which holds each key's merged matrices KW[s]; QW is formed once per call."""
+        composed = [which for which, mixing in enumerate((pre, post)) if mixing is not None]
+        new = {"k": k, "v": v}
+        if composed and not self.options.query_wise:
+            # One buffer for both compositions: (B, C, G, M, M, T) → (B, C·G·M·M, T), key positions last.
+            new["kw"] = torch.stack([key_matrices(m) for m in (pre, post) if m is not None], dim=1).flatten(1, -2)
+        key_positions, k, v, *kw = cache.extend(ctx.start, **new)
+        heads_per_group = self.n_heads // self.num_groups
+        key_ws = {}
+        if kw:
+            shape = (len(composed), self.num_groups, heads_per_group, heads_per_group)
+            key_ws = dict(zip(composed, kw[0].float().unflatten(1, shape).unbind(1), strict=True))
+
+        def make(which, mixing, static_w):
+            return partial(compose_merged, query_w=query_matrices(mixing, static_w), key_w=key_ws.get(which))
+
+        out, _ = self._attend(q, k, v, ctx.positions, key_positions, ctx, *self._composers(pre, post, make))
+        return out
+
+    def _attend(self, q, k, v, q_positions, k_positions, ctx, pre_compose, post_compose) -> tuple[Tensor, Tensor]:
+        """Scores of queries at q_positions against keys at k_positions → (output (B, N, T, d), probabilities).
+
+        GQA without copies: the n_rep query heads of a kv head are stacked along the query axis.
+        """
+        batch, n_heads, query_len, head_dim = q.shape
+        n_kv_heads, key_len = k.shape[1], k.shape[2]
+        grouped_q = q.reshape(batch, n_kv_heads, -1, head_dim)
+        logits = (grouped_q @ k.transpose(-2, -1)).float().view(batch, n_heads, query_len, key_len)
+        logits = logits * (1.0 / math.sqrt(head_dim))
+        bias = ctx.position.bias(n_heads, q_positions, k_positions)
+        if bias is not None:
+            logits = logits + bias
+        if pre_compose is not None:
+            logits = pre_compose(logits)
+        distance = q_positions[:, None] - k_positions[None, :]
+        allowed = (distance >= 0) if self.window is None else (distance >= 0) & (distance < self.window)
+        probs = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
+        if post_compose is not None:
+            probs = post_compose(probs)
+        dropped = F.dropout(probs, p=self.attn_dropout) if self.attn_dropout > 0 else probs
+        weighted = dropped.to(v.dtype).reshape(batch, n_kv_heads, -1, key_len) @ v
+        return weighted.view(batch, n_heads, query_len, -1), probs
+
+    def new_layer_cache(self, batch_size, max_len, *, device, dtype):
+        """Keys, values and, unless query-wise, the merged KW of each composition: (B, C·G·M·M, L), keys last."""
+        capacity = max_len if self.window is None else min(self.window, max_len)
+        shapes = {"k": (self.n_kv_heads, self.head_dim), "v": (self.n_kv_heads, self.head_dim)}
+        n_composed = int(self.options.pre_compose) + int(self.options.post_compose)
+        if n_composed and not self.options.query_wise:
+            shapes["kw"] = (n_composed * self.n_heads * self.n_heads // self.num_groups,)
+        buffers = LayerCache.allocate(batch_size, capacity, device=device, dtype=dtype, **shapes).buffers
+        return WindowCache(self.window, **buffers)
