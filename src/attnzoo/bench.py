@@ -81,46 +81,72 @@ def _run_case(case: BenchCase, repeats: int, warmup: int, threads: int, device: 
     idx = torch.randint(0, vocab, (case.batch_size, case.seq_len), device=device)
     on_cuda = device.startswith("cuda")
 
+    def synchronize() -> None:
+        if on_cuda:
+            torch.cuda.synchronize()
+
+    def timed(fn) -> float:
+        synchronize()
+        start = time.perf_counter()
+        fn()
+        synchronize()
+        return time.perf_counter() - start
+
     if case.mode == "train":
         model.train()
 
-        def step() -> int:
-            model.zero_grad(set_to_none=True)
-            model(idx, idx)[1].backward()
-            return idx.numel()
+        def step() -> tuple[int, float]:
+            def train_step():
+                model.zero_grad(set_to_none=True)
+                model(idx, idx)[1].backward()
+
+            return idx.numel(), timed(train_step)
 
     elif case.mode == "prefill":
         model.eval()
 
-        def step() -> int:
+        def step() -> tuple[int, float]:
             with torch.no_grad():
-                model(idx)
-            return idx.numel()
+                return idx.numel(), timed(lambda: model(idx))
 
     elif case.mode == "decode":
         model.eval()
+        # Only the new tokens are timed: with the cache, single-token steps after an untimed prefill; without
+        # it, the full-prefix recomputation that each new token costs.
+        new_tokens = torch.randint(0, vocab, (case.batch_size, case.decode_tokens), device=device)
 
-        def step() -> int:
-            model.generate(idx, case.decode_tokens, temperature=0, use_cache=case.use_cache)
-            return case.batch_size * case.decode_tokens
+        def step() -> tuple[int, float]:
+            with torch.no_grad():
+                if case.use_cache:
+                    cache = model.new_cache(case.batch_size, case.seq_len + case.decode_tokens)
+                    model(idx, cache=cache)
+
+                    def decode():
+                        for t in range(case.decode_tokens):
+                            model(new_tokens[:, t : t + 1], cache=cache)
+
+                else:
+                    sequence = torch.cat((idx, new_tokens), dim=1)
+
+                    def decode():
+                        for t in range(case.decode_tokens):
+                            model(sequence[:, : case.seq_len + t + 1])
+
+                return case.batch_size * case.decode_tokens, timed(decode)
 
     else:
         raise ValueError(f"mode={case.mode!r} is invalid: choose train, prefill or decode")
 
     if on_cuda:
-        torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
     else:
         base = _max_rss_mb()
     rates = []
     for i in range(warmup + repeats):
-        start = time.perf_counter()
-        tokens = step()
-        if on_cuda:
-            torch.cuda.synchronize()
+        tokens, seconds = step()
         if i >= warmup:
-            rates.append(tokens / (time.perf_counter() - start))
+            rates.append(tokens / seconds)
     peak = (torch.cuda.max_memory_allocated() - base) / 2**20 if on_cuda else _max_rss_mb() - base
     return BenchResult(
         case=case.label,
