@@ -1,0 +1,26 @@
+"""Training: configuration, the loop, checkpoints, evaluation and distributed execution."""
+
+from attnzoo.training.checkpoint import Checkpoint, CheckpointError, load_pretrained, read_checkpoint
+from attnzoo.training.config import DataConfig, TrainConfig, load_toml
+from attnzoo.training.distributed import Distributed, init_distributed, shutdown_distributed
+from attnzoo.training.evaluation import EvalResult, evaluate
+from attnzoo.training.trainer import Trainer, TrainingDiverged, TrainResult, load_corpus
+
+__all__ = [
+    "Checkpoint",
+    "CheckpointError",
+    "DataConfig",
+    "Distributed",
+    "EvalResult",
+    "TrainConfig",
+    "TrainResult",
+    "Trainer",
+    "TrainingDiverged",
+    "evaluate",
+    "init_distributed",
+    "load_corpus",
+    "load_pretrained",
+    "load_toml",
+    "read_checkpoint",
+    "shutdown_distributed",
+]

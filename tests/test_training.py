@@ -1,0 +1,198 @@
+import itertools
+import json
+import math
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from torch import nn
+from training_helpers import tiny_model_config, tiny_train_config, write_text_corpus
+
+from attnzoo import Transformer
+from attnzoo.data import prepare_corpus
+from attnzoo.training import (
+    CheckpointError,
+    DataConfig,
+    TrainConfig,
+    Trainer,
+    TrainingDiverged,
+    load_toml,
+    read_checkpoint,
+)
+from attnzoo.training.checkpoint import complete_checkpoints, latest_checkpoint
+from attnzoo.training.optim import learning_rate, parameter_groups
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNZOO_CACHE_DIR", str(tmp_path / "cache"))
+
+
+@pytest.fixture
+def text(tmp_path):
+    return write_text_corpus(tmp_path / "text.txt")
+
+
+def _losses(run_dir):
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["train_loss"] for r in records if "train_loss" in r}
+
+
+def _train(text, run_dir, model_config=None, **changes):
+    train_config = tiny_train_config(text, **changes)
+    corpus = prepare_corpus(str(text), train_config.data.tokenizer)
+    trainer = Trainer(model_config or tiny_model_config(), train_config, corpus, run_dir, progress=False)
+    return trainer, trainer.fit()
+
+
+# --------------------------------------------------------------------------------------------------- config
+
+
+def test_train_config_validates_and_round_trips_through_json():
+    cfg = TrainConfig(steps=7, data=DataConfig(corpus="pystdlib", tokenizer="char"))
+    assert TrainConfig.from_json(cfg.to_json()) == cfg
+    assert TrainConfig.from_dict({"data": {"corpus": "x"}}).data == DataConfig(corpus="x")
+    for bad, match in [
+        ({"lr": -1.0}, "lr=-1.0 is invalid"),
+        ({"batch_size": 0}, "batch_size=0 is invalid"),
+        ({"seed": -1}, "seed=-1 is invalid"),
+        ({"dtype": "float16"}, r"dtype='float16' is invalid: choose one of \['auto', 'float32', 'bfloat16'\]"),
+        ({"data": {"tokenizer": "bpe"}}, "tokenizer='bpe' is invalid"),
+        ({"learning_rate": 1.0}, r"unknown \[train\] setting\(s\) \['learning_rate'\]"),
+        ({"data": {"path": "x"}}, r"unknown \[data\] setting\(s\) \['path'\]"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            TrainConfig.from_dict(bad)
+
+
+def test_toml_files_hold_model_data_and_train_tables(tmp_path):
+    good = tmp_path / "run.toml"
+    good.write_text('[model]\ndim = 64\n[model.attention_options]\n[data]\ncorpus = "pystdlib"\n[train]\nlr = 1e-3\n')
+    assert load_toml(good) == {
+        "model": {"dim": 64, "attention_options": {}},
+        "data": {"corpus": "pystdlib"},
+        "train": {"lr": 1e-3},
+    }
+    (tmp_path / "bad.toml").write_text("[optim]\nlr = 1\n")
+    with pytest.raises(ValueError, match=r"unknown table\(s\) or key\(s\) \['optim'\]"):
+        load_toml(tmp_path / "bad.toml")
+    (tmp_path / "broken.toml").write_text("[train\n")
+    with pytest.raises(ValueError, match="not valid TOML"):
+        load_toml(tmp_path / "broken.toml")
+    with pytest.raises(FileNotFoundError, match=r"missing\.toml not found"):
+        load_toml(tmp_path / "missing.toml")
+
+
+# ---------------------------------------------------------------------------------------------- optimizer
+
+
+def test_weight_decay_applies_to_linear_weights_only():
+    model = Transformer(tiny_model_config(position="learned", bias=True, norm="layernorm"))
+    decay, no_decay = parameter_groups(model, weight_decay=0.1)
+    linear_weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    assert {id(p) for p in decay["params"]} == linear_weights - embeddings  # the tied lm_head is an embedding
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+    assert all(p.dim() == 1 for p in no_decay["params"] if id(p) not in embeddings)  # norms and biases
+    model.layers[0].mlp.requires_grad_(False)
+    frozen = parameter_groups(model, 0.1)
+    assert sum(len(g["params"]) for g in frozen) == sum(p.requires_grad for p in model.parameters())
+
+
+def test_learning_rate_warms_up_linearly_then_decays_by_cosine_to_the_floor():
+    cfg = TrainConfig(lr=1e-3, warmup_steps=10, steps=111, min_lr_ratio=0.1)
+    lrs = [learning_rate(step, cfg) for step in range(cfg.steps)]
+    assert lrs[:10] == pytest.approx([1e-4 * (i + 1) for i in range(10)])
+    assert lrs[10] == pytest.approx(1e-3) and lrs[-1] == pytest.approx(1e-4)
+    assert lrs[60] == pytest.approx(1e-4 + 0.5 * (1e-3 - 1e-4))  # half way through the cosine's 100 steps
+    assert all(a > b for a, b in itertools.pairwise(lrs[10:]))
+
+
+# ------------------------------------------------------------------------------------------------- trainer
+
+
+def test_a_tiny_run_learns_and_leaves_a_complete_run_directory(text, tmp_path):
+    run = tmp_path / "run"
+    trainer, result = _train(text, run, steps=30, eval_interval=10, checkpoint_interval=10, lr=1e-2)
+    assert result.step == 30 and result.interrupted_by is None
+    assert result.val.loss < math.log(256) - 2  # far below the uniform prediction over bytes
+    losses = _losses(run)
+    assert sorted(losses) == list(range(1, 31)) and losses[30] < losses[1] - 2
+    for name in ("config.json", "train_config.json", "tokenizer.json", "run.json", "metrics.jsonl"):
+        assert (run / name).is_file(), name
+    assert json.loads((run / "run.json").read_text())["attnzoo_version"]
+    assert (run / "train_loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert TrainConfig.from_json((run / "train_config.json").read_text()) == trainer.cfg
+    assert [c.name for c in complete_checkpoints(run)] == ["step-0000010", "step-0000020", "step-0000030"]
+
+
+def test_resumed_run_is_bitwise_identical_to_the_uninterrupted_one(text, tmp_path):
+    # Dropout makes the RNG state part of what must be restored.
+    model_config = tiny_model_config(dropout=0.1)
+    _, full = _train(text, tmp_path / "full", model_config, steps=6, checkpoint_interval=3)
+    resumed_dir = tmp_path / "resumed"
+    shutil.copytree(tmp_path / "full", resumed_dir)
+    shutil.rmtree(resumed_dir / "checkpoints" / "step-0000006")  # as if stopped right after step 3
+    checkpoint = read_checkpoint(resumed_dir)
+    assert checkpoint.step == 3
+    train_config = tiny_train_config(text, steps=6, checkpoint_interval=3)
+    corpus = prepare_corpus(str(text), "byte")
+    trainer = Trainer(model_config, train_config, corpus, resumed_dir, resume=checkpoint, progress=False)
+    assert trainer.restored_rng
+    resumed = trainer.fit()
+    assert resumed.step == 6
+    assert _losses(resumed_dir) == _losses(tmp_path / "full")  # steps 4-6 recomputed, exactly
+    final = "checkpoints/step-0000006/model.safetensors"
+    a, b = load_file(tmp_path / "full" / final), load_file(resumed_dir / final)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert full.val == resumed.val
+
+
+def test_gradient_accumulation_matches_one_big_batch(text, tmp_path):
+    _, one = _train(text, tmp_path / "one", steps=3)
+    _, four = _train(text, tmp_path / "four", steps=3, grad_accum=4)
+    assert _losses(tmp_path / "four") == pytest.approx(_losses(tmp_path / "one"), rel=1e-5)
+    assert four.val.loss == pytest.approx(one.val.loss, rel=1e-5)
+
+
+def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(text, tmp_path):
+    run = tmp_path / "run"
+    train_config = tiny_train_config(text, steps=10, checkpoint_interval=2)
+    trainer = Trainer(tiny_model_config(), train_config, prepare_corpus(str(text), "byte"), run, progress=False)
+
+    def poison_after_step_4(module, inputs, output):
+        return output * math.nan if trainer.step >= 4 else output
+
+    trainer.raw_model.lm_head.register_forward_hook(poison_after_step_4)
+    with pytest.raises(TrainingDiverged, match=r"step 5: the loss is nan.*last good checkpoint is .*step-0000004"):
+        trainer.fit()
+    assert latest_checkpoint(run).name == "step-0000004"
+    good = read_checkpoint(run)  # verifies the checkpoint's hashes
+    assert good.step == 4
+    saved = load_file(good.directory / "model.safetensors")
+    assert all(
+        torch.equal(saved[name], p.detach()) for name, p in trainer.raw_model.state_dict().items() if name in saved
+    )
+
+
+def test_resume_refuses_a_different_model_or_optimisation_but_allows_runtime_changes(text, tmp_path):
+    _train(text, tmp_path / "run", steps=3)
+    checkpoint = read_checkpoint(tmp_path / "run")
+    corpus = prepare_corpus(str(text), "byte")
+    with pytest.raises(CheckpointError, match=r"model differs .*'dim': \(32, 64\)"):
+        Trainer(tiny_model_config(dim=64), tiny_train_config(text), corpus, tmp_path / "run", resume=checkpoint)
+    with pytest.raises(CheckpointError, match=r"resuming cannot change \{'lr'"):
+        Trainer(
+            tiny_model_config(), tiny_train_config(text, steps=3, lr=0.5), corpus, tmp_path / "run", resume=checkpoint
+        )
+    allowed = tiny_train_config(text, steps=3, eval_interval=1, keep_checkpoints=1)
+    assert Trainer(tiny_model_config(), allowed, corpus, tmp_path / "run", resume=checkpoint).step == 3
+
+
+def test_a_corpus_too_small_for_one_window_is_refused(tmp_path):
+    short = tmp_path / "short.txt"
+    short.write_text("x" * 200)
+    with pytest.raises(ValueError, match=r"val split of corpus 'short.txt' has 20 tokens, fewer than one window"):
+        _train(short, tmp_path / "run")
