@@ -60,7 +60,7 @@ def main() -> None:
     for label, cfg in matched_configs([Variant(m, "rope") for m in args.mechanisms], baseline).items():
         run(BenchCase(label.removesuffix("+rope"), cfg, 1, context, mode="decode", decode_tokens=32))
     mha = matched_configs([Variant("mha", "rope")], baseline)["mha+rope"]
-    run(BenchCase("mha-no-cache", mha, 1, context, mode="decode", decode_tokens=32, use_cache=False))
+    run(BenchCase("mha", mha, 1, context, mode="decode-nocache", decode_tokens=32))
 
     table = ratio_table(results, baseline="mha")
     header = (

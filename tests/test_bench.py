@@ -1,5 +1,11 @@
-from attnzoo import ModelConfig
-from attnzoo.bench import BenchCase, measure, ratio_table
+import argparse
+import json
+
+import pytest
+import torch
+
+from attnzoo import ModelConfig, Transformer
+from attnzoo.bench import BenchCase, add_arguments, measure, ratio_table, run, sdpa_kernels
 
 
 def test_measure_runs_each_mode_in_a_fresh_process_and_tables_ratios():
@@ -8,7 +14,7 @@ def test_measure_runs_each_mode_in_a_fresh_process_and_tables_ratios():
         measure(BenchCase("base", cfg, batch_size=2, seq_len=16, mode="train"), repeats=2),
         measure(BenchCase("other", cfg, batch_size=2, seq_len=16, mode="train"), repeats=2),
         measure(BenchCase("base", cfg, batch_size=1, seq_len=8, mode="decode", decode_tokens=4), repeats=2),
-        measure(BenchCase("nocache", cfg, 1, 8, mode="decode", decode_tokens=4, use_cache=False), repeats=2),
+        measure(BenchCase("base", cfg, 1, 8, mode="decode-nocache", decode_tokens=4), repeats=2),
     ]
     for r in results:
         assert r.tokens_per_s_min <= r.tokens_per_s <= r.tokens_per_s_max and r.tokens_per_s > 0
@@ -18,4 +24,42 @@ def test_measure_runs_each_mode_in_a_fresh_process_and_tables_ratios():
     assert len(table) == 2 + 4
     assert "| base | train | 16 | 2 |" in table[2] and "| 1.00× |" in table[2]
     assert "| base | decode | 8 | 1 |" in table[4] and "| 1.00× |" in table[4]
-    assert "| nocache | decode | 8 | 1 |" in table[5]
+    assert "| base | decode-nocache | 8 | 1 |" in table[5]
+
+
+def test_bad_case_is_refused():
+    cfg = ModelConfig(vocab_size=32, dim=32, n_layers=1, n_heads=2)
+    with pytest.raises(ValueError, match="mode='backward'"):
+        BenchCase("x", cfg, 1, 8, mode="backward")
+    with pytest.raises(ValueError, match="dtype='float16'"):
+        BenchCase("x", cfg, 1, 8, dtype="float16")
+
+
+def test_sdpa_kernel_is_read_from_the_profiler():
+    idx = torch.randint(0, 32, (1, 16))
+    kernels = {}
+    for backend in ("sdpa", "eager"):
+        model = Transformer(ModelConfig(vocab_size=32, dim=32, n_layers=1, n_heads=2, attn_backend=backend)).eval()
+        kernels[backend] = sdpa_kernels(model, idx)
+    assert kernels["sdpa"] == ["flash (CPU)"]
+    assert kernels["eager"] == []
+
+
+@pytest.mark.slow
+def test_bench_command_writes_markdown_and_json(tmp_path):
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    argv = "--variants mha+rope diff+rope --seq-lens 16 --modes train decode --repeats 1 --dim 32 --n-layers 1"
+    argv += " --n-heads 4 --decode-tokens 2 --threads 1"
+    args = parser.parse_args([*argv.split(), "--out", str(tmp_path)])
+    assert run(args) == 0
+    payload = json.loads((tmp_path / "bench.json").read_text())
+    assert payload["baseline"] == "mha+rope"
+    assert [(r["case"], r["mode"]) for r in payload["results"]] == [
+        ("mha+rope", "train"),
+        ("diff+rope", "train"),
+        ("mha+rope", "decode"),
+        ("diff+rope", "decode"),
+    ]
+    markdown = (tmp_path / "bench.md").read_text()
+    assert "cost vs mha+rope" in markdown and "| diff+rope | train | 16 |" in markdown

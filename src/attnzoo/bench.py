@@ -1,13 +1,15 @@
-"""Throughput and peak-memory measurement, reported as ratios to a baseline measured in the same run.
+"""Throughput and peak memory, reported as ratios to a baseline measured in the same run (``attnzoo bench``).
 
 Every case runs in a fresh spawned process: on the CPU there is no allocator statistic, so peak memory
 is the rise of the process's resident high-water mark (``ru_maxrss``) over its level before the first
 step, which a fresh process attributes to that case alone. On CUDA it is ``max_memory_allocated``.
-Times are medians over repeats, with min and max to show the spread; nothing here asserts on time.
+Throughput is the median over repeats, with min and max to show the spread; nothing here asserts on time.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import multiprocessing
 import os
 import platform
@@ -16,11 +18,24 @@ import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 
 from attnzoo.config import ModelConfig
+from attnzoo.io import atomic_write_text
 from attnzoo.model import Transformer
+
+MODES = ("train", "prefill", "decode", "decode-nocache")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# The kernel SDPA dispatched to, as named by the profiler.
+SDPA_KERNELS = {
+    "_scaled_dot_product_flash_attention_for_cpu": "flash (CPU)",
+    "_scaled_dot_product_flash_attention": "flash",
+    "_scaled_dot_product_efficient_attention": "memory-efficient",
+    "_scaled_dot_product_cudnn_attention": "cuDNN",
+    "_scaled_dot_product_attention_math": "math",
+}
 
 
 @dataclass(frozen=True)
@@ -29,9 +44,15 @@ class BenchCase:
     config: ModelConfig
     batch_size: int
     seq_len: int
-    mode: str = "train"  # "train": forward+backward; "prefill": forward; "decode": cached tokens after a prefill
+    mode: str = "train"  # train: forward+backward; prefill: forward; decode(-nocache): new tokens after seq_len
     decode_tokens: int = 32
-    use_cache: bool = True
+    dtype: str = "float32"  # bfloat16 runs under autocast, as training does on CUDA
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"mode={self.mode!r} is invalid: choose one of {list(MODES)}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype={self.dtype!r} is invalid: choose one of {list(DTYPES)}")
 
 
 @dataclass
@@ -73,69 +94,71 @@ def _max_rss_mb() -> float:
     return rss / 2**20 if sys.platform == "darwin" else rss / 2**10  # bytes on macOS, KiB on Linux
 
 
+def sdpa_kernels(model: Transformer, idx: torch.Tensor) -> list[str]:
+    """The SDPA kernels one forward pass dispatches to (empty for mechanisms that compute scores themselves)."""
+    with torch.no_grad(), torch.profiler.profile() as profiler:
+        model(idx)
+    names = {event.name.removeprefix("aten::") for event in profiler.events()}
+    return sorted(label for kernel, label in SDPA_KERNELS.items() if kernel in names)
+
+
 def _run_case(case: BenchCase, repeats: int, warmup: int, threads: int, device: str) -> BenchResult:
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     model = Transformer(case.config).to(device)
-    vocab = case.config.vocab_size
-    idx = torch.randint(0, vocab, (case.batch_size, case.seq_len), device=device)
+    idx = torch.randint(0, case.config.vocab_size, (case.batch_size, case.seq_len), device=device)
+    new_tokens = torch.randint(0, case.config.vocab_size, (case.batch_size, case.decode_tokens), device=device)
     on_cuda = device.startswith("cuda")
-
-    def synchronize() -> None:
-        if on_cuda:
-            torch.cuda.synchronize()
+    dtype = DTYPES[case.dtype]
+    autocast = torch.autocast(device_type=torch.device(device).type, dtype=dtype, enabled=dtype != torch.float32)
 
     def timed(fn) -> float:
-        synchronize()
+        if on_cuda:
+            torch.cuda.synchronize()
         start = time.perf_counter()
-        fn()
-        synchronize()
+        with autocast:
+            fn()
+        if on_cuda:
+            torch.cuda.synchronize()
         return time.perf_counter() - start
 
-    if case.mode == "train":
-        model.train()
+    def train() -> tuple[int, float]:
+        def step():
+            model.zero_grad(set_to_none=True)
+            model(idx, idx)[1].backward()
 
-        def step() -> tuple[int, float]:
-            def train_step():
-                model.zero_grad(set_to_none=True)
-                model(idx, idx)[1].backward()
+        return idx.numel(), timed(step)
 
-            return idx.numel(), timed(train_step)
+    @torch.no_grad()
+    def prefill() -> tuple[int, float]:
+        return idx.numel(), timed(lambda: model(idx))
 
-    elif case.mode == "prefill":
-        model.eval()
+    @torch.no_grad()
+    def decode() -> tuple[int, float]:
+        # Only the new tokens are timed: single-token steps after an untimed prefill into the cache.
+        cache = model.new_cache(case.batch_size, case.seq_len + case.decode_tokens)
+        with autocast:
+            model(idx, cache=cache)
 
-        def step() -> tuple[int, float]:
-            with torch.no_grad():
-                return idx.numel(), timed(lambda: model(idx))
+        def steps():
+            for t in range(case.decode_tokens):
+                model(new_tokens[:, t : t + 1], cache=cache)
 
-    elif case.mode == "decode":
-        model.eval()
-        # Only the new tokens are timed: with the cache, single-token steps after an untimed prefill; without
-        # it, the full-prefix recomputation that each new token costs.
-        new_tokens = torch.randint(0, vocab, (case.batch_size, case.decode_tokens), device=device)
+        return new_tokens.numel(), timed(steps)
 
-        def step() -> tuple[int, float]:
-            with torch.no_grad():
-                if case.use_cache:
-                    cache = model.new_cache(case.batch_size, case.seq_len + case.decode_tokens)
-                    model(idx, cache=cache)
+    @torch.no_grad()
+    def decode_without_cache() -> tuple[int, float]:
+        # What each new token costs when the whole prefix is recomputed.
+        sequence = torch.cat((idx, new_tokens), dim=1)
 
-                    def decode():
-                        for t in range(case.decode_tokens):
-                            model(new_tokens[:, t : t + 1], cache=cache)
+        def steps():
+            for t in range(case.decode_tokens):
+                model(sequence[:, : case.seq_len + t + 1])
 
-                else:
-                    sequence = torch.cat((idx, new_tokens), dim=1)
+        return new_tokens.numel(), timed(steps)
 
-                    def decode():
-                        for t in range(case.decode_tokens):
-                            model(sequence[:, : case.seq_len + t + 1])
-
-                return case.batch_size * case.decode_tokens, timed(decode)
-
-    else:
-        raise ValueError(f"mode={case.mode!r} is invalid: choose train, prefill or decode")
+    step = {"train": train, "prefill": prefill, "decode": decode, "decode-nocache": decode_without_cache}[case.mode]
+    model.train(case.mode == "train")
 
     if on_cuda:
         torch.cuda.reset_peak_memory_stats()
@@ -148,6 +171,8 @@ def _run_case(case: BenchCase, repeats: int, warmup: int, threads: int, device: 
         if i >= warmup:
             rates.append(tokens / seconds)
     peak = (torch.cuda.max_memory_allocated() - base) / 2**20 if on_cuda else _max_rss_mb() - base
+    with autocast:
+        kernels = sdpa_kernels(model.eval(), idx[:, : min(case.seq_len, 256)])
     return BenchResult(
         case=case.label,
         mode=case.mode,
@@ -157,7 +182,7 @@ def _run_case(case: BenchCase, repeats: int, warmup: int, threads: int, device: 
         tokens_per_s_min=min(rates),
         tokens_per_s_max=max(rates),
         peak_mem_mb=peak,
-        extra={"params": model.num_parameters()},
+        extra={"params": model.num_parameters(), "dtype": case.dtype, "sdpa_kernels": kernels},
     )
 
 
@@ -189,15 +214,79 @@ def ratio_table(results: list[BenchResult], baseline: str) -> str:
     base = {(r.mode, r.seq_len): r for r in results if r.case == baseline}
     lines = [
         "| case | mode | T | batch | tok/s (median) | spread (min–max) | cost vs "
-        f"{baseline} | peak MB | memory vs {baseline} |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        f"{baseline} | peak MB | memory vs {baseline} | SDPA kernel |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in results:
         b = base.get((r.mode, r.seq_len))
         cost = f"{b.tokens_per_s / r.tokens_per_s:.2f}×" if b else "n/a"
         memory = f"{r.peak_mem_mb / b.peak_mem_mb:.2f}×" if b and b.peak_mem_mb > 0 else "n/a"
+        kernel = ", ".join(r.extra.get("sdpa_kernels", [])) or "none"
         lines.append(
             f"| {r.case} | {r.mode} | {r.seq_len} | {r.batch_size} | {r.tokens_per_s:,.0f} | "
-            f"{r.tokens_per_s_min:,.0f}–{r.tokens_per_s_max:,.0f} | {cost} | {r.peak_mem_mb:,.0f} | {memory} |"
+            f"{r.tokens_per_s_min:,.0f}–{r.tokens_per_s_max:,.0f} | {cost} | {r.peak_mem_mb:,.0f} | {memory} | "
+            f"{kernel} |"
         )
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------ attnzoo bench
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        default=["mha+rope", "diff+rope", "diff_v2+rope", "selective+rope", "dcmha+rope"],
+        help="variant specs ATTENTION[+POSITION][+kvN]; the first is the baseline every ratio refers to",
+    )
+    parser.add_argument("--seq-lens", type=int, nargs="+", default=[256, 1024], help="sequence lengths T")
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES, help="what to measure")
+    parser.add_argument("--tokens-per-step", type=int, default=4096, help="train/prefill batch = this // T")
+    parser.add_argument("--decode-tokens", type=int, default=32, help="new tokens timed per decode measurement")
+    parser.add_argument("--dim", type=int, default=256)
+    parser.add_argument("--n-layers", type=int, default=4)
+    parser.add_argument("--n-heads", type=int, default=8)
+    parser.add_argument("--dtype", choices=list(DTYPES), default="float32")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--out", type=Path, default=Path("bench"), help="writes bench.json and bench.md here")
+
+
+def run(args: argparse.Namespace) -> int:
+    from attnzoo.variants import Variant, matched_configs
+
+    variants = [Variant.parse(spec) for spec in args.variants]
+    baseline_label = variants[0].label
+    results = []
+    for seq_len in args.seq_lens:
+        # Every variant is matched to the parameter count of plain MHA of this size.
+        baseline = ModelConfig(
+            vocab_size=256,
+            dim=args.dim,
+            n_layers=args.n_layers,
+            n_heads=args.n_heads,
+            max_seq_len=seq_len + args.decode_tokens,
+        )
+        configs = matched_configs(variants, baseline)
+        for mode in args.modes:
+            batch = max(1, args.tokens_per_step // seq_len) if mode in ("train", "prefill") else 1
+            for label, cfg in configs.items():
+                case = BenchCase(label, cfg, batch, seq_len, mode, args.decode_tokens, args.dtype)
+                result = measure(case, repeats=args.repeats, threads=args.threads, device=args.device)
+                results.append(result)
+                print(
+                    f"{label:20s} {mode:15s} T={seq_len:<6d} {result.tokens_per_s:>10,.0f} tok/s "
+                    f"{result.peak_mem_mb:>8,.0f} MB",
+                    flush=True,
+                )
+    header = f"Machine: {machine_description(args.threads)}; {args.dtype}; baseline {baseline_label}."
+    table = ratio_table(results, baseline_label)
+    print(f"\n{header}\n\n{table}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(args.out / "bench.md", f"{header}\n\n{table}\n")
+    payload = {"machine": machine_description(args.threads), "baseline": baseline_label, "results": results}
+    atomic_write_text(args.out / "bench.json", json.dumps(payload, indent=2, default=asdict))
+    print(f"\nwrote {args.out / 'bench.md'} and {args.out / 'bench.json'}")
+    return 0
