@@ -1,0 +1,22 @@
+import torch
+from PIL import Image
+
+from attnzoo import ModelConfig, Transformer
+from attnzoo.viz import plot_attention_maps
+
+
+def test_one_png_per_layer_for_signed_and_plain_maps(tmp_path):
+    idx = torch.randint(0, 32, (1, 12))
+    for attention, options in (("mha", {}), ("diff", {"lambda_init": 0.9})):
+        cfg = ModelConfig(
+            vocab_size=32, dim=32, n_layers=2, n_heads=4, attention=attention, attention_options=options, init_std=0.5
+        )
+        model = Transformer(cfg)
+        maps = model.attention_maps(idx)
+        if attention == "diff":
+            assert (maps[0] < 0).any()  # the differential map is signed: the plot must cope
+        paths = plot_attention_maps(maps, [str(i) for i in idx[0].tolist()], tmp_path / attention, attention)
+        assert [p.name for p in paths] == ["layer0.png", "layer1.png"]
+        for path in paths:
+            with Image.open(path) as image:
+                assert image.format == "PNG" and image.width > 200
