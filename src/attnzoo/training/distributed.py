@@ -15,7 +15,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 CPU = torch.device("cpu")
@@ -110,10 +109,23 @@ def parallelize(model: nn.Module, env: Distributed, strategy: str) -> nn.Module:
         return model
     if strategy == "ddp":
         return DistributedDataParallel(model, device_ids=[env.device.index] if env.device.type == "cuda" else None)
+    fully_shard = _fully_shard()
     for block in model.layers:
         fully_shard(block)
     fully_shard(model)
     return model
+
+
+def _fully_shard() -> Any:
+    """FSDP2's ``fully_shard``: public in torch.distributed.fsdp from torch 2.6, while attnzoo supports 2.4."""
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:
+        raise ValueError(
+            f"--parallel fsdp needs FSDP2 (torch.distributed.fsdp.fully_shard, torch >= 2.6); this is torch "
+            f"{torch.__version__}. Use --parallel ddp."
+        ) from None
+    return fully_shard
 
 
 @contextlib.contextmanager
@@ -123,6 +135,6 @@ def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
         with model.no_sync():
             yield
     else:
-        if isinstance(model, FSDPModule):
-            model.set_requires_gradient_sync(enabled)
+        if not isinstance(model, DistributedDataParallel) and hasattr(model, "set_requires_gradient_sync"):
+            model.set_requires_gradient_sync(enabled)  # an FSDP2-sharded model
         yield
