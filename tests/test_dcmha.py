@@ -429,3 +429,29 @@ def test_save_and_load_round_trip(tmp_path):
 def test_bad_options_are_refused(options, field):
     with pytest.raises(ValueError, match=field):
         ModelConfig(n_heads=4, dim=32, attention="dcmha", attention_options=options)
+
+
+def test_the_identity_hook_zeroes_the_dynamic_weights_and_says_what_it_cannot_start_at_identity():
+    dcmha = make_model("rope", window_type="G", q_chunk_size=8, static_proj=True)
+    mha = Transformer(dataclasses.replace(dcmha.config, attention="mha", attention_options={})).eval()
+    mha.load_state_dict(dcmha.state_dict(), strict=False)
+    mha_names = set(mha.layers[0].self_attn.state_dict())
+
+    def added(model):
+        return {name for name, _ in model.layers[0].self_attn.named_parameters()} - mha_names
+
+    dw1 = dcmha.layers[0].self_attn.dyn_w_proj.dw1.clone()
+    with torch.no_grad():
+        for block in dcmha.layers:
+            assert block.self_attn.init_added_parameters_as_identity(added(dcmha), mha.config) == []
+    assert torch.equal(dcmha.layers[0].self_attn.dyn_w_proj.dw1, dw1)  # kept random, so qkw gets a gradient
+    idx = tokens(length=20)
+    torch.testing.assert_close(dcmha(idx), mha(idx), atol=1e-5, rtol=0)  # fp32 summation order
+
+    local = make_model(qk_norm=True)  # window_type "LG": layer 0 sees 5 keys, layer 1 all
+    assert added(local) >= {"q_norm.weight", "k_norm.weight", "dyn_w_proj.qkw"}
+    local_reasons, global_reasons = (
+        block.self_attn.init_added_parameters_as_identity(added(local), mha.config) for block in local.layers
+    )
+    assert "qk_norm normalises queries and keys" in global_reasons[0] and len(global_reasons) == 1
+    assert local_reasons[1].startswith("a query sees the last 5 keys where the source's saw all")

@@ -310,3 +310,31 @@ def test_save_and_load_round_trip(tmp_path, options):
 def test_bad_options_are_refused(options, field):
     with pytest.raises(ValueError, match=field):
         make_config(**options)
+
+
+def test_the_linear_coefficient_starts_at_exactly_mha_and_the_identity_hook_returns_there():
+    mha = make_model(attention="mha", position="alibi", n_kv_heads=2)
+    selective = make_model(position="alibi", n_kv_heads=2, position_coefficient="linear")
+    attn = selective.layers[0].self_attn
+    assert [name for name, _ in attn.q_temperature.named_parameters()] == ["weight", "c"]
+    selective.load_state_dict(mha.state_dict(), strict=False)
+    idx = tokens()
+    with torch.no_grad():
+        assert torch.equal(selective(idx), mha(idx))  # f's last layer is 0 and c = 0: τ is exactly 1
+        randomize_temperatures(selective)
+        assert (selective(idx) - mha(idx)).abs().max() > 1e-2
+        added = {name for name, _ in attn.named_parameters() if "_temperature." in name}
+        assert all(
+            block.self_attn.init_added_parameters_as_identity(added, mha.config) == [] for block in selective.layers
+        )
+        assert torch.equal(selective(idx), mha(idx))
+
+
+@pytest.mark.parametrize(("options", "parameter"), [({}, "alpha"), (PTS, "beta")], ids=["sigmoid", "pts"])
+def test_the_identity_hook_says_why_a_positive_coefficient_cannot_start_at_identity(options, parameter):
+    attn = make_model(**options).layers[0].self_attn
+    added = {name for name, _ in attn.named_parameters() if "_temperature." in name}
+    coefficient = attn.q_temperature.get_parameter(parameter).clone()
+    reasons = attn.init_added_parameters_as_identity(added, make_config(attention="mha"))
+    assert len(set(reasons)) == 1 and "position_coefficient='linear' starts at c = 0" in reasons[0]
+    assert torch.equal(attn.q_temperature.get_parameter(parameter), coefficient)  # left at its training init

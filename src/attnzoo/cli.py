@@ -31,6 +31,7 @@ import torch
 from attnzoo import __version__
 from attnzoo.attention import ATTENTION
 from attnzoo.config import ATTN_BACKENDS, MLP_KINDS, NORM_KINDS, ModelConfig
+from attnzoo.convert import cli as convert_cli
 from attnzoo.data.corpora import CorpusError, prepare_corpus
 from attnzoo.data.tokenizers import TOKENIZERS
 from attnzoo.model import Transformer
@@ -125,6 +126,8 @@ def _add_dataclass_flags(
         options: dict[str, Any] = {"dest": f"{section}.{f.name}", "default": argparse.SUPPRESS, "help": help_for(f)}
         if kind is bool:
             options["action"] = argparse.BooleanOptionalAction
+        elif typing.get_origin(kind) is tuple:  # tuple[str, ...]: one or more values
+            options.update(nargs="+", type=typing.get_args(kind)[0], metavar=f.name.upper())
         else:
             options.update(type=kind, metavar=f.name.upper())
             if f.name in choices:
@@ -167,7 +170,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     def help_for(f: dataclasses.Field) -> str:
-        return f"{f.metadata.get('help', '')} (default: {f.default})"
+        return f.metadata.get("help", "") + ("" if f.default == () else f" (default: {f.default})")
 
     data = parser.add_argument_group("data (the [data] table)")
     _add_dataclass_flags(
@@ -190,12 +193,18 @@ def train_config_from_args(args: argparse.Namespace, base: dict[str, Any] | None
     return TrainConfig.from_dict({**base, **_given(args, "train"), "data": data})
 
 
-def model_settings_from_args(args: argparse.Namespace, train: TrainConfig) -> dict[str, Any]:
-    """ModelConfig fields from the defaults, the ``--config`` file and the flags; vocab_size is left out."""
+def model_settings_from_args(
+    args: argparse.Namespace, train: TrainConfig, base: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """ModelConfig fields from ``base`` (the defaults, without vocab_size, unless given: e.g. a pretrained
+    model's config), the ``--config`` file and the flags. A scheme's options are kept only with the scheme:
+    ``--attention selective`` over a base with another attention starts from selective's defaults."""
+    base = default_model_settings(train) if base is None else base
     file = load_toml(args.config)["model"] if getattr(args, "config", None) else {}
-    settings = {**default_model_settings(train), **file, **_given(args, "model")}
+    settings = {**base, **file, **_given(args, "model")}
     for kind in ("attention", "position"):
-        options = dict(settings.get(f"{kind}_options", {}))
+        inherited = base.get(f"{kind}_options", {}) if settings.get(kind) == base.get(kind) else {}
+        options = {**inherited, **file.get(f"{kind}_options", {})}
         options.update(getattr(args, f"{kind}_options", []))
         settings[f"{kind}_options"] = options
     return settings
@@ -221,14 +230,25 @@ def _add_train(parser: argparse.ArgumentParser) -> None:
         type=Path,
         help="continue the run in RUN_DIR from its latest checkpoint, with its saved configuration",
     )
+    parser.add_argument(
+        "--init-from",
+        metavar="DIR",
+        type=Path,
+        help="start from a pretrained model (a run, a checkpoint, or a directory of `attnzoo convert` or "
+        "save_pretrained): its configuration, overridden by the model flags given, and its weights. A mechanism "
+        "that extends its attention (--attention selective or dcmha over mha) adds parameters that start at "
+        "identity where the math allows",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (evaluation lines still print)")
     add_model_arguments(parser)
     add_train_arguments(parser)
 
 
 def _run_train(args: argparse.Namespace) -> int:
-    checkpoint = None
+    checkpoint = pretrained = None
     if args.resume is not None:
+        if args.init_from is not None:
+            raise ValueError("--resume continues a run from its own checkpoint; drop --init-from")
         if _model_flags_given(args):
             raise ValueError(
                 f"--resume continues a run with its saved model; drop {', '.join(_model_flags_given(args))}"
@@ -241,21 +261,34 @@ def _run_train(args: argparse.Namespace) -> int:
         run_dir = args.resume
     else:
         train_config = train_config_from_args(args)
-        settings = model_settings_from_args(args, train_config)
+        if args.init_from is not None:
+            pretrained = read_checkpoint(args.init_from)
+            settings = model_settings_from_args(args, train_config, base=pretrained.model_config.to_dict())
+        else:
+            settings = model_settings_from_args(args, train_config)
         ModelConfig.from_dict({**settings, "vocab_size": 256})  # refuse a bad model before fetching any data
         run_dir = args.out
     env = init_distributed(train_config.device)
     try:
         corpus = load_corpus(train_config.data, env)
         if checkpoint is None:
-            model_config = ModelConfig.from_dict({**settings, "vocab_size": corpus.tokenizer.vocab_size})
+            # A pretrained model keeps its vocabulary, which the Trainer checks against the corpus's tokenizer.
+            vocab_size = pretrained.model_config.vocab_size if pretrained else corpus.tokenizer.vocab_size
+            model_config = ModelConfig.from_dict({**settings, "vocab_size": vocab_size})
             run_dir = env.broadcast(run_dir or _default_run_dir(model_config))
             if latest_checkpoint(run_dir) is not None:
                 raise ValueError(f"{run_dir} already holds a run: continue it with --resume {run_dir}, or pick --out")
         else:
             model_config = checkpoint.model_config
         trainer = Trainer(
-            model_config, train_config, corpus, run_dir, env=env, resume=checkpoint, progress=not args.no_progress
+            model_config,
+            train_config,
+            corpus,
+            run_dir,
+            env=env,
+            resume=checkpoint,
+            init_from=pretrained,
+            progress=not args.no_progress,
         )
         result = trainer.fit()
     finally:
@@ -276,6 +309,8 @@ TRAIN = Command(
         "  attnzoo train --attention mha --n-kv-heads 1 --position alibi --steps 3000 --out runs/mqa\n"
         "  attnzoo train --config run.toml --lr 1e-3\n"
         "  attnzoo train --resume runs/mqa\n"
+        "  attnzoo train --init-from models/llama --attention selective --attention-option "
+        "position_coefficient=linear --train-only temperature\n"
         "  torchrun --nproc_per_node=2 -m attnzoo train --parallel ddp"
     ),
     add_arguments=_add_train,
@@ -441,9 +476,20 @@ INFO = Command(
 )
 
 
+# ------------------------------------------------------------------------------------------------ convert
+
+CONVERT = Command(
+    name="convert",
+    summary=convert_cli.SUMMARY,
+    example=convert_cli.EXAMPLE,
+    add_arguments=convert_cli.add_arguments,
+    run=convert_cli.run,
+)
+
+
 # ---------------------------------------------------------------------------------------------- entry point
 
-COMMANDS: tuple[Command, ...] = (TRAIN, GENERATE, EVAL, INFO)
+COMMANDS: tuple[Command, ...] = (TRAIN, GENERATE, EVAL, INFO, CONVERT)
 
 
 @contextlib.contextmanager

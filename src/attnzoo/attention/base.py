@@ -14,6 +14,7 @@ cache whatever per-token state it needs.
 from __future__ import annotations
 
 import math
+from collections.abc import Set
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -86,12 +87,18 @@ class Attention(nn.Module):
     ``validate_config``, report the head size that positions rotate in ``qk_head_dim``, say how they pair
     with an MHA baseline in ``paired_overrides``, and initialise
     their own parameters in ``reset_mechanism_parameters`` (called after the model's generic init).
+    A mechanism that adds parameters to another names it in ``extends`` and starts them where the layer still
+    computes what the other did in ``init_added_parameters_as_identity``, so it can be swapped into a
+    pretrained model (``attnzoo train --init-from``).
     When ``ctx.attention_maps`` is a list, a layer takes its eager path and records its effective
     (B, heads, T, S) attention map with ``ctx.record``.
     """
 
     Options: type = NoOptions
     registry_name: str
+    # Mechanisms whose parameters this one holds under the same names, with the same shapes and meaning, and
+    # adds its own to (selective and dcmha extend mha): their checkpoints initialise this mechanism.
+    extends: tuple[str, ...] = ()
 
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
@@ -122,6 +129,20 @@ class Attention(nn.Module):
 
     def reset_mechanism_parameters(self) -> None:
         """Initialise parameters the generic (normal, std=init_std) init must not touch."""
+
+    def init_added_parameters_as_identity(self, added: Set[str], source: ModelConfig) -> list[str]:
+        """Start the ``added`` parameters where this layer computes exactly what the ``source`` model's did.
+
+        Called after the weights of a ``source`` model (a mechanism this one ``extends``, or this one with
+        other options) were loaded into this layer, ``added`` naming (relative to the layer) the parameters
+        they lacked, which hold their training init. Set those that can to values under which the layer's
+        output equals the source layer's for any input, and return one line per reason it does not (a part
+        whose math has no identity value, a structural difference such as a window); an empty list means
+        the layer starts as the source's. The default sets nothing and says so.
+        """
+        if not added:
+            return []
+        return [f"{self.registry_name} defines no identity start for {sorted(added)}: they keep their training init"]
 
     @property
     def attn_dropout(self) -> float:

@@ -17,6 +17,7 @@ Three computations of the same attention, each tested against the others:
 from __future__ import annotations
 
 import math
+from collections.abc import Set
 from dataclasses import dataclass
 from functools import partial
 from typing import NamedTuple
@@ -27,7 +28,7 @@ from torch import Tensor, nn
 
 from attnzoo.attention.base import ATTENTION, Attention, AttentionContext, residual_linear
 from attnzoo.cache import SEQ_DIM, LayerCache
-from attnzoo.config import require
+from attnzoo.config import ModelConfig, require
 
 PRE_Q, PRE_K, POST_Q, POST_K = range(4)  # the official slot order of the dynamic-weight parameters
 
@@ -69,6 +70,10 @@ class DCMHAOptions:
             self.window_type,
             'must be a non-empty string of "L" (local) and "G" (global), one per layer, repeated over depth',
         )
+
+    def window(self, layer_idx: int) -> int | None:
+        """How many keys a query of layer ``layer_idx`` sees: ``window_size`` if local, None (all) if global."""
+        return self.window_size if self.window_type[layer_idx % len(self.window_type)] == "L" else None
 
 
 class Mixing(NamedTuple):
@@ -256,13 +261,14 @@ class DynamicallyComposableAttention(Attention):
     """
 
     Options = DCMHAOptions
+    extends = ("mha",)
 
     def __init__(self, cfg, layer_idx):
         super().__init__(cfg, layer_idx)
         opts = self.options
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         self.num_groups = opts.num_groups
-        self.window = opts.window_size if opts.window_type[layer_idx % len(opts.window_type)] == "L" else None
+        self.window = opts.window(layer_idx)
         self.q_proj = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=cfg.bias)
         self.k_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=cfg.bias)
         self.v_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=cfg.bias)
@@ -295,6 +301,28 @@ class DynamicallyComposableAttention(Attention):
         if self.static_w is not None:
             heads_per_group = self.static_w.shape[-1]
             nn.init.normal_(self.static_w, std=math.sqrt(2 / (2 * heads_per_group)) * 0.1)
+
+    def init_added_parameters_as_identity(self, added: Set[str], source: ModelConfig) -> list[str]:
+        """Zero qkw, dd and W_b: every dynamic weight is then 0 (w1 = RMSNorm(0) = 0, dd = tanh(0)) and both
+        compositions are the identity, A' = A, whatever dw1 is. dw1 keeps its random init, so that qkw gets a
+        gradient (with dw1 = 0 too, h = GELU(0) = 0 would leave both stuck)."""
+        for name in ("dyn_w_proj.qkw", "dyn_w_proj.dd", "static_w"):
+            if name in added:
+                nn.init.zeros_(self.get_parameter(name))
+        reasons: list[str] = []
+        if "dyn_w_proj.dw1" in added and "dyn_w_proj.qkw" not in added:
+            reasons.append("dw1 is new but qkw was loaded, so the dynamic weights GELU(x·dw1)·qkw are not 0")
+        if {"q_norm.weight", "k_norm.weight"} & added:
+            reasons.append("qk_norm normalises queries and keys whatever its scale, which the source did not")
+        source_window = source.attention_opts.window(self.layer_idx) if source.attention == self.registry_name else None
+        if self.window != source_window:
+            seen = [("all" if window is None else f"the last {window}") for window in (self.window, source_window)]
+            shortest = min(window for window in (self.window, source_window) if window is not None)
+            reasons.append(
+                f"a query sees {seen[0]} keys where the source's saw {seen[1]} (window_type, window_size): "
+                f"outputs agree on sequences of at most {shortest} tokens"
+            )
+        return reasons
 
     def forward(self, x: Tensor, ctx: AttentionContext, cache: LayerCache | None = None) -> Tensor:
         batch, seq_len, _ = x.shape

@@ -8,6 +8,7 @@ Improves Transformer", which is a different method.
 from __future__ import annotations
 
 import math
+from collections.abc import Set
 from dataclasses import dataclass
 
 import torch
@@ -17,12 +18,14 @@ from torch import Tensor, nn
 from attnzoo.attention.base import ATTENTION, AttentionContext, attend, repeat_kv, sdpa_attention
 from attnzoo.attention.mha import MultiHeadAttention
 from attnzoo.cache import LayerCache
-from attnzoo.config import require
+from attnzoo.config import ModelConfig, require
 
 TEMPERATURE_FNS = ("shared", "mlp")
-POSITION_COEFFICIENTS = ("sigmoid", "pts")
+POSITION_COEFFICIENTS = ("sigmoid", "pts", "linear")
 # The official code initialises β = 1.5, a position coefficient exp(−exp(1.5)) ≈ 0.0113: scaling starts
-# close to vanilla attention. The paper's σ(α) starts at the same value.
+# close to vanilla attention. The paper's σ(α) starts at the same value. The linear form, c itself (as the
+# official fine-tuning code, which starts it at 1e-5), starts at c = 0: exactly vanilla attention, which the
+# other two never reach.
 OFFICIAL_BETA_INIT = 1.5
 
 
@@ -34,8 +37,8 @@ class SelectiveOptions:
     position_temperature: bool = True  # the position part c·log n of each τ
     temperature_fn: str = "shared"  # f: "shared" reuses the q/v projections (a); "mlp" is W2·GELU(W1·x) (b)
     temperature_hidden_dim: int | None = None  # "mlp" only; None → dim // 4 (about 5% more parameters)
-    position_coefficient: str = "sigmoid"  # c = σ(α) (paper) or "pts": c = exp(−exp(β)) (official code)
-    per_head_coefficient: bool = False  # one α (or β) per head instead of one per layer
+    position_coefficient: str = "sigmoid"  # c = σ(α) (paper), "pts": exp(−exp(β)) (official), "linear": c itself
+    per_head_coefficient: bool = False  # one α (β, c) per head instead of one per layer
 
     def __post_init__(self):
         for name in (
@@ -99,9 +102,9 @@ class SelectiveOptions:
 class Temperature(nn.Module):
     """The inverse temperature of one side (queries or values): τ = 1 + tanh(f(x)) + c·log n, (B, heads, T).
 
-    n is the token's absolute 1-based position and c = σ(α) or exp(−exp(β)). f is per head: with weight
-    sharing f_h = w_hᵀ·GELU(p_h), p_h the head's slice of the existing q (or v) projection; otherwise a
-    separate MLP W2·GELU(W1·x) with one output per head.
+    n is the token's absolute 1-based position and c = σ(α), exp(−exp(β)) or c itself (``linear``). f is per
+    head: with weight sharing f_h = w_hᵀ·GELU(p_h), p_h the head's slice of the existing q (or v) projection;
+    otherwise a separate MLP W2·GELU(W1·x) with one output per head.
     """
 
     def __init__(self, options: SelectiveOptions, dim: int, n_heads: int, head_dim: int):
@@ -110,7 +113,7 @@ class Temperature(nn.Module):
         self.token = options.token_temperature
         self.position = options.position_temperature
         self.shared = options.temperature_fn == "shared"
-        self.pts = options.position_coefficient == "pts"
+        self.coefficient_form = options.position_coefficient
         if self.token and self.shared:
             self.weight = nn.Parameter(torch.empty(n_heads, head_dim))
         elif self.token:
@@ -118,12 +121,11 @@ class Temperature(nn.Module):
             self.w1 = nn.Linear(dim, hidden, bias=False)
             self.w2 = nn.Linear(hidden, n_heads, bias=False)
         if self.position:
-            # Per layer a 0-dim scalar: the layout of the official code's `beta`.
+            # Per layer a 0-dim scalar: the layout of the official code's `beta`. Each form names its parameter
+            # apart, so a checkpoint of one form never loads into another as a different c.
             shape = (n_heads,) if options.per_head_coefficient else ()
-            if self.pts:
-                self.beta = nn.Parameter(torch.empty(shape))
-            else:
-                self.alpha = nn.Parameter(torch.empty(shape))
+            name = {"sigmoid": "alpha", "pts": "beta", "linear": "c"}[self.coefficient_form]
+            self.register_parameter(name, nn.Parameter(torch.empty(shape)))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -132,15 +134,43 @@ class Temperature(nn.Module):
             nn.init.zeros_(self.weight)
         elif self.token:
             nn.init.zeros_(self.w2.weight)
-        if self.position and self.pts:
+        if not self.position:
+            return
+        if self.coefficient_form == "pts":
             nn.init.constant_(self.beta, OFFICIAL_BETA_INIT)
-        elif self.position:
+        elif self.coefficient_form == "sigmoid":
             c = math.exp(-math.exp(OFFICIAL_BETA_INIT))
             nn.init.constant_(self.alpha, math.log(c / (1 - c)))
+        else:
+            nn.init.zeros_(self.c)
 
     def coefficient(self) -> Tensor:
         """The position coefficient c, () or (heads,)."""
-        return torch.exp(-torch.exp(self.beta)) if self.pts else torch.sigmoid(self.alpha)
+        if self.coefficient_form == "pts":
+            return torch.exp(-torch.exp(self.beta))
+        return torch.sigmoid(self.alpha) if self.coefficient_form == "sigmoid" else self.c
+
+    def init_as_identity(self, added: Set[str]) -> list[str]:
+        """Make τ ≡ 1 through the ``added`` parameters (names relative to this module); say why it cannot.
+
+        Zero weights make tanh(f(x)) = 0 and the linear c = 0 exactly. σ(α) and exp(−exp(β)) are positive
+        for every finite parameter, so those forms leave the position part on.
+        """
+        reasons = []
+        for name in sorted(added):
+            if name in ("weight", "w2.weight", "c"):
+                nn.init.zeros_(self.get_parameter(name))
+            elif name in ("alpha", "beta"):
+                form = "σ(α)" if name == "alpha" else "exp(−exp(β))"
+                reasons.append(
+                    f"the position part c·log n cannot start at 0 with c = {form} > 0 (c starts at "
+                    f"{self.coefficient().max().item():.3g}); position_coefficient='linear' starts at c = 0"
+                )
+        # A new w1 keeps its random init: under a zero w2, f = 0 whatever w1 is, and a random w1 gives w2 a
+        # gradient (a zero w1 would leave both stuck at 0). Under a loaded w2 it would change f.
+        if "w1.weight" in added and "w2.weight" not in added:
+            reasons.append("w1 is new but w2 was loaded, so the token part tanh(w2·GELU(w1·x)) is not 0")
+        return reasons
 
     def forward(self, x: Tensor, heads: Tensor, positions: Tensor) -> Tensor:
         """fp32 τ from the layer input ``x`` (B, T, dim), its projection ``heads`` (B, H, T, d), ``positions`` (T,)."""
@@ -170,12 +200,15 @@ class SelectiveAttention(MultiHeadAttention):
 
     Projections are MHA's (q/k/v/o_proj, GQA via n_kv_heads), so an MHA checkpoint loads with only the
     temperature parameters missing; with the token and position parts off, τ ≡ 1 and this is exactly MHA.
+    Added to a pretrained MHA model, τ ≡ 1 at the start when f's last layer is zero (its init) and the
+    position coefficient is linear with c = 0 (``init_added_parameters_as_identity``).
     The token part reads the pre-RoPE projections, so f depends on the token alone. τ_q is folded into the
     rotated queries (a per-row scalar commutes with the rotation); the eager path scales logit rows instead.
     The cache stores rotated keys and τ_v-scaled values.
     """
 
     Options = SelectiveOptions
+    extends = ("mha",)
 
     def __init__(self, cfg, layer_idx):
         super().__init__(cfg, layer_idx)
@@ -196,6 +229,14 @@ class SelectiveAttention(MultiHeadAttention):
         for temperature in (self.q_temperature, self.v_temperature):
             if temperature is not None:
                 temperature.reset_parameters()
+
+    def init_added_parameters_as_identity(self, added: Set[str], source: ModelConfig) -> list[str]:
+        reasons: list[str] = []
+        for side in ("q_temperature", "v_temperature"):
+            names = {name.removeprefix(side + ".") for name in added if name.startswith(side + ".")}
+            if names:
+                reasons += self.get_submodule(side).init_as_identity(names)
+        return reasons
 
     def _temperatures(self, x: Tensor, q: Tensor, v: Tensor, positions: Tensor) -> tuple[Tensor | None, ...]:
         tau_q = self.q_temperature(x, q, positions) if self.q_temperature is not None else None

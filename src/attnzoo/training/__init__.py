@@ -4,6 +4,7 @@ from attnzoo.training.checkpoint import Checkpoint, CheckpointError, load_pretra
 from attnzoo.training.config import DataConfig, TrainConfig, load_toml
 from attnzoo.training.distributed import Distributed, init_distributed, shutdown_distributed
 from attnzoo.training.evaluation import EvalResult, evaluate
+from attnzoo.training.finetune import PretrainedInit, freeze_all_but, init_from_pretrained
 from attnzoo.training.trainer import Trainer, TrainingDiverged, TrainResult, load_corpus
 
 __all__ = [
@@ -12,12 +13,15 @@ __all__ = [
     "DataConfig",
     "Distributed",
     "EvalResult",
+    "PretrainedInit",
     "TrainConfig",
     "TrainResult",
     "Trainer",
     "TrainingDiverged",
     "evaluate",
+    "freeze_all_but",
     "init_distributed",
+    "init_from_pretrained",
     "load_corpus",
     "load_pretrained",
     "load_toml",

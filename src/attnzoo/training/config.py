@@ -118,6 +118,9 @@ class TrainConfig:
     beta1: float = option(0.9, "AdamW β1")
     beta2: float = option(0.95, "AdamW β2")
     grad_clip: float = option(1.0, "clip the global gradient norm to this; 0 disables clipping")
+    train_only: tuple[str, ...] = option(
+        (), "train only the parameters whose name contains one of these (e.g. temperature); freeze the rest"
+    )
     eval_interval: int = option(200, "evaluate on the validation subset every this many steps (and at the end)")
     eval_windows: int = option(256, "validation subset: this many non-overlapping seq_len windows")
     log_interval: int = option(10, "append training metrics to metrics.jsonl every this many steps")
@@ -164,6 +167,14 @@ class TrainConfig:
             value = getattr(self, name)
             require(_is_number(value) and 0 <= value < 1, name, value, "must be in [0, 1)")
         require(_is_number(self.grad_clip) and self.grad_clip >= 0, "grad_clip", self.grad_clip, "must be >= 0")
+        if isinstance(self.train_only, list):  # from JSON, TOML or flags: a tuple, so a JSON round trip is equal
+            object.__setattr__(self, "train_only", tuple(self.train_only))
+        require(
+            isinstance(self.train_only, tuple) and all(isinstance(p, str) and p for p in self.train_only),
+            "train_only",
+            self.train_only,
+            "must be a list of non-empty parameter-name fragments, e.g. ['temperature']",
+        )
         require(isinstance(self.device, str), "device", self.device, "must be a device name such as 'cpu'")
         require(self.dtype in DTYPES, "dtype", self.dtype, f"choose one of {list(DTYPES)}")
         require(isinstance(self.compile, bool), "compile", self.compile, "must be true or false")

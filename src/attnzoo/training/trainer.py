@@ -55,6 +55,13 @@ from attnzoo.training.checkpoint import (
 from attnzoo.training.config import RESUME_OVERRIDABLE, DataConfig, TrainConfig, check_model_for_training
 from attnzoo.training.distributed import Distributed, gradient_sync, parallelize
 from attnzoo.training.evaluation import EvalResult, evaluate
+from attnzoo.training.finetune import (
+    PretrainedInit,
+    check_tokenizer,
+    count_trainable,
+    freeze_all_but,
+    init_from_pretrained,
+)
 from attnzoo.training.metrics import MetricsLog, plot_losses
 from attnzoo.training.optim import build_optimizer, learning_rate
 
@@ -121,11 +128,15 @@ class Trainer:
         *,
         env: Distributed | None = None,
         resume: Checkpoint | None = None,
+        init_from: Checkpoint | None = None,
         progress: bool = True,
     ):
+        """``resume`` continues the run of that checkpoint. ``init_from`` starts a new run from a pretrained
+        model's weights instead of random ones; ``model_config`` may differ from its in the attention
+        (see :mod:`attnzoo.training.finetune`)."""
         self.model_config, self.cfg, self.corpus = model_config, train_config, corpus
         self.run_dir, self.env, self.progress = Path(run_dir), env or Distributed(), progress
-        self._check_inputs(resume)
+        self._check_inputs(resume, init_from)
         self.batches = BatchSchedule(
             corpus.train,
             seq_len=train_config.seq_len,
@@ -135,7 +146,8 @@ class Trainer:
             rank=self.env.rank,
             world_size=self.env.world_size,
         )
-        self.raw_model = self._build_model(resume)  # unwrapped: FSDP shards it in place, DDP wraps it
+        # Unwrapped: FSDP shards it in place, DDP wraps it.
+        self.raw_model, self.pretrained_init = self._build_model(resume, init_from)
         self.tied_names = tied_parameter_names(self.raw_model)
         self.model = parallelize(self.raw_model, self.env, train_config.parallel)
         self.optimizer = build_optimizer(self.model, train_config)
@@ -147,7 +159,11 @@ class Trainer:
         self.metrics = MetricsLog(self.run_dir / METRICS)
         self._stop_signal: int | None = None
 
-    def _check_inputs(self, resume: Checkpoint | None) -> None:
+    def _check_inputs(self, resume: Checkpoint | None, init_from: Checkpoint | None) -> None:
+        if init_from is not None:
+            if resume is not None:
+                raise ValueError("a run resumes from its own checkpoint or starts from a pretrained one, not both")
+            check_tokenizer(init_from, self.corpus.tokenizer)
         check_model_for_training(self.model_config, self.cfg, self.corpus.tokenizer.vocab_size)
         for split in ("train", "val"):
             size = len(getattr(self.corpus, split))
@@ -161,16 +177,25 @@ class Trainer:
             if resume.tokenizer != self.corpus.tokenizer:
                 raise CheckpointError(f"{resume.directory} was trained with a different tokenizer than the corpus's")
 
-    def _build_model(self, resume: Checkpoint | None) -> Transformer:
-        """The model with its starting weights: initialised from the seed, or the checkpoint's when resuming."""
+    def _build_model(
+        self, resume: Checkpoint | None, init_from: Checkpoint | None
+    ) -> tuple[Transformer, PretrainedInit | None]:
+        """The model with its starting weights, all but ``train_only`` frozen: initialised from the seed, then
+        given the checkpoint's weights when resuming, or the pretrained model's (the parameters that one
+        lacks keep the seed's init or start at identity)."""
         torch.manual_seed(self.cfg.seed)  # the same initial weights on every rank
         model = Transformer(self.model_config).to(self.env.device)
+        pretrained_init = None
         if resume is not None:
             load_weights(resume, model)
+        elif init_from is not None:
+            pretrained_init = init_from_pretrained(model, init_from)
+        if self.cfg.train_only:
+            freeze_all_but(model, self.cfg.train_only)  # before parallelize: DDP and FSDP read it when wrapping
         if self.cfg.compile:
             for block in model.layers:  # block by block, as torchtitan does: compiles faster, composes with FSDP
                 block.compile()
-        return model
+        return model, pretrained_init
 
     @property
     def dtype(self) -> torch.dtype:
@@ -199,6 +224,8 @@ class Trainer:
             "world_size": self.env.world_size,
             "torch_threads": torch.get_num_threads(),
             "parameters": self.raw_model.num_parameters(),
+            "trainable_parameters": count_trainable(self.raw_model),
+            "init_from": self.pretrained_init.to_dict() if self.pretrained_init is not None else None,
             "corpus": {**self.corpus.info, "train_tokens": len(self.corpus.train), "val_tokens": len(self.corpus.val)},
             "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "command": sys.argv,
@@ -208,12 +235,16 @@ class Trainer:
     def describe(self) -> str:
         m, c = self.model_config, self.cfg
         kv = f", {m.n_kv_heads} kv heads" if m.n_kv_heads != m.n_heads else ""
+        total, trainable = self.raw_model.num_parameters(), count_trainable(self.raw_model)
+        frozen = f" ({trainable:,} trained, the rest frozen: train_only {list(c.train_only)})" if c.train_only else ""
         total_tokens = c.steps * c.tokens_per_step
+        init = self.pretrained_init.describe() if self.pretrained_init is not None else []
         return "\n".join(
             [
                 f"attnzoo {__version__} → {self.run_dir}",
                 f"model  {m.attention} attention + {m.position} positions: dim {m.dim}, {m.n_layers} layers, "
-                f"{m.n_heads} heads{kv}, {self.raw_model.num_parameters():,} parameters",
+                f"{m.n_heads} heads{kv}, {total:,} parameters{frozen}",
+                *init,
                 f"data   {self.corpus.name} ({self.corpus.tokenizer.kind} tokenizer, vocab {m.vocab_size}): "
                 f"{len(self.corpus.train):,} train / {len(self.corpus.val):,} val tokens",
                 f"train  {c.steps} steps × {c.batch_size} sequences × {c.seq_len} tokens = {total_tokens:,} tokens, "
