@@ -79,3 +79,13 @@ def test_resume_under_ddp_continues_the_same_run(single, tmp_path):
     assert "resumed from" in out and out.count("done: step 4") == 1
     assert read_checkpoint(run).world_size == 2
     _assert_same_training(run, reference)
+
+
+def test_fsdp2_shards_mechanisms_with_per_layer_scalars(tmp_path):
+    # FSDP2 cannot shard 0-dim parameters; selective's per-layer coefficients are shaped (1,) for this.
+    text = write_text_corpus(tmp_path / "text.txt")
+    run = tmp_path / "selective"
+    flags = [*TINY_FLAGS, *STEPS, "--parallel", "fsdp", "--attention", "selective"]
+    out = _torchrun("train", "--data", str(text), "--out", str(run), *flags)
+    assert out.count("done: step 4") == 1
+    assert read_checkpoint(run).model_config.attention == "selective"

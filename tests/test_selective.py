@@ -234,7 +234,7 @@ def test_pts_equals_the_official_formula():
     model = make_model(position="none", n_layers=1, **PTS)
     attn = model.layers[0].self_attn
     assert [name for name, _ in attn.named_parameters() if "_temperature." in name] == ["q_temperature.beta"]
-    assert attn.q_temperature.beta.shape == ()  # one scalar per layer, as the official `beta`
+    assert attn.q_temperature.beta.shape == (1,)  # one value per layer, as the official `beta` (not 0-dim: FSDP2)
     with torch.no_grad():
         attn.q_temperature.beta.fill_(0.3)
     for backend in ("auto", "eager"):

@@ -121,9 +121,10 @@ class Temperature(nn.Module):
             self.w1 = nn.Linear(dim, hidden, bias=False)
             self.w2 = nn.Linear(hidden, n_heads, bias=False)
         if self.position:
-            # Per layer a 0-dim scalar: the layout of the official code's `beta`. Each form names its parameter
-            # apart, so a checkpoint of one form never loads into another as a different c.
-            shape = (n_heads,) if options.per_head_coefficient else ()
+            # Per layer one value, as the official code's `beta`, but shaped (1,) rather than 0-dim: FSDP2
+            # cannot shard 0-dim parameters. Each form names its parameter apart, so a checkpoint of one form
+            # never loads into another as a different c.
+            shape = (n_heads,) if options.per_head_coefficient else (1,)
             name = {"sigmoid": "alpha", "pts": "beta", "linear": "c"}[self.coefficient_form]
             self.register_parameter(name, nn.Parameter(torch.empty(shape)))
         self.reset_parameters()
