@@ -20,3 +20,22 @@ def test_one_png_per_layer_for_signed_and_plain_maps(tmp_path):
         for path in paths:
             with Image.open(path) as image:
                 assert image.format == "PNG" and image.width > 200
+
+
+def test_viz_command_on_a_trained_run(tmp_path, monkeypatch, capsys):
+    from training_helpers import TINY_FLAGS, write_text_corpus
+
+    from attnzoo.cli import main
+
+    monkeypatch.setenv("ATTNZOO_CACHE_DIR", str(tmp_path / "cache"))
+    text = write_text_corpus(tmp_path / "text.txt")
+    run = tmp_path / "run"
+    assert (
+        main(["train", "--data", str(text), "--out", str(run), "--attention", "dcmha", "--steps", "4", *TINY_FLAGS])
+        == 0
+    )
+    assert main(["viz", str(run), "--prompt", "the king sat", "--out", str(tmp_path / "maps")]) == 0
+    written = sorted(p.name for p in (tmp_path / "maps").iterdir())
+    assert written == [f"layer{i}.png" for i in range(len(written))] and written
+    assert str(tmp_path / "maps" / "layer0.png") in capsys.readouterr().out
+    assert main(["viz", str(run), "--prompt", ""]) == 1  # a clear one-line error, not a traceback

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from attnzoo import __version__
+from attnzoo import __version__, bench, viz
 from attnzoo.attention import ATTENTION
 from attnzoo.config import ATTN_BACKENDS, MLP_KINDS, NORM_KINDS, ModelConfig
 from attnzoo.convert import cli as convert_cli
@@ -487,9 +487,28 @@ CONVERT = Command(
 )
 
 
+# ------------------------------------------------------------------------------------------ bench and viz
+
+BENCH = Command(
+    name="bench",
+    summary="measure training, prefill and decode throughput and peak memory as ratios to a baseline",
+    example="attnzoo bench --variants mha+rope diff+rope dcmha+rope --seq-lens 256 1024 --out bench",
+    add_arguments=bench.add_arguments,
+    run=bench.run,
+)
+
+VIZ = Command(
+    name="viz",
+    summary="attention heatmaps per layer and head for a prompt and a trained model (PNG)",
+    example='attnzoo viz runs/diff-rope-20250101-120000 --prompt "ROMEO: But soft" --out maps',
+    add_arguments=viz.add_arguments,
+    run=viz.run,
+)
+
+
 # ---------------------------------------------------------------------------------------------- entry point
 
-COMMANDS: tuple[Command, ...] = (TRAIN, GENERATE, EVAL, INFO, CONVERT)
+COMMANDS: tuple[Command, ...] = (TRAIN, GENERATE, EVAL, INFO, CONVERT, BENCH, VIZ)
 
 
 @contextlib.contextmanager
