@@ -2,20 +2,24 @@
 
 A tiny random HF Llama (built from a config, no download) → ``attnzoo convert`` → ``attnzoo train --init-from``
 with another mechanism, optionally ``--train-only`` its new parameters. The weights a run starts from are read
-off its Trainer just before the first step.
+off its Trainer just before the first step. Most models here have the byte vocabulary and no tokenizer of their
+own; those with one (a small BPE saved beside the model) fine-tune, generate and evaluate with it.
 """
 
 import json
+import math
 import re
 import shutil
 
 import pytest
 import torch
+from hf_tokenizer_helpers import save_byte_level_tokenizer, save_sentencepiece_tokenizer
 from safetensors.torch import load_file
 from training_helpers import write_text_corpus
 
 from attnzoo import ModelConfig, Transformer, cli
 from attnzoo.cli import main
+from attnzoo.data import HFTokenizer
 from attnzoo.training import TrainConfig, Trainer, read_checkpoint
 
 transformers = pytest.importorskip("transformers")
@@ -36,12 +40,9 @@ def _cache(tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNZOO_CACHE_DIR", str(tmp_path / "cache"))
 
 
-@pytest.fixture(scope="module")
-def pretrained(tmp_path_factory):
-    """(HF directory, the attnzoo directory `attnzoo convert` wrote from it)."""
-    root = tmp_path_factory.mktemp("pretrained")
+def _save_tiny_llama(directory, vocab_size=VOCAB):
     config = transformers.LlamaConfig(
-        vocab_size=VOCAB,
+        vocab_size=vocab_size,
         hidden_size=DIM,
         num_hidden_layers=2,
         num_attention_heads=N_HEADS,
@@ -51,9 +52,26 @@ def pretrained(tmp_path_factory):
         initializer_range=0.2,  # attention far from uniform, so a temperature or a composition shows in the logits
     )
     torch.manual_seed(0)
-    transformers.LlamaForCausalLM(config).save_pretrained(root / "hf")
+    transformers.LlamaForCausalLM(config).save_pretrained(directory)
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+    """(HF directory, the attnzoo directory `attnzoo convert` wrote from it)."""
+    root = tmp_path_factory.mktemp("pretrained")
+    _save_tiny_llama(root / "hf")
     assert main(["convert", "--from-hf", str(root / "hf"), "--out", str(root / "converted")]) == 0
     return root / "hf", root / "converted"
+
+
+@pytest.fixture(scope="module")
+def with_tokenizer(tmp_path_factory):
+    """(HF directory of a Llama with its own SentencePiece-style tokenizer, the directory converted from it)."""
+    root = tmp_path_factory.mktemp("with-tokenizer")
+    hf_dir = save_sentencepiece_tokenizer(root / "hf")
+    _save_tiny_llama(hf_dir, vocab_size=HFTokenizer.from_file(hf_dir).num_ids)
+    assert main(["convert", "--from-hf", str(hf_dir), "--out", str(root / "converted")]) == 0
+    return hf_dir, root / "converted"
 
 
 @pytest.fixture
@@ -184,7 +202,11 @@ def test_train_only_temperature_changes_only_the_temperatures_and_resumes(conver
             rf"\({HEAD_DIM}, {DIM}\) here",
         ),
         (["--bias"], r"tensor\(s\) outside its attention layers that .* lacks: \['layers\.0\.mlp\.gate_proj\.bias'"),
-        (["--tokenizer", "char"], rf"has vocab_size {VOCAB} but this run's char tokenizer has \d+ tokens"),
+        (
+            ["--tokenizer", "char"],
+            rf"has vocab_size {VOCAB} but this run's char tokenizer has \d+ tokens: .* it has no tokenizer\.json: "
+            "if its model has one, name it with --tokenizer hf:PATH",
+        ),
         (["--resume", "anything"], "--resume continues a run from its own checkpoint; drop --init-from"),
     ],
     ids=["mha-to-diff", "shapes", "added-outside-attention", "vocabulary", "with-resume"],
@@ -218,3 +240,79 @@ def test_convert_refuses_with_one_line(pretrained, tmp_path, capsys):
     assert err.startswith("attnzoo convert: error: cannot convert") and err.count("\n") == 1
     assert "architectures ['GPT2LMHeadModel'] have no converter" in err
     assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------------------------ the model's own tokenizer
+
+
+def test_convert_copies_the_tokenizer_beside_the_model(with_tokenizer, tmp_path, capsys):
+    hf_dir, converted = with_tokenizer
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (converted / name).read_bytes() == (hf_dir / name).read_bytes()
+    tokenizer = read_checkpoint(converted).tokenizer
+    assert tokenizer == HFTokenizer.from_file(hf_dir) and tokenizer.vocab_size == len(tokenizer.token_bytes())
+    # Without a tokenizer.json in the source, the output says how to name one.
+    bare = shutil.copytree(hf_dir, tmp_path / "bare", ignore=shutil.ignore_patterns("tokenizer*"))
+    assert main(["convert", "--from-hf", str(bare), "--out", str(tmp_path / "out")]) == 0
+    assert f"{bare} has no tokenizer.json, so {tmp_path / 'out'} has no tokenizer" in capsys.readouterr().out
+    assert read_checkpoint(tmp_path / "out").tokenizer is None
+
+
+def test_a_converted_model_fine_tunes_generates_and_evaluates_with_its_own_tokenizer(
+    with_tokenizer, text, tmp_path, started, capsys
+):
+    source = shutil.copytree(with_tokenizer[1], tmp_path / "source")
+    run = tmp_path / "run"
+    flags = ["--init-from", str(source), *SELECTIVE_LINEAR, "--train-only", "temperature", "--steps", "3"]
+    assert _train(text, run, *flags) == 0
+    tokenizer = read_checkpoint(source).tokenizer
+    out = capsys.readouterr().out
+    assert f"(hf tokenizer, vocab {tokenizer.vocab_size})" in out
+    assert f"the model starts computing what {source} did, the added parameters at identity" in out
+    assert (_logits(run, started[0]) - _logits(source)).abs().max() == 0  # τ = 1 exactly
+    assert TrainConfig.from_json((run / "train_config.json").read_text()).data.tokenizer == f"hf:{source}"
+    corpus = json.loads((run / "run.json").read_text())["corpus"]
+    assert "-hf-" in corpus["cache"] and corpus["dtype"] == "uint16"
+
+    shutil.rmtree(source)  # the run and its checkpoints hold the tokenizer whole
+    assert read_checkpoint(run).tokenizer == tokenizer
+    assert main(["train", "--resume", str(run), "--no-progress"]) == 0  # already at step 3: loads, has nothing to do
+    assert "nothing to do: the run already reached step 3" in capsys.readouterr().out
+    assert main(["generate", str(run), "--prompt", "the king", "--max-new-tokens", "6", "--temperature", "0"]) == 0
+    assert capsys.readouterr().out.startswith("the king")
+    assert main(["eval", str(run), "--json", "--max-windows", "4", "--device", "cpu"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["tokens"] == 4 * SEQ and math.isfinite(result["bits_per_byte"])
+    assert result["bytes"] > result["tokens"]  # BPE tokens average more than one byte
+
+
+def test_a_named_tokenizer_must_be_the_models_own(with_tokenizer, text, tmp_path, capsys):
+    hf_dir, converted = with_tokenizer
+    init = ["--init-from", str(converted), "--steps", "1"]
+    assert _train(text, tmp_path / "byte", *init, "--tokenizer", "byte") == 1
+    err = capsys.readouterr().err
+    assert re.search(r"trained with another tokenizer \(hf, \d+ tokens\) than this run's \(byte, 256 tokens\)", err)
+    assert _train(text, tmp_path / "hf", *init, "--tokenizer", f"hf:{hf_dir}") == 0  # the same file, named
+    assert _train(text, tmp_path / "run", *init, "--tokenizer", f"hf:{tmp_path / 'nowhere'}") == 1
+    assert "nowhere does not exist: name a Hugging Face tokenizer.json" in capsys.readouterr().err
+
+
+def test_a_model_padded_past_its_tokenizers_ids_keeps_its_vocabulary(tmp_path, text, capsys):
+    """Pythia's shape: GPT-NeoX with a byte-level BPE of 300 ids and 320 embedding rows."""
+    hf_dir = save_byte_level_tokenizer(tmp_path / "hf", vocab_size=300)
+    config = transformers.GPTNeoXConfig(
+        vocab_size=320, hidden_size=DIM, num_hidden_layers=2, num_attention_heads=N_HEADS, intermediate_size=64
+    )
+    transformers.GPTNeoXForCausalLM(config).save_pretrained(hf_dir)
+    assert main(["convert", "--from-hf", str(hf_dir), "--out", str(tmp_path / "converted")]) == 0
+    assert "(300 ids; the model's other 20 embedding rows are padding)" in capsys.readouterr().out
+    tokenizer = read_checkpoint(tmp_path / "converted").tokenizer
+    assert (tokenizer.num_ids, tokenizer.vocab_size) == (300, 320)
+    assert _train(text, tmp_path / "run", "--init-from", str(tmp_path / "converted"), "--steps", "1") == 0
+    assert read_checkpoint(tmp_path / "run").tokenizer == tokenizer
+
+    small = transformers.GPTNeoXConfig(**{**config.to_dict(), "vocab_size": 256})
+    transformers.GPTNeoXForCausalLM(small).save_pretrained(hf_dir)
+    assert main(["convert", "--from-hf", str(hf_dir), "--out", str(tmp_path / "small")]) == 1
+    assert "produces ids up to 299, past the model's vocab_size 256" in capsys.readouterr().err
+    assert not (tmp_path / "small").exists()

@@ -33,10 +33,16 @@ from attnzoo.attention import ATTENTION
 from attnzoo.config import ATTN_BACKENDS, MLP_KINDS, NORM_KINDS, ModelConfig
 from attnzoo.convert import cli as convert_cli
 from attnzoo.data.corpora import CorpusError, prepare_corpus
-from attnzoo.data.tokenizers import TOKENIZERS
+from attnzoo.data.tokenizers import HF_PREFIX, MissingDependencyError, Tokenizer, tokenizer_from_name
 from attnzoo.model import Transformer
 from attnzoo.positions import POSITIONS
-from attnzoo.training.checkpoint import CheckpointError, latest_checkpoint, load_pretrained, read_checkpoint
+from attnzoo.training.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    latest_checkpoint,
+    load_pretrained,
+    read_checkpoint,
+)
 from attnzoo.training.config import (
     DEFAULT_MODEL,
     DTYPES,
@@ -51,7 +57,7 @@ from attnzoo.training.evaluation import evaluate
 from attnzoo.training.trainer import Trainer, TrainingDiverged, load_corpus
 
 # Errors that are the user's to fix: shown as one line, without a traceback.
-USER_ERRORS = (ValueError, FileNotFoundError, CorpusError, CheckpointError, TrainingDiverged)
+USER_ERRORS = (ValueError, FileNotFoundError, CorpusError, CheckpointError, TrainingDiverged, MissingDependencyError)
 
 
 @dataclass(frozen=True)
@@ -93,7 +99,7 @@ MODEL_CHOICES = {
     "norm": list(NORM_KINDS),
     "attn_backend": list(ATTN_BACKENDS),
 }
-TRAIN_CHOICES = {"tokenizer": list(TOKENIZERS), "dtype": list(DTYPES), "parallel": list(PARALLEL_STRATEGIES)}
+TRAIN_CHOICES = {"dtype": list(DTYPES), "parallel": list(PARALLEL_STRATEGIES)}
 # Fields set otherwise: the vocabulary by the tokenizer, the options by --attention-option/--position-option.
 MODEL_FIELDS_WITHOUT_FLAGS = ("vocab_size", "attention_options", "position_options")
 
@@ -244,8 +250,34 @@ def _add_train(parser: argparse.ArgumentParser) -> None:
     add_train_arguments(parser)
 
 
+def _tokenizer_named(args: argparse.Namespace) -> bool:
+    """Whether --tokenizer or the --config file names the tokenizer."""
+    return "data.tokenizer" in vars(args) or bool(args.config and "tokenizer" in load_toml(args.config)["data"])
+
+
+def _init_tokenizer(
+    args: argparse.Namespace, train_config: TrainConfig, pretrained: Checkpoint
+) -> tuple[TrainConfig, Tokenizer | None]:
+    """The tokenizer of a run started from ``pretrained`` (``None``: the one ``train_config`` names).
+
+    By default the model's own, since its ids mean that tokenizer's tokens; the config then names it as it
+    came (``hf:`` the pretrained directory). A named Hugging Face tokenizer counts the model's padded
+    embedding rows, if any; the Trainer refuses a named tokenizer that is not the model's.
+    """
+    if _tokenizer_named(args):
+        name = train_config.data.tokenizer
+        if not name.startswith(HF_PREFIX):
+            return train_config, None  # byte or char, built as prepare_corpus builds them
+        return train_config, tokenizer_from_name(name).padded_to(pretrained.model_config.vocab_size)
+    own = pretrained.tokenizer
+    if own is None:
+        return train_config, None
+    name = f"{HF_PREFIX}{args.init_from}" if own.kind == "hf" else own.kind
+    return dataclasses.replace(train_config, data=dataclasses.replace(train_config.data, tokenizer=name)), own
+
+
 def _run_train(args: argparse.Namespace) -> int:
-    checkpoint = pretrained = None
+    checkpoint = pretrained = tokenizer = None
     if args.resume is not None:
         if args.init_from is not None:
             raise ValueError("--resume continues a run from its own checkpoint; drop --init-from")
@@ -258,11 +290,13 @@ def _run_train(args: argparse.Namespace) -> int:
             raise CheckpointError(f"{args.resume} holds no complete checkpoint to resume from")
         checkpoint = read_checkpoint(found)
         train_config = train_config_from_args(args, base=checkpoint.train_config.to_dict())
+        tokenizer = checkpoint.tokenizer  # what the run was trained with, wherever its files are now
         run_dir = args.resume
     else:
         train_config = train_config_from_args(args)
         if args.init_from is not None:
             pretrained = read_checkpoint(args.init_from)
+            train_config, tokenizer = _init_tokenizer(args, train_config, pretrained)
             settings = model_settings_from_args(args, train_config, base=pretrained.model_config.to_dict())
         else:
             settings = model_settings_from_args(args, train_config)
@@ -270,7 +304,7 @@ def _run_train(args: argparse.Namespace) -> int:
         run_dir = args.out
     env = init_distributed(train_config.device)
     try:
-        corpus = load_corpus(train_config.data, env)
+        corpus = load_corpus(train_config.data, env, tokenizer)
         if checkpoint is None:
             # A pretrained model keeps its vocabulary, which the Trainer checks against the corpus's tokenizer.
             vocab_size = pretrained.model_config.vocab_size if pretrained else corpus.tokenizer.vocab_size
@@ -451,8 +485,10 @@ def _run_info(args: argparse.Namespace) -> int:
         train_config = train_config_from_args(args)
         settings = model_settings_from_args(args, train_config)
         data = train_config.data
-        # The byte vocabulary is known; a char vocabulary is the corpus's (read from the cache once prepared).
-        vocab_size = 256 if data.tokenizer == "byte" else prepare_corpus(data.corpus, "char").tokenizer.vocab_size
+        if data.tokenizer == "char":  # the corpus's characters (read from the cache once prepared)
+            vocab_size = prepare_corpus(data.corpus, "char").tokenizer.vocab_size
+        else:
+            vocab_size = tokenizer_from_name(data.tokenizer).vocab_size
         model_config = ModelConfig.from_dict({**settings, "vocab_size": vocab_size})
     with torch.device("meta"):  # shapes only: no memory, no initialisation
         model = Transformer(model_config)

@@ -10,6 +10,8 @@
 
 Prepared tokens live in ``$ATTNZOO_CACHE_DIR`` (default ``$XDG_CACHE_HOME/attnzoo`` or ``~/.cache/attnzoo``),
 one directory per (text, tokenizer), so later runs need neither the network nor a second tokenization pass.
+Token files use the narrowest unsigned integer type that holds the vocabulary: uint8, uint16, or uint32
+beyond 65,536 ids (Llama 3, Qwen).
 The last ``val_fraction`` of the token stream is the validation split.
 """
 
@@ -31,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from attnzoo.data.tokenizers import ByteTokenizer, CharTokenizer, Tokenizer, tokenizer_from_dict
+from attnzoo.data.tokenizers import CharTokenizer, Tokenizer, tokenizer_from_dict, tokenizer_from_name
 from attnzoo.io import atomic_path, atomic_write_text
 
 CORPORA = ("shakespeare", "pystdlib")
@@ -277,15 +279,13 @@ def prepare_corpus(
     tokenizer: str | Tokenizer = "byte",
     val_fraction: float = 0.1,
 ) -> Corpus:
-    """Tokenize ``corpus`` (or reuse its cached tokens) with a tokenizer kind or a given tokenizer.
+    """Tokenize ``corpus`` (or reuse its cached tokens) with a named tokenizer or a given one.
 
     A given tokenizer (e.g. a checkpoint's char vocabulary) encodes the text as it is; ``"char"`` builds a
-    vocabulary from the text.
+    vocabulary from the text; ``"hf:PATH"`` reads a Hugging Face tokenizer (see :func:`tokenizer_from_name`).
     """
-    if tokenizer == "byte":
-        tokenizer = ByteTokenizer()
-    elif isinstance(tokenizer, str) and tokenizer != "char":
-        raise ValueError(f"tokenizer={tokenizer!r} is invalid: choose 'byte' or 'char'")
+    if isinstance(tokenizer, str) and tokenizer != "char":
+        tokenizer = tokenizer_from_name(tokenizer)
     source = text_source(corpus)
     kind, spec = ("char", "char") if isinstance(tokenizer, str) else (tokenizer.kind, tokenizer.to_dict())
     directory = cache_dir() / "corpora" / f"{source.name}-{kind}-{_cache_key(source, spec)}"

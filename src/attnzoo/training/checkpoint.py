@@ -5,7 +5,7 @@
     RUN/checkpoints/step-0000500/
         config.json          model config      ┐ what Transformer.from_pretrained reads
         model.safetensors    weights           ┘
-        tokenizer.json       the tokenizer the model was trained with
+        tokenizer.json       the tokenizer the model was trained with (a Hugging Face one included whole)
         train_state.pt       optimizer state and every rank's RNG state (torch.save; loaded weights_only)
         checkpoint.json      step, train config, versions and the sha256 of the binary files; written last
 
@@ -119,9 +119,14 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
     complete = (directory / MANIFEST).is_file()
     try:
         model_config = ModelConfig.from_dict(_read_json(directory / CONFIG_NAME))
-        # A plain pretrained directory (save_pretrained, a converted model) may come without a tokenizer.
+        # A plain pretrained directory (save_pretrained, a converted model) may come without a tokenizer, or
+        # with the Hugging Face tokenizer.json of the model it was converted from, whose embeddings may be padded.
         has_tokenizer = complete or (directory / TOKENIZER).is_file()
-        tokenizer = tokenizer_from_dict(_read_json(directory / TOKENIZER)) if has_tokenizer else None
+        tokenizer = (
+            tokenizer_from_dict(_read_json(directory / TOKENIZER)).padded_to(model_config.vocab_size)
+            if has_tokenizer
+            else None
+        )
     except (ValueError, TypeError) as err:
         raise CheckpointError(f"{directory} has an invalid config or tokenizer: {err}") from None
     if tokenizer is not None and tokenizer.vocab_size != model_config.vocab_size:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from attnzoo.config import ModelConfig, require
-from attnzoo.data.tokenizers import TOKENIZERS
+from attnzoo.data.tokenizers import TOKENIZER_CHOICES, is_tokenizer_name
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -83,12 +83,16 @@ def _from_dict(cls: type, data: dict[str, Any], section: str) -> Any:
 @dataclass(frozen=True)
 class DataConfig:
     corpus: str = option("shakespeare", "'shakespeare', 'pystdlib', or a path to a text file or directory")
-    tokenizer: str = option("byte", "'byte' (256 ids, any text) or 'char' (the corpus's characters)")
+    tokenizer: str = option(
+        "byte",
+        "'byte' (256 ids, any text), 'char' (the corpus's characters) or 'hf:PATH' (a Hugging Face tokenizer.json, "
+        "or a directory holding one); a run started with --init-from uses its model's tokenizer unless one is named",
+    )
     val_fraction: float = option(0.1, "share of the token stream, at its end, held out for validation")
 
     def __post_init__(self) -> None:
         require(isinstance(self.corpus, str) and self.corpus != "", "corpus", self.corpus, "must be a name or path")
-        require(self.tokenizer in TOKENIZERS, "tokenizer", self.tokenizer, f"choose one of {list(TOKENIZERS)}")
+        require(is_tokenizer_name(self.tokenizer), "tokenizer", self.tokenizer, f"choose {TOKENIZER_CHOICES}")
         require(
             _is_number(self.val_fraction) and 0 < self.val_fraction < 1,
             "val_fraction",

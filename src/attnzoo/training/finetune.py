@@ -28,7 +28,7 @@ from attnzoo.config import ModelConfig
 from attnzoo.data.tokenizers import Tokenizer
 from attnzoo.model import WEIGHTS_NAME, Transformer
 from attnzoo.positions import POSITIONS
-from attnzoo.training.checkpoint import Checkpoint, CheckpointError
+from attnzoo.training.checkpoint import TOKENIZER, Checkpoint, CheckpointError
 
 # Settings that change how a model trains or which kernel runs it, not the function it computes.
 FUNCTION_NEUTRAL = frozenset({"dropout", "attn_backend", "init_std"})
@@ -84,10 +84,14 @@ def check_tokenizer(checkpoint: Checkpoint, tokenizer: Tokenizer) -> None:
         )
     vocab_size = checkpoint.model_config.vocab_size
     if vocab_size != tokenizer.vocab_size:
+        # Converted from a directory without a tokenizer.json, the model's own tokenizer may still be named.
+        hint = (
+            f"; it has no {TOKENIZER}: if its model has one, name it with --tokenizer hf:PATH" if source is None else ""
+        )
         raise CheckpointError(
             f"{checkpoint.directory} has vocab_size {vocab_size} but this run's {tokenizer.kind} tokenizer has "
             f"{tokenizer.vocab_size} tokens: the model can only continue on ids from the vocabulary it was "
-            "trained with"
+            f"trained with{hint}"
         )
 
 
