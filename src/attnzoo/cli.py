@@ -30,6 +30,7 @@ import torch
 
 from attnzoo import __version__, bench, viz
 from attnzoo.attention import ATTENTION
+from attnzoo.compare import cli as compare_cli
 from attnzoo.config import ATTN_BACKENDS, MLP_KINDS, NORM_KINDS, ModelConfig
 from attnzoo.convert import cli as convert_cli
 from attnzoo.data.corpora import CorpusError, prepare_corpus
@@ -523,6 +524,17 @@ CONVERT = Command(
 )
 
 
+# ---------------------------------------------------------------------------------------------- compare
+
+COMPARE = Command(
+    name="compare",
+    summary=compare_cli.SUMMARY,
+    example=compare_cli.EXAMPLE,
+    add_arguments=compare_cli.add_arguments,
+    run=compare_cli.run,
+)
+
+
 # ------------------------------------------------------------------------------------------ bench and viz
 
 BENCH = Command(
@@ -544,7 +556,7 @@ VIZ = Command(
 
 # ---------------------------------------------------------------------------------------------- entry point
 
-COMMANDS: tuple[Command, ...] = (TRAIN, GENERATE, EVAL, INFO, CONVERT, BENCH, VIZ)
+COMMANDS: tuple[Command, ...] = (COMPARE, TRAIN, GENERATE, EVAL, INFO, CONVERT, BENCH, VIZ)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,32 @@
+"""``attnzoo compare``: attention variants trained side by side under one budget, with the evidence.
+
+>>> from attnzoo.compare import run_compare
+>>> run_compare("quick", "runs/compare-quick")                       # doctest: +SKIP
+>>> run_compare("micro", "out", variants=["mha+rope", "diff+alibi"])  # doctest: +SKIP
+
+See :mod:`attnzoo.compare.spec` for the presets, :mod:`attnzoo.compare.runner` for the output directory and
+how a compare resumes, and :mod:`attnzoo.compare.stats` for the seed-noise rule every report states.
+"""
+
+from attnzoo.compare.cli import add_arguments, run
+from attnzoo.compare.runner import CompareResult, run_compare
+from attnzoo.compare.spec import DEFAULT_VARIANTS, PRESETS, CompareSpec, EvalSpec, TaskSpec, resolve_spec
+from attnzoo.compare.stats import NOISE_RULE, Difference, Summary, difference, rank
+
+__all__ = [
+    "DEFAULT_VARIANTS",
+    "NOISE_RULE",
+    "PRESETS",
+    "CompareResult",
+    "CompareSpec",
+    "Difference",
+    "EvalSpec",
+    "Summary",
+    "TaskSpec",
+    "add_arguments",
+    "difference",
+    "rank",
+    "resolve_spec",
+    "run",
+    "run_compare",
+]

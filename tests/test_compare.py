@@ -1,0 +1,349 @@
+import argparse
+import base64
+import contextlib
+import io
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from training_helpers import write_text_corpus
+
+from attnzoo.compare import (
+    NOISE_RULE,
+    PRESETS,
+    EvalSpec,
+    Summary,
+    TaskSpec,
+    add_arguments,
+    difference,
+    rank,
+    resolve_spec,
+    run,
+    run_compare,
+)
+from attnzoo.compare.tasks import task_configs
+from attnzoo.training import CheckpointError, read_checkpoint
+from attnzoo.variants import Variant, count_parameters, matched_configs
+
+VARIANTS = ["mha+rope", "diff+rope"]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _parse(*flags):
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(list(flags))
+
+
+def _compare(out, text, **changes):
+    """The micro compare of VARIANTS, its terminal output captured."""
+    captured = io.StringIO()
+    with contextlib.redirect_stdout(captured):
+        result = run_compare("micro", out, **{"variants": VARIANTS, "corpus": str(text), "progress": False, **changes})
+    return result, captured.getvalue()
+
+
+@pytest.fixture(scope="module")
+def micro(tmp_path_factory):
+    """One micro compare through the command-line pair: 2 variants × 2 seeds, every task, on a tiny corpus."""
+    root = tmp_path_factory.mktemp("compare")
+    text = write_text_corpus(root / "text.txt")
+    out = root / "out"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ATTNZOO_CACHE_DIR", str(root / "cache"))
+        flags = ["--preset", "micro", "--out", str(out), "--variants", ",".join(VARIANTS), "--data", str(text)]
+        captured = io.StringIO()
+        with contextlib.redirect_stdout(captured):
+            assert run(_parse(*flags, "--no-progress")) == 0
+    return {"out": out, "text": text, "cache": root / "cache", "stdout": captured.getvalue()}
+
+
+@pytest.fixture
+def copy_of(micro, tmp_path, monkeypatch):
+    """A private copy of the micro compare's output to resume or reuse, with the same corpus cache."""
+    monkeypatch.setenv("ATTNZOO_CACHE_DIR", str(micro["cache"]))
+    out = tmp_path / "out"
+    shutil.copytree(micro["out"], out)
+    return out
+
+
+def _results(out):
+    return json.loads((out / "results.json").read_text())
+
+
+def _val_losses(results):
+    return {label: [record["val"]["loss"] for record in v["runs"]] for label, v in results["variants"].items()}
+
+
+def _mtimes(out):
+    """Modification times of everything a finished run or task leaves, keyed by path."""
+    watched = [*out.glob("runs/*/*/metrics.jsonl"), *out.glob("runs/*/*/compare_run.json")]
+    watched += [*out.glob("runs/*/*/checkpoints/*/model.safetensors"), *out.glob("tasks/*/*/*/result.json")]
+    return {str(p.relative_to(out)): p.stat().st_mtime_ns for p in [*watched, out / "bench.json"]}
+
+
+# ------------------------------------------------------------------------------------------ the noise rule
+
+
+def test_summary_is_mean_and_sample_std_over_seeds():
+    s = Summary.of([1.0, 2.0, 4.0])
+    assert (s.n, s.mean, s.min, s.max) == (3, 7 / 3, 1.0, 4.0)
+    assert s.std == pytest.approx(math.sqrt(((1 - 7 / 3) ** 2 + (2 - 7 / 3) ** 2 + (4 - 7 / 3) ** 2) / 2))
+    assert s.format(2) == "2.33 ± 1.53"
+    one = Summary.of([0.5])
+    assert one.std is None and one.format(2) == "0.50 (1 seed)"
+    with pytest.raises(ValueError, match="at least one value"):
+        Summary.of([])
+
+
+@pytest.mark.parametrize(
+    ("variant", "baseline", "within"),
+    [
+        ([0.90, 0.92], [1.00, 1.02], False),  # Δ = −0.10, pooled std 0.014, ranges apart: a real difference
+        ([0.98, 1.06], [1.00, 1.10], True),  # Δ = −0.03 against a pooled std of 0.064
+        ([1.1, 2.1], [0.0, 1.0], True),  # ranges apart, but Δ = 1.1 < 2 × pooled std 0.707
+        ([2.0, 2.0, 2.0, 0.0], [0.0, 0.0, 0.0, 0.1], True),  # Δ = 1.475 ≥ 2 × 0.58, but the ranges overlap
+        ([0.5], [1.0, 1.1], None),  # one seed: no verdict either way
+    ],
+)
+def test_noise_rule_on_hand_made_numbers(variant, baseline, within):
+    diff = difference(Summary.of(variant), Summary.of(baseline))
+    assert diff.delta == pytest.approx(sum(variant) / len(variant) - sum(baseline) / len(baseline))
+    assert diff.within_noise is within
+    assert diff.verdict == {None: "no verdict (1 seed)", True: "within seed noise", False: "beyond seed noise"}[within]
+
+
+def test_pooled_std_weights_each_side_by_its_degrees_of_freedom():
+    a, b = Summary.of([0.0, 2.0]), Summary.of([0.0, 0.0, 0.0])  # s² = 2 and 0
+    assert difference(a, b).pooled_std == pytest.approx(math.sqrt((1 * 2 + 2 * 0) / 3))
+
+
+def test_ranking_needs_two_seeds_and_marks_ties_with_the_best():
+    assert rank({"a": Summary.of([1.0]), "b": Summary.of([2.0, 2.1])}) is None
+    ranked = rank({"a": Summary.of([1.00, 1.02]), "b": Summary.of([0.98, 1.03]), "c": Summary.of([1.5, 1.52])})
+    assert [r.label for r in ranked] == ["b", "a", "c"]
+    assert ranked[0].versus_best is None
+    assert ranked[1].versus_best.within_noise and not ranked[2].versus_best.within_noise
+    higher = rank({"a": Summary.of([0.1, 0.2]), "b": Summary.of([0.8, 0.9])}, higher_is_better=True)
+    assert [r.label for r in higher] == ["b", "a"]
+
+
+# --------------------------------------------------------------------------------------- specs and presets
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            {"preset_or_spec": "huge"},
+            r"preset 'huge' is unknown; choose one of \['micro', 'quick', 'standard', 'full'\]",
+        ),
+        ({"variants": ["mha+bogus"]}, "variant 'mha\\+bogus': 'bogus' is not a known positional scheme"),
+        ({"variants": ["diff+alibi+kvx"]}, "bad kv-head count 'x'"),
+        ({"variants": ["mha+rope", "mha"]}, r"name \['mha\+rope'\] more than once"),
+        ({"variants": []}, "must name at least one variant"),
+        ({"seeds": []}, r"seeds=\(\) is invalid"),
+        ({"seeds": [0, 0]}, "must be distinct"),
+        ({"steps": 0}, "steps=0 is invalid"),
+        ({"tasks": ["nope"]}, r"task\(s\) \['nope'\] have no budget in preset 'micro'"),
+    ],
+)
+def test_bad_overrides_are_refused_by_name(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        resolve_spec(**{"preset_or_spec": "micro", **overrides})
+
+
+def test_bad_specs_are_refused_by_name():
+    micro = PRESETS["micro"]
+    for build, message in [
+        (lambda: TaskSpec("nope"), "task='nope' is invalid: choose one of"),
+        (lambda: TaskSpec("mqar", {"seq_len": 63}), "seq_len=63 is invalid: must be even"),
+        (lambda: TaskSpec("mqar", {"bogus": 1}), "task 'mqar': bad options"),
+        (lambda: TaskSpec("random_walk", stop_at=0.9), "random_walk is judged by excess_loss, which cannot stop"),
+        (lambda: TaskSpec("mqar", sweep_lengths=(64,)), r"only \['passkey', 'needles'\] are swept"),
+        (lambda: TaskSpec("mqar", model={"dim": 30, "n_heads": 4}), "n_heads=4 is invalid: must divide dim=30"),
+        (lambda: replace(micro, model={"attention": "diff"}), r"must not set \['attention'\]"),
+        (lambda: replace(micro, model={"width": 3}), r"unknown ModelConfig field\(s\) \['width'\]"),
+        (lambda: EvalSpec(extrapolation_multiples=(2, 4)), "must be integers >= 1 that include 1"),
+        (lambda: EvalSpec(bench_cases=(("decode", 1),)), "must be \\(mode, multiple\\) pairs"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            build()
+    with pytest.raises(ValueError, match="--seeds=0 is invalid"):
+        run(_parse("--seeds", "0"))
+
+
+def test_a_corpus_too_short_for_the_extrapolation_is_refused_before_any_training(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNZOO_CACHE_DIR", str(tmp_path / "cache"))
+    text = write_text_corpus(tmp_path / "text.txt", n_words=1200)  # ~5,500 bytes: ~550 validation tokens
+    long_evals = replace(PRESETS["micro"].evals, extrapolation_multiples=(1, 64))
+    with pytest.raises(ValueError, match=r"has \d+ tokens; length extrapolation needs 4,097 \(2 blocks of 2048\)"):
+        run_compare(replace(PRESETS["micro"], evals=long_evals), tmp_path / "out", corpus=str(text), progress=False)
+    assert not (tmp_path / "out" / "runs").exists()
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_every_preset_matches_its_variants_and_never_ranks_on_one_seed(name):
+    spec = PRESETS[name]
+    assert len(spec.seeds) >= 2
+    baseline = spec.baseline_config(vocab_size=256)
+    target = count_parameters(baseline)
+    for config in matched_configs([Variant.parse(v) for v in spec.variants], baseline).values():
+        assert abs(count_parameters(config) - target) <= 0.02 * target
+    for task in spec.tasks:
+        assert len(task_configs(task, list(spec.variants))) == len(spec.variants)
+
+
+def test_overrides_replace_only_what_they_name():
+    spec = resolve_spec("quick", variants=["mha+rope", "mha+rope+kv1"], seeds=range(3), steps=7, tasks=["mqar"])
+    assert spec.variants == ("mha+rope", "mha+rope+kv1") and spec.seeds == (0, 1, 2)
+    assert spec.train.steps == 7 and spec.train.seq_len == PRESETS["quick"].train.seq_len
+    assert [t.name for t in spec.tasks] == ["mqar"]
+    assert resolve_spec("quick", tasks=[]).tasks == ()
+    assert resolve_spec("quick") is PRESETS["quick"]
+
+
+# ------------------------------------------------------------------------------------------------ end to end
+
+
+def test_micro_compare_writes_results_report_and_plots(micro):
+    out = micro["out"]
+    results = _results(out)
+    for key in ("spec", "seeds", "budget", "machine", "corpus", "variants", "versus_baseline", "bench", "tasks"):
+        assert key in results
+    assert results["baseline"] == "mha+rope" and results["seeds"] == [0, 1]
+    budget = results["budget"]
+    assert budget["runs"] == 4 and budget["tokens_per_run"] == 6 * 8 * 32 and budget["train_seconds_total"] > 0
+    target = results["variants"]["mha+rope"]["parameters"]
+    for variant in results["variants"].values():
+        assert abs(variant["parameters"] - target) <= 0.02 * target
+        assert [record["seed"] for record in variant["runs"]] == [0, 1]
+        losses = [record["val"]["loss"] for record in variant["runs"]]
+        assert variant["summary"]["val_loss"]["mean"] == pytest.approx(sum(losses) / 2)
+        for record in variant["runs"]:
+            run_dir = out / record["run_dir"]
+            assert read_checkpoint(run_dir).train_config.seed == record["seed"]
+            # The compare's own evaluation reproduces the trainer's final one: same windows, same model.
+            last_val = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][-1]
+            assert last_val["step"] == 6 and last_val["val_loss"] == pytest.approx(record["val"]["loss"], abs=1e-6)
+            assert [p["multiple"] for p in record["extrapolation"]] == [1, 2, 4]
+            assert all(math.isfinite(p["loss"]) for p in record["extrapolation"])
+    assert results["versus_baseline"]["diff+rope"]["val_loss"]["verdict"].endswith("seed noise")
+    assert {m["variant"] for m in results["bench"]["measurements"]} == set(VARIANTS)
+    tasks = results["tasks"]
+    assert set(tasks) == {"passkey", "needles", "mqar", "random_walk", "composition"}
+    assert all(len(runs) == 2 for task in tasks.values() for runs in task["runs"].values())
+    needles = tasks["needles"]["runs"]["diff+rope"][0]
+    assert set(needles["probe"]["mean"]) == {"answer", "distractors", "sink", "question", "noise"}
+    assert needles["sweep"]["lengths"] == [48, 96] and len(needles["sweep"]["accuracy"]) == 2
+    assert "steps_to_threshold" in tasks["mqar"]["runs"]["mha+rope"][0]
+
+    plots = sorted(p.name for p in (out / "plots").iterdir())
+    expected = ["attention_maps", "extrapolation", "loss_curves", "throughput_memory"]
+    assert plots == sorted(f"{name}.png" for name in [*expected, *(f"task_{t}" for t in tasks)])
+    assert all((out / "plots" / name).read_bytes().startswith(PNG) for name in plots)
+
+    markdown = (out / "report.md").read_text()
+    assert NOISE_RULE in markdown
+    assert "| variant | params | val loss | val bits/byte | Δ val loss vs baseline |" in markdown
+    for label in VARIANTS:
+        row = next(line for line in markdown.splitlines() if line.startswith(f"| {label} | "))
+        assert f"{results['variants'][label]['summary']['val_loss']['mean']:.4f} ± " in row
+    linked = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", markdown)
+    assert sorted(Path(p).name for p in linked) == plots and all((out / p).is_file() for p in linked)
+
+    page = (out / "report.html").read_text()
+    assert page.startswith("<!DOCTYPE html>") and page.count("<table>") >= 4
+    images = re.findall(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
+    assert len(images) == len(plots) and all(base64.b64decode(data).startswith(PNG) for data in images)
+    assert 'src="plots/' not in page  # nothing outside the file
+
+    stdout = micro["stdout"]
+    assert stdout.count("Δ loss vs baseline") == 4  # the table after each of the 4 runs, as they finish
+    assert re.search(r"diff\+rope\s+2\s+\d\.\d{4} ± \d\.\d{4}", stdout)  # mean ± std once both seeds are in
+
+
+def test_a_second_invocation_reuses_every_finished_run(micro, copy_of):
+    before, results_before = _mtimes(copy_of), _results(copy_of)
+    result, stdout = _compare(copy_of, micro["text"])
+    assert result.interrupted_by is None
+    assert _mtimes(copy_of) == before  # nothing retrained, re-evaluated or re-measured
+    assert stdout.count("reusing") == 5 and "attnzoo 0.1.0 →" not in stdout  # 4 runs and the bench; no trainer
+    assert _val_losses(_results(copy_of)) == _val_losses(results_before)
+
+
+def test_an_interrupted_compare_resumes_where_it_stopped(micro, copy_of):
+    # As if stopped during diff+rope seed 1 (after its step-3 checkpoint), before mha+rope seed 1 saved
+    # anything, and before the mqar task of diff+rope seed 1 finished.
+    shutil.rmtree(copy_of / "runs/diff+rope/seed1/checkpoints/step-0000006")
+    (copy_of / "runs/diff+rope/seed1/compare_run.json").unlink()
+    shutil.rmtree(copy_of / "runs/mha+rope/seed1/checkpoints")
+    (copy_of / "tasks/mqar/diff+rope/seed1/result.json").unlink()
+    for name in ("results.json", "report.md", "report.html"):
+        (copy_of / name).unlink()
+    untouched = {k: v for k, v in _mtimes(copy_of).items() if "seed0" in k}
+
+    result, stdout = _compare(copy_of, micro["text"])
+    assert result.interrupted_by is None
+    assert f"resumed from {copy_of / 'runs/diff+rope/seed1/checkpoints/step-0000003'} at step 3" in stdout
+    assert stdout.count("attnzoo 0.1.0 →") == 2  # only the two unfinished runs trained
+    assert {k: v for k, v in _mtimes(copy_of).items() if "seed0" in k} == untouched
+    metrics = (copy_of / "runs/diff+rope/seed1/metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in metrics if "train_loss" in line] == [1, 2, 3, 4, 5, 6]
+    # Resumed and restarted runs make exactly the updates of the uninterrupted compare.
+    resumed, original = _results(copy_of), _results(micro["out"])
+    assert _val_losses(resumed) == _val_losses(original)
+    mqar = [r["final"] for r in resumed["tasks"]["mqar"]["runs"]["diff+rope"]]
+    assert mqar == [r["final"] for r in original["tasks"]["mqar"]["runs"]["diff+rope"]]
+    assert (copy_of / "report.html").is_file()
+
+
+def test_a_run_from_another_configuration_is_refused_not_overwritten(micro, copy_of):
+    with pytest.raises(CheckpointError, match="holds a run with another configuration than this compare's"):
+        _compare(copy_of, micro["text"], steps=9)
+    assert read_checkpoint(copy_of / "runs/mha+rope/seed0").step == 6
+
+
+@pytest.mark.slow
+def test_sigint_stops_a_compare_that_the_same_command_then_finishes(tmp_path):
+    text = write_text_corpus(tmp_path / "text.txt")
+    out = tmp_path / "out"
+    flags = ["--preset", "micro", "--out", str(out), "--variants", "mha+rope", "--data", str(text)]
+    flags += ["--steps", "400", "--tasks", "--no-progress"]
+    script = (
+        "import argparse, sys; from attnzoo.compare import add_arguments, run; "
+        "parser = argparse.ArgumentParser(); add_arguments(parser); sys.exit(run(parser.parse_args(sys.argv[1:])))"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "ATTNZOO_CACHE_DIR": str(tmp_path / "cache")}
+    process = subprocess.Popen(
+        [sys.executable, "-c", script, *flags], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+    metrics = out / "runs/mha+rope/seed0/metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not metrics.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    process.send_signal(signal.SIGINT)
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == 128 + signal.SIGINT, output
+    assert "compare interrupted; run the same command again" in output and "Traceback" not in output
+    stopped_at = read_checkpoint(out / "runs/mha+rope/seed0").step
+    assert 0 < stopped_at < 400 and not (out / "results.json").exists()
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ATTNZOO_CACHE_DIR", str(tmp_path / "cache"))
+        captured = io.StringIO()
+        with contextlib.redirect_stdout(captured):
+            assert run(_parse(*flags)) == 0
+    assert f"at step {stopped_at}" in captured.getvalue()
+    results = _results(out)
+    assert [record["steps"] for record in results["variants"]["mha+rope"]["runs"]] == [400, 400]
+    assert "**No ranking**" in (out / "report.md").read_text()
