@@ -18,7 +18,6 @@ from attnzoo.attention.dcmha import (
     PRE_Q,
     DynamicWeightProjection,
     Mixing,
-    compose_low_rank,
     compose_merged,
     key_matrices,
     query_matrices,
@@ -103,6 +102,32 @@ def explicit_composition(scores, mixing: Mixing, static_w=None):
     return out
 
 
+def compose_low_rank(scores: torch.Tensor, mixing: Mixing, static_w: torch.Tensor | None) -> torch.Tensor:
+    """The reference rank-R form of the official ``_cross_head_proj``, written out here (the model uses the merged
+    N×N form, which is faster on CPU):
+
+    A'[m,t,s] = A[m,t,s]·(1 + qdd[t,m] + kdd[s,m]) + Σ_r qw2[t,r,m]·Σ_n qw1[t,r,n]·A[n,t,s]
+              + Σ_r kw2[s,r,m]·Σ_n kw1[s,r,n]·A[n,t,s]  (+ Σ_n W_b[n,m]·A[n,t,s]).
+
+    Each side is two batched matmuls over a view of A with its own token axis as the batch axis, so the
+    cost is O(R·N) per score instead of O(N²), and no per-token N×N matrix is formed. Fewer flops, but more
+    memory-bound passes over the scores than :func:`compose_merged`, which the training path uses instead.
+    """
+    batch, _, query_len, key_len = scores.shape
+    groups, heads_per_group = mixing.qdd.shape[1], mixing.qdd.shape[-1]
+    grouped = scores.view(batch, groups, heads_per_group, query_len, key_len)
+    out = grouped * (1 + mixing.qdd.mT[..., None])
+    by_query = grouped.transpose(2, 3)  # (B, G, T, M, S)
+    out = out + (mixing.qw2.mT @ (mixing.qw1 @ by_query)).transpose(2, 3)
+    if mixing.kw1 is not None:
+        out = torch.addcmul(out, grouped, mixing.kdd.mT[..., None, :])
+        by_key = grouped.permute(0, 1, 4, 2, 3)  # (B, G, S, M, T)
+        out = out + (mixing.kw2.mT @ (mixing.kw1 @ by_key)).permute(0, 1, 3, 4, 2)
+    if static_w is not None:
+        out = out + torch.einsum("bgnts,gnm->bgmts", grouped, static_w)
+    return out.reshape(scores.shape)
+
+
 @pytest.mark.parametrize("groups", [1, 2])
 @pytest.mark.parametrize("key_wise", [True, False])
 @pytest.mark.parametrize("static", [False, True])
@@ -134,7 +159,7 @@ def test_grouped_composition_keeps_groups_apart():
     """With G = 2, output heads of group 1 do not depend on the scores of group 0's heads."""
     scores = torch.randn(1, 4, 3, 5, requires_grad=True)
     mixing = random_mixing(1, 2, 2, 3, 5)
-    out = compose_low_rank(scores, mixing, None)
+    out = compose_merged(scores, query_matrices(mixing, None), key_matrices(mixing))
     (grad,) = torch.autograd.grad(out[:, 2:].sum(), scores)
     assert grad[:, :2].abs().max() == 0
     assert grad[:, 2:].abs().min() > 0
@@ -144,7 +169,7 @@ def test_zero_dynamic_weights_are_identity():
     scores = torch.randn(2, 4, 3, 5)
     zeros = Mixing(*(torch.zeros_like(w) for w in random_mixing(2, 1, 4, 3, 5)))
     # rms_norm of an all-zero w1 stays zero, so the identity residual is all that is left: exactly A.
-    assert torch.equal(compose_low_rank(scores, zeros, None), scores)
+    assert torch.equal(compose_merged(scores, query_matrices(zeros, None), key_matrices(zeros)), scores)
 
 
 # ---------------------------------------------------------------------------------------------------
