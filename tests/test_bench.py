@@ -1,5 +1,6 @@
 import argparse
 import json
+import os
 
 import pytest
 import torch
@@ -63,3 +64,27 @@ def test_bench_command_writes_markdown_and_json(tmp_path):
     ]
     markdown = (tmp_path / "bench.md").read_text()
     assert "cost vs mha+rope" in markdown and "| diff+rope | train | 16 |" in markdown
+
+
+def _die_before_reporting(*args):
+    os._exit(3)
+
+
+def test_a_child_that_dies_is_an_error_not_a_hang(monkeypatch):
+    import attnzoo.bench as bench
+
+    monkeypatch.setattr(bench, "_child", _die_before_reporting)
+    cfg = ModelConfig(vocab_size=32, dim=32, n_layers=1, n_heads=2)
+    with pytest.raises(RuntimeError, match="died with exit code 3"):
+        measure(BenchCase("x", cfg, 1, 8), repeats=1)
+
+
+def test_peak_memory_is_the_childs_own_even_under_a_large_parent():
+    # A spawned child inherits its parent's resident high-water mark; measured naively, a large parent
+    # hides the child's peak (it read 0 MB). The activations of this step need tens of MB.
+    ballast = torch.ones(300 * 2**20 // 4)
+    ballast += 1
+    cfg = ModelConfig(vocab_size=256, dim=128, n_layers=2, n_heads=4, max_seq_len=512)
+    result = measure(BenchCase("mha", cfg, 4, 512, "train"), repeats=1)
+    assert 10 < result.peak_mem_mb < 300
+    del ballast

@@ -1,8 +1,9 @@
 """Throughput and peak memory, reported as ratios to a baseline measured in the same run (``attnzoo bench``).
 
-Every case runs in a fresh spawned process: on the CPU there is no allocator statistic, so peak memory
-is the rise of the process's resident high-water mark (``ru_maxrss``) over its level before the first
-step, which a fresh process attributes to that case alone. On CUDA it is ``max_memory_allocated``.
+Every case runs in a fresh spawned process. On the CPU there is no allocator statistic, so peak memory is
+the rise of the process's resident high-water mark over its resident size before the first step: on Linux
+the mark (``VmHWM``) is reset first through ``/proc/self/clear_refs``, since a child otherwise inherits its
+parent's; elsewhere it falls back to ``ru_maxrss``. On CUDA it is ``max_memory_allocated``.
 Throughput is the median over repeats, with min and max to show the spread; nothing here asserts on time.
 """
 
@@ -13,6 +14,7 @@ import json
 import multiprocessing
 import os
 import platform
+import queue as queue_module
 import resource
 import statistics
 import sys
@@ -21,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnzoo.config import ModelConfig
 from attnzoo.io import atomic_write_text
@@ -28,13 +31,12 @@ from attnzoo.model import Transformer
 
 MODES = ("train", "prefill", "decode", "decode-nocache")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-# The kernel SDPA dispatched to, as named by the profiler.
+# The fused kernels SDPA may dispatch to; its math fallback decomposes into ordinary ops and shows as none.
 SDPA_KERNELS = {
     "_scaled_dot_product_flash_attention_for_cpu": "flash (CPU)",
     "_scaled_dot_product_flash_attention": "flash",
     "_scaled_dot_product_efficient_attention": "memory-efficient",
     "_scaled_dot_product_cudnn_attention": "cuDNN",
-    "_scaled_dot_product_attention_math": "math",
 }
 
 
@@ -89,17 +91,46 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def _reset_peak_rss() -> bool:
+    """Reset the kernel's resident high-water mark (Linux); False where that is not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _rss_mb(field: str) -> float:
+    """``VmRSS`` (current) or ``VmHWM`` (high-water mark) from /proc/self/status, in MiB."""
+    with open("/proc/self/status", encoding="utf-8") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    raise OSError(f"{field} not in /proc/self/status")
+
+
 def _max_rss_mb() -> float:
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss / 2**20 if sys.platform == "darwin" else rss / 2**10  # bytes on macOS, KiB on Linux
 
 
+class _KernelRecorder(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.add(func.__name__.split(".")[0])
+        return func(*args, **(kwargs or {}))
+
+
 def sdpa_kernels(model: Transformer, idx: torch.Tensor) -> list[str]:
-    """The SDPA kernels one forward pass dispatches to (empty for mechanisms that compute scores themselves)."""
-    with torch.no_grad(), torch.profiler.profile() as profiler:
+    """The fused SDPA kernels one forward pass dispatches to (empty for the math fallback and for mechanisms
+    that compute their scores themselves)."""
+    with torch.no_grad(), _KernelRecorder() as recorder:
         model(idx)
-    names = {event.name.removeprefix("aten::") for event in profiler.events()}
-    return sorted(label for kernel, label in SDPA_KERNELS.items() if kernel in names)
+    return sorted(label for kernel, label in SDPA_KERNELS.items() if kernel in recorder.ops)
 
 
 def _run_case(case: BenchCase, repeats: int, warmup: int, threads: int, device: str) -> BenchResult:
@@ -160,17 +191,23 @@ def _run_case(case: BenchCase, repeats: int, warmup: int, threads: int, device: 
     step = {"train": train, "prefill": prefill, "decode": decode, "decode-nocache": decode_without_cache}[case.mode]
     model.train(case.mode == "train")
 
+    def peak_mb() -> float:
+        if on_cuda:
+            return torch.cuda.max_memory_allocated() / 2**20
+        return _rss_mb("VmHWM") if resettable else _max_rss_mb()
+
+    resettable = not on_cuda and _reset_peak_rss()
     if on_cuda:
         torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
+        base = torch.cuda.memory_allocated() / 2**20
     else:
-        base = _max_rss_mb()
+        base = _rss_mb("VmRSS") if resettable else _max_rss_mb()
     rates = []
     for i in range(warmup + repeats):
         tokens, seconds = step()
         if i >= warmup:
             rates.append(tokens / seconds)
-    peak = (torch.cuda.max_memory_allocated() - base) / 2**20 if on_cuda else _max_rss_mb() - base
+    peak = peak_mb() - base
     with autocast:
         kernels = sdpa_kernels(model.eval(), idx[:, : min(case.seq_len, 256)])
     return BenchResult(
@@ -201,7 +238,16 @@ def measure(
     queue = ctx.Queue()
     process = ctx.Process(target=_child, args=(queue, case, repeats, warmup, threads, device))
     process.start()
-    result = queue.get()
+    while True:  # a child that dies without reporting (killed, out of memory) must not hang the parent
+        try:
+            result = queue.get(timeout=1.0)
+            break
+        except queue_module.Empty:
+            if not process.is_alive():
+                raise RuntimeError(
+                    f"benchmark case {case.label!r} (T={case.seq_len}, {case.mode}) died with exit code "
+                    f"{process.exitcode} before reporting"
+                ) from None
     process.join()
     if "error" in result:
         raise RuntimeError(f"benchmark case {case.label!r} (T={case.seq_len}, {case.mode}) failed: {result['error']}")
