@@ -164,3 +164,32 @@ def test_info_reads_any_pretrained_directory_and_generate_needs_its_tokenizer(tm
     assert f"({model.num_parameters():,} in all)" in capsys.readouterr().out
     assert main(["generate", str(tmp_path / "plain")]) == 1
     assert "has no tokenizer.json, so its text cannot be encoded or decoded" in capsys.readouterr().err
+
+
+def test_eval_task_extrapolation_reports_na_where_the_scheme_refuses(text, tmp_path, capsys):
+    run = tmp_path / "learned"
+    assert _train(text, run, "--steps", "2", "--position", "learned", "--max-seq-len", "64") == 0
+    capsys.readouterr()
+    assert main(["eval", str(run), "--task", "extrapolation", "--blocks", "1", "--json"]) == 0
+    points = {p["multiple"]: p for p in json.loads(capsys.readouterr().out)["points"]}
+    assert sorted(points) == [1, 2, 4, 8, 16]
+    # Trained at 32 with room for 64 learned positions: 1× and 2× run, longer lengths are N/A with the reason.
+    assert points[1]["loss"] > 0 and points[2]["loss"] > 0
+    for multiple in (4, 8, 16):
+        assert "loss" not in points[multiple] and "exceeds max_seq_len=64" in points[multiple]["reason"]
+    assert main(["eval", str(run), "--task", "extrapolation", "--blocks", "1"]) == 0
+    assert "N/A: sequence length 128 exceeds" in capsys.readouterr().out
+
+
+def test_eval_task_trains_the_variant_from_scratch_and_scores_it(capsys):
+    assert main(["eval", "--task", "mqar", "--variant", "diff+rope", "--steps", "2", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)  # progress goes to stderr; stdout is the JSON alone
+    assert (result["task"], result["variant"], result["steps"]) == ("mqar", "diff+rope", 2)
+    assert 0 <= result["final"]["accuracy"] <= 1 and result["history"][-1][0] == 2
+
+
+def test_eval_task_argument_errors(text, tmp_path, capsys):
+    assert main(["eval", "--task", "lm"]) == 1
+    assert "give its run or checkpoint directory" in capsys.readouterr().err
+    assert main(["eval", str(tmp_path), "--task", "mqar"]) == 1
+    assert "takes no run directory" in capsys.readouterr().err

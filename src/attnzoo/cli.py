@@ -35,6 +35,8 @@ from attnzoo.config import ATTN_BACKENDS, MLP_KINDS, NORM_KINDS, ModelConfig
 from attnzoo.convert import cli as convert_cli
 from attnzoo.data.corpora import CorpusError, prepare_corpus
 from attnzoo.data.tokenizers import HF_PREFIX, MissingDependencyError, Tokenizer, tokenizer_from_name
+from attnzoo.evals import TASKS
+from attnzoo.evals.lm import LMEvalConfig, length_extrapolation
 from attnzoo.model import Transformer
 from attnzoo.positions import POSITIONS
 from attnzoo.training.checkpoint import (
@@ -56,6 +58,7 @@ from attnzoo.training.config import (
 from attnzoo.training.distributed import Distributed, init_distributed, resolve_device, shutdown_distributed
 from attnzoo.training.evaluation import evaluate
 from attnzoo.training.trainer import Trainer, TrainingDiverged, load_corpus
+from attnzoo.variants import Variant
 
 # Errors that are the user's to fix: shown as one line, without a traceback.
 USER_ERRORS = (ValueError, FileNotFoundError, CorpusError, CheckpointError, TrainingDiverged, MissingDependencyError)
@@ -405,19 +408,44 @@ GENERATE = Command(
 # --------------------------------------------------------------------------------------------------- eval
 
 
+EVAL_TASKS = ("lm", "extrapolation", *sorted(TASKS))
+
+
 def _add_eval(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("path", type=Path, help="run directory (its latest checkpoint) or checkpoint directory")
+    parser.add_argument(
+        "path",
+        type=Path,
+        nargs="?",
+        help="run directory (its latest checkpoint) or checkpoint directory; not used by the synthetic tasks",
+    )
+    parser.add_argument(
+        "--task",
+        choices=EVAL_TASKS,
+        default="lm",
+        help="lm: loss, perplexity, bits/byte (default); extrapolation: lm at 1, 2, 4, 8, 16× the training length; "
+        "a synthetic task trains --variant from scratch on it (the standard preset's budget) and scores it",
+    )
     parser.add_argument("--data", help="corpus to score (default: the one the model was trained on)")
     parser.add_argument("--split", choices=("val", "train"), default="val", help="split to score (default: val)")
     parser.add_argument("--seq-len", type=int, help="window length (default: the training seq_len)")
     parser.add_argument("--max-windows", type=int, help="score at most this many windows, spread evenly")
     parser.add_argument("--batch-size", type=int, default=16, help="windows per forward pass (default: 16)")
+    parser.add_argument(
+        "--blocks", type=int, default=8, help="extrapolation: blocks of the longest length scored (default: 8)"
+    )
+    parser.add_argument("--variant", default="mha+rope", help="synthetic tasks: ATTENTION[+POSITION][+kvN]")
+    parser.add_argument("--steps", type=int, help="synthetic tasks: training steps (default: the preset's)")
+    parser.add_argument("--seed", type=int, default=0, help="synthetic tasks: seed of the model and its data")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
 def _run_eval(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
+    if args.task in TASKS:
+        return _run_task_eval(args, device)
+    if args.path is None:
+        raise ValueError(f"--task {args.task} scores a trained model: give its run or checkpoint directory")
     model, checkpoint = load_pretrained(args.path, device)
     trained_on = checkpoint.train_config.data if checkpoint.train_config else None
     if args.data is None and trained_on is None:
@@ -426,6 +454,8 @@ def _run_eval(args: argparse.Namespace) -> int:
     seq_len = args.seq_len or (checkpoint.train_config.seq_len if checkpoint.train_config else model.config.max_seq_len)
     tokenizer = checkpoint.require_tokenizer()
     corpus = prepare_corpus(data.corpus, tokenizer, data.val_fraction)
+    if args.task == "extrapolation":
+        return _print_extrapolation(args, model, tokenizer, getattr(corpus, args.split), seq_len, corpus.name)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else None
     result = evaluate(
         model,
@@ -448,10 +478,60 @@ def _run_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_extrapolation(args, model: Transformer, tokenizer, stream, seq_len: int, corpus_name: str) -> int:
+    """Train short, test long (ALiBi §4): nonoverlapping blocks at multiples of the training length."""
+    multiples = (1, 2, 4, 8, 16)
+    if args.blocks < 1:
+        raise ValueError(f"--blocks={args.blocks} is invalid: must be >= 1")
+    tokens = torch.from_numpy(stream[: args.blocks * max(multiples) * seq_len + 1].astype("int64"))
+    bytes_per_token = float(tokenizer.token_bytes()[tokens.numpy()].mean())
+    cfg = LMEvalConfig(block_len=seq_len, bytes_per_token=bytes_per_token, batch_size=args.batch_size)
+    points = length_extrapolation(model.to(tokens.device), tokens, cfg, multiples)
+    if args.json:
+        rows = [
+            {"multiple": p.multiple, "length": p.block_len, "reason": p.reason}
+            | ({"loss": p.result.loss, "bits_per_byte": p.result.bits_per_byte} if p.result else {})
+            for p in points
+        ]
+        print(json.dumps({"corpus": corpus_name, "split": args.split, "points": rows}, indent=2))
+        return 0
+    print(f"{corpus_name} {args.split}, trained at {seq_len} tokens, {args.blocks} blocks per length:")
+    for p in points:
+        score = f"loss {p.result.loss:.4f} | {p.result.bits_per_byte:.4f} bits/byte" if p.result else f"N/A: {p.reason}"
+        print(f"  {p.multiple:2d}× = {p.block_len:6d} tokens: {score}")
+    return 0
+
+
+def _run_task_eval(args: argparse.Namespace, device: torch.device) -> int:
+    """A synthetic task is a protocol for training from scratch: train --variant on it, then score it."""
+    from attnzoo.compare.spec import PRESET_TASKS
+    from attnzoo.compare.tasks import task_configs, train_task
+
+    if args.path is not None:
+        raise ValueError(f"--task {args.task} trains a fresh model on the task; it takes no run directory")
+    task = PRESET_TASKS["standard"][args.task]
+    if args.steps is not None:
+        task = dataclasses.replace(task, steps=args.steps, eval_interval=min(task.eval_interval, args.steps))
+    label = Variant.parse(args.variant).label
+    result = train_task(task, task_configs(task, [label])[label], args.seed, device, progress=True, label=label)
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+    else:
+        final = " | ".join(f"{name} {value:.4f}" for name, value in result["final"].items())
+        print(
+            f"{args.task} {label} seed {args.seed}: {final} after {result['steps']} steps ({result['seconds']:.0f} s)"
+        )
+        if "steps_to_threshold" in result:
+            print(f"steps to {result['metric']} {result['stop_at']}: {result['steps_to_threshold'] or 'not reached'}")
+    return 0
+
+
 EVAL = Command(
     name="eval",
-    summary="validation loss, perplexity and bits per byte of a trained model",
-    example="attnzoo eval runs/mha-rope-20250101-120000 --seq-len 512",
+    summary="score a trained model (loss, perplexity, bits per byte, length extrapolation) or a synthetic task",
+    example="attnzoo eval runs/mha-rope-20250101-120000 --seq-len 512\n"
+    "  attnzoo eval runs/mha-alibi-20250101-120000 --task extrapolation\n"
+    "  attnzoo eval --task mqar --variant diff+rope --steps 500",
     add_arguments=_add_eval,
     run=_run_eval,
 )

@@ -381,9 +381,9 @@ def build_report(results: dict[str, Any], plots: dict[str, str]) -> Report:
         Paragraph(
             "Every case in a fresh process, in one sitting, so the ratios compare like with like; medians over "
             f"{spec['evals']['bench_repeats']} repeats with the spread. Speed ratio > 1 is faster than the baseline. "
-            "On the CPU, peak memory is the rise of the process's resident high-water mark over its level before "
-            "the first step: a case that fits in the memory the process touched while starting up shows 0 MB, "
-            f"and its memory ratio is N/A. Machine: {results['bench']['machine']}."
+            "On the CPU, peak memory is the rise of the process's resident high-water mark, reset for the case, "
+            "over its resident size before the first step (attnzoo.bench); a case whose ratio is N/A had no "
+            f"measurable rise. Machine: {results['bench']['machine']}."
         ),
         _bench_table(results),
         Image(plots["throughput_memory"], "Training speed and peak memory relative to the baseline."),

@@ -117,8 +117,7 @@ class Comparison:
         configs = matched_configs(
             [Variant.parse(v) for v in spec.variants], spec.baseline_config(corpus.tokenizer.vocab_size)
         )
-        # Measured before any training: a child process starts with its parent's resident high-water mark,
-        # which the CPU memory figure is read against, so the parent must still be small.
+        # Every variant's speed and memory in one sitting, back to back, so the ratios share machine conditions.
         bench = self.bench(configs)
         lm_runs: dict[str, dict[int, dict[str, Any]]] = {label: {} for label in self.labels}
         jobs = list(product(spec.seeds, self.labels))

@@ -48,9 +48,8 @@ class EvalSpec:
     extrapolation_batch_size: int = 4
     map_tokens: int = 64  # attention maps are drawn on the first this-many validation tokens
     # Throughput and peak memory: (mode, multiple of the training length), each case in a fresh process and
-    # with batch_size / multiple sequences, so every case processes as many tokens. At the training length a
-    # small model's step stays under the memory a fresh process has already touched, which the CPU measure
-    # (the resident high-water mark) cannot see past; the longer case shows how memory grows with length.
+    # with batch_size / multiple sequences, so every case processes as many tokens; the longer case shows how
+    # memory grows with length.
     bench_cases: tuple[tuple[str, int], ...] = (("train", 1), ("train", 8))
     bench_repeats: int = 5
     bench_warmup: int = 1
