@@ -150,12 +150,12 @@ def test_lambda_vectors_init_and_fp32_lambda():
     assert lam.item() == pytest.approx(math.exp(q1 @ k1) - math.exp(q2 @ k2) + 0.2, abs=1e-6)
 
 
-@pytest.mark.parametrize("split_values", [True, False], ids=["four-calls", "two-calls"])
+@pytest.mark.parametrize("pad_queries", [True, False], ids=["padded-queries", "wide-values"])
 @pytest.mark.parametrize("n_kv_heads", [4, 2])
 @pytest.mark.parametrize("position", ["none", "rope", "alibi"])
-def test_sdpa_call_patterns_match_eager(monkeypatch, position, n_kv_heads, split_values):
+def test_sdpa_call_patterns_match_eager(monkeypatch, position, n_kv_heads, pad_queries):
     """Both SDPA call patterns equal the eager maps (fp32, ≤ 1e-5), fresh (is_causal) and on a cache (mask)."""
-    monkeypatch.setattr(diff, "sdpa_splits_values", lambda device: split_values)
+    monkeypatch.setattr(diff, "sdpa_pads_queries", lambda device: pad_queries)
     eager = make_model(n_kv_heads, position, backend="eager")
     fast = with_backend(eager, "sdpa")
     idx = torch.randint(0, VOCAB, (2, 12))
