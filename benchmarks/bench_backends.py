@@ -9,12 +9,10 @@ does the same number of tokens and only the attention's cost grows with T.
 from __future__ import annotations
 
 import argparse
-import json
-from dataclasses import asdict
 from pathlib import Path
 
 from attnzoo import ModelConfig
-from attnzoo.bench import BenchCase, machine_description, measure, ratio_table
+from attnzoo.bench import BenchCase, machine_description, measure, write_results
 
 TOKENS_PER_STEP = 4096
 
@@ -24,7 +22,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seq-lens", type=int, nargs="+", default=[256, 1024, 4096])
-    parser.add_argument("--out", type=Path, default=None, help="also write the markdown table and JSON here")
+    parser.add_argument(
+        "--out", type=Path, default=Path("benchmarks/results/backends.md"), help="markdown table; JSON beside it"
+    )
     args = parser.parse_args()
 
     results = []
@@ -35,13 +35,8 @@ def main() -> None:
             result = measure(case, repeats=args.repeats, threads=args.threads)
             results.append(result)
             print(f"T={seq_len:5d} {backend:5s} {result.tokens_per_s:9,.0f} tok/s  {result.peak_mem_mb:8,.0f} MB")
-    table = ratio_table(results, baseline="mha-sdpa")
     header = f"Machine: {machine_description(args.threads)}. Forward+backward, fp32, {TOKENS_PER_STEP} tokens/step."
-    print(f"\n{header}\n\n{table}")
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(f"{header}\n\n{table}\n")
-        args.out.with_suffix(".json").write_text(json.dumps([asdict(r) for r in results], indent=2))
+    write_results(args.out, header, results, baseline="mha-sdpa")
 
 
 if __name__ == "__main__":

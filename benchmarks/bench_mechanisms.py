@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-from dataclasses import asdict
 from pathlib import Path
 
 from attnzoo import ModelConfig
-from attnzoo.bench import BenchCase, machine_description, measure, ratio_table
+from attnzoo.bench import BenchCase, machine_description, measure, write_results
 from attnzoo.variants import Variant, matched_configs
 
 TOKENS_PER_STEP = 4096
@@ -32,7 +30,9 @@ def main() -> None:
     parser.add_argument("--seq-lens", type=int, nargs="+", default=[256, 1024, 2048])
     parser.add_argument("--decode-context", type=int, default=1024)
     parser.add_argument("--mechanisms", nargs="+", default=MECHANISMS)
-    parser.add_argument("--out", type=Path, default=None, help="also write the markdown table and JSON here")
+    parser.add_argument(
+        "--out", type=Path, default=Path("benchmarks/results/mechanisms.md"), help="markdown table; JSON beside it"
+    )
     args = parser.parse_args()
 
     results = []
@@ -62,16 +62,11 @@ def main() -> None:
     mha = matched_configs([Variant("mha", "rope")], baseline)["mha+rope"]
     run(BenchCase("mha", mha, 1, context, mode="decode-nocache", decode_tokens=32))
 
-    table = ratio_table(results, baseline="mha")
     header = (
         f"Machine: {machine_description(args.threads)}. fp32; training rows do {TOKENS_PER_STEP} tokens per "
         f"forward+backward step; decode rows time 32 single-token steps after a {context}-token prefill."
     )
-    print(f"\n{header}\n\n{table}")
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(f"{header}\n\n{table}\n")
-        args.out.with_suffix(".json").write_text(json.dumps([asdict(r) for r in results], indent=2))
+    write_results(args.out, header, results, baseline="mha")
 
 
 if __name__ == "__main__":

@@ -328,11 +328,17 @@ def run(args: argparse.Namespace) -> int:
                     flush=True,
                 )
     header = f"Machine: {machine_description(args.threads)}; {args.dtype}; baseline {baseline_label}."
-    table = ratio_table(results, baseline_label)
-    print(f"\n{header}\n\n{table}")
-    args.out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(args.out / "bench.md", f"{header}\n\n{table}\n")
-    payload = {"machine": machine_description(args.threads), "baseline": baseline_label, "results": results}
-    atomic_write_text(args.out / "bench.json", json.dumps(payload, indent=2, default=asdict))
-    print(f"\nwrote {args.out / 'bench.md'} and {args.out / 'bench.json'}")
+    write_results(args.out / "bench.md", header, results, baseline_label)
     return 0
+
+
+def write_results(path: Path, header: str, results: list[BenchResult], baseline: str) -> None:
+    """Print the ratio table under ``header`` and write it to ``path`` (markdown), the raw results beside it
+    as JSON (same name, ``.json``)."""
+    table = ratio_table(results, baseline)
+    print(f"\n{header}\n\n{table}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, f"{header}\n\n{table}\n")
+    payload = {"header": header, "baseline": baseline, "results": [asdict(r) for r in results]}
+    atomic_write_text(path.with_suffix(".json"), json.dumps(payload, indent=2))
+    print(f"\nwrote {path} and {path.with_suffix('.json')}")

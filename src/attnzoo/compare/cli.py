@@ -10,7 +10,7 @@ from attnzoo.compare.spec import DEFAULT_VARIANTS, PRESETS
 from attnzoo.evals import TASKS
 from attnzoo.variants import SPEC_FORMAT
 
-SUMMARY = "train attention variants side by side under one budget and write a report (quick: ~10 min on a CPU)"
+SUMMARY = "train attention variants side by side under one budget and write a report (quick: 5-8 min on 2 CPU cores)"
 EXAMPLE = (
     "attnzoo compare\n"
     "  attnzoo compare --preset standard --out runs/compare-standard\n"

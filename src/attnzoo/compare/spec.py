@@ -3,7 +3,7 @@
 A :class:`CompareSpec` fixes everything that must be equal across variants for the comparison to be fair:
 the baseline model (every variant is parameter-matched to it), the training budget and data, the seeds,
 and the evaluations. The variants are the only thing that differs. ``micro`` exists for tests; ``quick``
-is the README's main job (about 10 minutes on 2 CPU cores, calibrated in ``quick``'s description);
+is the README's main job (5-8 minutes on 2 CPU cores, measured; see ``quick``'s description);
 ``standard`` and ``full`` spend more steps, seeds and evaluation samples and are meant for longer jobs.
 """
 
@@ -328,7 +328,7 @@ PRESETS: dict[str, CompareSpec] = {
     "quick": CompareSpec(
         name="quick",
         description=(
-            "about 10 minutes on 2 CPU cores: the 0.84M-parameter default model, 2 seeds × 250 steps × 16 × 64 "
+            "about 5-8 minutes on 2 CPU cores: the 0.84M-parameter default model, 2 seeds × 250 steps × 16 × 64 "
             "tokens per variant, extrapolation to 16×, throughput, attention maps and the random-walk task"
         ),
         model={"dim": 128, "n_layers": 4, "n_heads": 4},
