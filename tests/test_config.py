@@ -72,6 +72,15 @@ def test_replace_revalidates():
         (dict(head_dim=6, position_options={"partial_rotary_factor": 0.5}), ["partial_rotary_factor=0.5", "got 3"]),
         (dict(dim=33, n_heads=3, position="sinusoidal"), ["dim=33", "even"]),
         (dict(attention_options=[1]), ["attention_options=[1]", "dict"]),
+        # A string is not a switch: "no" would otherwise count as true and turn interleaving on.
+        (dict(position_options={"interleaved": "no"}), ["interleaved='no'", "true or false"]),
+        (dict(position_options={"rope_theta": "abc"}), ["rope_theta='abc'", "number"]),
+        (dict(position_options={"original_max_position_embeddings": 0}), ["original_max_position_embeddings=0"]),
+        (dict(position_options={"attention_factor": "2"}), ["attention_factor='2'"]),
+        (
+            dict(position_options={"rope_type": "dynamic", "partial_rotary_factor": 0.25}),
+            ["rope_type='dynamic'", "more than 2 rotated dims"],
+        ),
     ],
 )
 def test_every_bad_field_names_field_value_and_allowed(overrides, names):

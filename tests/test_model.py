@@ -201,12 +201,32 @@ def test_cache_rejects_a_different_batch_and_overflow():
         model(torch.zeros(2, 1, dtype=torch.long), cache=cache)
 
 
-def test_bad_input_shapes_are_clear_errors():
+def test_bad_inputs_are_clear_errors():
     model = Transformer(tiny())
     with pytest.raises(ValueError, match=r"\(batch, seq_len\)"):
         model(torch.zeros(5, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"\(batch, seq_len\)"):
+        model.generate(torch.zeros(5, dtype=torch.long), 2)
     with pytest.raises(ValueError, match="no tokens"):
         model(torch.zeros(1, 0, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"integer token ids; got dtype torch\.float32"):
+        model(torch.zeros(1, 3))
+    with pytest.raises(ValueError, match=r"token id 61 is outside the vocabulary \[0, 61\)"):
+        model(torch.tensor([[1, 61]]))
+    with pytest.raises(ValueError, match="token id -1"):
+        model(torch.tensor([[-1, 2]]))
+    with pytest.raises(ValueError, match=r"targets must have the shape of idx \(1, 3\); got \(1, 2\)"):
+        model(torch.zeros(1, 3, dtype=torch.long), torch.zeros(1, 2, dtype=torch.long))
+
+
+def test_generation_can_fill_a_learned_table_exactly():
+    # The last sampled token is never fed back, so a full max_seq_len prompt can still take one more token.
+    model = Transformer(tiny(position="learned", max_seq_len=16)).eval()
+    prompt = torch.randint(0, 61, (1, 16))
+    cached = model.generate(prompt, 1, temperature=0)
+    assert cached.shape == (1, 17) and torch.equal(cached, model.generate(prompt, 1, temperature=0, use_cache=False))
+    with pytest.raises(ValueError, match="exceeds max_seq_len=16"):
+        model.generate(prompt, 2, temperature=0)
 
 
 # --- save / load ------------------------------------------------------------------------------------------

@@ -167,7 +167,7 @@ def _run_case(case: BenchCase, repeats: int, warmup: int, threads: int, device: 
     @torch.no_grad()
     def decode() -> tuple[int, float]:
         # Only the new tokens are timed: single-token steps after an untimed prefill into the cache.
-        cache = model.new_cache(case.batch_size, case.seq_len + case.decode_tokens)
+        cache = model.new_cache(case.batch_size, case.seq_len + case.decode_tokens, dtype=dtype)
         with autocast:
             model(idx, cache=cache)
 

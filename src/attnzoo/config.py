@@ -19,11 +19,11 @@ def require(ok: bool, name: str, value: Any, allowed: str) -> None:
         raise ValueError(f"{name}={value!r} is invalid: {allowed}")
 
 
-def _is_int(value: Any) -> bool:
+def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
@@ -34,7 +34,8 @@ class ModelConfig:
     Derived fields (``n_kv_heads``, ``head_dim``, ``mlp_hidden_dim``) may be left as ``None`` and are
     resolved on construction; the options dicts are completed with their defaults, so ``to_json`` writes
     the full architecture. Every bad field raises ``ValueError`` naming the field, the value and what is
-    allowed. Use ``dataclasses.replace`` to derive a modified, re-validated copy.
+    allowed. ``dataclasses.replace`` derives a re-validated copy but keeps the resolved derived fields: set
+    them back to ``None`` to re-derive them, e.g. ``replace(cfg, dim=512, head_dim=None, mlp_hidden_dim=None)``.
     """
 
     vocab_size: int = 256
@@ -67,12 +68,12 @@ class ModelConfig:
 
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "max_seq_len"):
             value = getattr(self, name)
-            require(_is_int(value) and value >= 1, name, value, "must be an integer >= 1")
+            require(is_int(value) and value >= 1, name, value, "must be an integer >= 1")
 
         if self.n_kv_heads is None:
             self._set("n_kv_heads", self.n_heads)
         require(
-            _is_int(self.n_kv_heads) and 1 <= self.n_kv_heads <= self.n_heads,
+            is_int(self.n_kv_heads) and 1 <= self.n_kv_heads <= self.n_heads,
             "n_kv_heads",
             self.n_kv_heads,
             f"must be an integer in [1, n_heads={self.n_heads}]",
@@ -91,22 +92,22 @@ class ModelConfig:
                 f"must divide dim={self.dim} when head_dim is not given",
             )
             self._set("head_dim", self.dim // self.n_heads)
-        require(_is_int(self.head_dim) and self.head_dim >= 1, "head_dim", self.head_dim, "must be an integer >= 1")
+        require(is_int(self.head_dim) and self.head_dim >= 1, "head_dim", self.head_dim, "must be an integer >= 1")
 
         require(self.mlp in MLP_KINDS, "mlp", self.mlp, f"choose one of {list(MLP_KINDS)}")
         if self.mlp_hidden_dim is None:
             hidden = -(-8 * self.dim // 3 // 32) * 32 if self.mlp == "swiglu" else 4 * self.dim
             self._set("mlp_hidden_dim", hidden)
         require(
-            _is_int(self.mlp_hidden_dim) and self.mlp_hidden_dim >= 1,
+            is_int(self.mlp_hidden_dim) and self.mlp_hidden_dim >= 1,
             "mlp_hidden_dim",
             self.mlp_hidden_dim,
             "must be an integer >= 1",
         )
         require(self.norm in NORM_KINDS, "norm", self.norm, f"choose one of {list(NORM_KINDS)}")
-        require(_is_number(self.norm_eps) and self.norm_eps > 0, "norm_eps", self.norm_eps, "must be a number > 0")
-        require(_is_number(self.dropout) and 0 <= self.dropout < 1, "dropout", self.dropout, "must be in [0, 1)")
-        require(_is_number(self.init_std) and self.init_std > 0, "init_std", self.init_std, "must be a number > 0")
+        require(is_number(self.norm_eps) and self.norm_eps > 0, "norm_eps", self.norm_eps, "must be a number > 0")
+        require(is_number(self.dropout) and 0 <= self.dropout < 1, "dropout", self.dropout, "must be in [0, 1)")
+        require(is_number(self.init_std) and self.init_std > 0, "init_std", self.init_std, "must be a number > 0")
         for name in ("bias", "tie_embeddings", "parallel_residual", "embedding_norm"):
             require(isinstance(getattr(self, name), bool), name, getattr(self, name), "must be true or false")
         require(

@@ -22,7 +22,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         # mkstemp creates files readable by their owner alone; give the permissions open() would.
-        os.chmod(tmp, 0o666 & ~_umask())
+        os.chmod(tmp, 0o666 & ~_UMASK)
         os.replace(tmp, path)
         _fsync_dir(path.parent)
     finally:
@@ -39,10 +39,14 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
-def _umask() -> int:
+def _read_umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+# Read once at import: setting the umask to read it would race with other threads creating files.
+_UMASK = _read_umask()
 
 
 def _fsync_dir(directory: Path) -> None:

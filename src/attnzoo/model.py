@@ -141,9 +141,16 @@ class Transformer(nn.Module):
     def _hidden(self, idx: Tensor, cache: KVCache | None, maps: list | None = None) -> Tensor:
         if idx.dim() != 2:
             raise ValueError(f"idx must have shape (batch, seq_len); got {tuple(idx.shape)}")
+        if idx.dtype.is_floating_point or idx.dtype.is_complex or idx.dtype == torch.bool:
+            raise ValueError(f"idx must hold integer token ids; got dtype {idx.dtype}")
         batch, seq_len = idx.shape
         if seq_len == 0:
             raise ValueError("idx has no tokens (seq_len=0)")
+        if not torch.compiler.is_compiling():
+            low, high = int(idx.min()), int(idx.max())
+            if low < 0 or high >= self.config.vocab_size:
+                bad = low if low < 0 else high
+                raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.config.vocab_size})")
         ctx = self._context(batch, seq_len, cache, maps)
         x = self.embed_tokens(idx)
         position_embedding = self.position.embed(ctx.positions)
@@ -165,6 +172,8 @@ class Transformer(nn.Module):
 
         With a ``cache``, ``idx`` continues the cached sequence and is appended to it.
         """
+        if targets is not None and targets.shape != idx.shape:
+            raise ValueError(f"targets must have the shape of idx {tuple(idx.shape)}; got {tuple(targets.shape)}")
         logits = self.lm_head(self._hidden(idx, cache))
         if targets is None:
             return logits
@@ -198,8 +207,11 @@ class Transformer(nn.Module):
         check_sampling_args(temperature, top_k, top_p)
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens={max_new_tokens} is invalid: must be >= 0")
+        if idx.dim() != 2:
+            raise ValueError(f"idx must have shape (batch, seq_len); got {tuple(idx.shape)}")
         batch, prompt_len = idx.shape
-        cache = self.new_cache(batch, prompt_len + max_new_tokens) if use_cache and max_new_tokens else None
+        # The last sampled token is returned, never fed back: the cache needs one position less than the output.
+        cache = self.new_cache(batch, prompt_len + max_new_tokens - 1) if use_cache and max_new_tokens else None
         finished = torch.zeros(batch, dtype=torch.bool, device=idx.device)
         step_input = idx
         for _ in range(max_new_tokens):

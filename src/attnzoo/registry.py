@@ -55,5 +55,5 @@ class Registry(Generic[T]):
             )
         try:
             return options_cls(**options)
-        except ValueError as err:
+        except (ValueError, TypeError) as err:  # TypeError: a comparison on a value of the wrong type
             raise ValueError(f"{options_field} for {self.kind} {name!r}: {err}") from None

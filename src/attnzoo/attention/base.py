@@ -66,13 +66,9 @@ class AttentionContext:
             self._bias_cache[cache_key] = self.position.bias(n_heads, self.positions, self.key_positions(key_len))
         return self._bias_cache[cache_key]
 
-    def allowed(self, key_len: int, window: int | None = None) -> Tensor:
-        """(T, key_len) bool: query t may see key s iff s <= t and, with a window, t - s < window."""
-        distance = self.positions[:, None] - self.key_positions(key_len)[None, :]
-        allowed = distance >= 0
-        if window is not None:
-            allowed &= distance < window
-        return allowed
+    def allowed(self, key_len: int) -> Tensor:
+        """(T, key_len) bool causal mask: query t may see key s iff s <= t."""
+        return self.key_positions(key_len)[None, :] <= self.positions[:, None]
 
     def record(self, attention_map: Tensor) -> None:
         if self.attention_maps is not None:
@@ -177,7 +173,6 @@ def eager_attention(
     scale: float | None = None,
     dropout_p: float = 0.0,
     bias_repeat: int = 1,
-    window: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Reference attention with explicit fp32 logits and softmax. Returns (output, probabilities).
 
@@ -191,7 +186,7 @@ def eager_attention(
     bias = _expand_bias(ctx.score_bias(n_heads // bias_repeat, key_len), bias_repeat)
     if bias is not None:
         logits = logits + bias
-    logits = logits.masked_fill(~ctx.allowed(key_len, window), float("-inf"))
+    logits = logits.masked_fill(~ctx.allowed(key_len), float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     dropped = F.dropout(probs, p=dropout_p) if dropout_p > 0 else probs
     return torch.matmul(dropped.to(v.dtype), v), probs
@@ -206,7 +201,6 @@ def sdpa_attention(
     scale: float | None = None,
     dropout_p: float = 0.0,
     bias_repeat: int = 1,
-    window: int | None = None,
 ) -> Tensor:
     """``F.scaled_dot_product_attention`` with the same semantics as :func:`eager_attention`.
 
@@ -217,11 +211,11 @@ def sdpa_attention(
     n_heads, query_len, key_len = q.shape[1], q.shape[2], k.shape[2]
     k, v = repeat_kv(k, n_heads // k.shape[1]), repeat_kv(v, n_heads // v.shape[1])
     bias = _expand_bias(ctx.score_bias(n_heads // bias_repeat, key_len), bias_repeat)
-    if bias is None and window is None and query_len in (1, key_len):
+    if bias is None and query_len in (1, key_len):
         # A fresh sequence is plain causal; a single new token sees every cached key.
         is_causal = query_len > 1
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
-    allowed = ctx.allowed(key_len, window)
+    allowed = ctx.allowed(key_len)
     mask = allowed if bias is None else bias.masked_fill(~allowed, float("-inf")).to(q.dtype)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
 
@@ -235,10 +229,9 @@ def attend(
     scale: float | None = None,
     dropout_p: float = 0.0,
     bias_repeat: int = 1,
-    window: int | None = None,
 ) -> Tensor:
     """Causal attention through the context's backend; records the map when the context asks for maps."""
-    kwargs = dict(scale=scale, dropout_p=dropout_p, bias_repeat=bias_repeat, window=window)
+    kwargs = dict(scale=scale, dropout_p=dropout_p, bias_repeat=bias_repeat)
     if not ctx.use_eager:
         return sdpa_attention(q, k, v, ctx, **kwargs)
     out, probs = eager_attention(q, k, v, ctx, **kwargs)

@@ -30,13 +30,9 @@ from torch import Tensor, nn
 
 from attnzoo.attention.base import ATTENTION, Attention, AttentionContext, residual_linear
 from attnzoo.cache import SEQ_DIM, LayerCache
-from attnzoo.config import ModelConfig, require
+from attnzoo.config import ModelConfig, is_int, require
 
 PRE_Q, PRE_K, POST_Q, POST_K = range(4)  # the official slot order of the dynamic-weight parameters
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -58,10 +54,10 @@ class DCMHAOptions:
             require(isinstance(getattr(self, name), bool), name, getattr(self, name), "must be true or false")
         for name in ("num_groups", "rank", "window_size", "q_chunk_size"):
             value = getattr(self, name)
-            require(_is_int(value) and value >= 1, name, value, "must be an integer >= 1")
+            require(is_int(value) and value >= 1, name, value, "must be an integer >= 1")
         hidden = self.dynamic_w_hidden_dim
         require(
-            hidden is None or (_is_int(hidden) and hidden >= 1),
+            hidden is None or (is_int(hidden) and hidden >= 1),
             "dynamic_w_hidden_dim",
             hidden,
             "must be null or an integer >= 1",

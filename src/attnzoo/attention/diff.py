@@ -167,8 +167,14 @@ class DifferentialAttention(Attention):
             attn2 = sdpa_wide_values(q2, k2, v, ctx, dropout_p=self.attn_dropout)
         # (A1 − λ·A2)·V = A1·V − λ·A2·V, so the fast path never forms the difference map.
         attn = attn1 - lam.to(attn1.dtype) * attn2
-        attn = self.subln(attn) * (1 - self.lambda_init)
+        attn = self.head_norm(attn) * (1 - self.lambda_init)
         return self.out_proj(attn.transpose(1, 2).reshape(batch, seq_len, -1))
+
+    def head_norm(self, attn: Tensor) -> Tensor:
+        """subln as the official ``rms_norm.py``: normalise in fp32, cast back, then scale by the weight, so
+        it behaves the same under autocast and in a bf16 model."""
+        normed = F.rms_norm(attn.float(), self.subln.normalized_shape, eps=self.subln.eps).type_as(attn)
+        return normed if self.subln.weight is None else normed * self.subln.weight
 
     def new_layer_cache(self, batch_size, max_len, *, device, dtype):
         d = self.head_dim

@@ -14,7 +14,6 @@ from attnzoo.attention.base import (
     sdpa_attention,
 )
 from attnzoo.cache import LayerCache
-from attnzoo.config import require
 
 
 @ATTENTION.register("diff_v2")
@@ -31,7 +30,8 @@ class DiffV2Attention(Attention):
     stay at the baseline's. ``n_heads`` = h, ``head_dim`` = d, ``n_kv_heads`` = h_kv; parameter names
     (``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``, ``lambda_proj``) are the official ones, and, as there,
     no projection has a bias, whatever ``cfg.bias`` says. Query head m reads kv head m // (2h / h_kv), so
-    heads 2i and 2i+1 share their keys and values; with ALiBi they share differential head i's slope.
+    heads 2i and 2i+1 share their keys and values (the config's rule that h_kv divides h guarantees it); with
+    ALiBi they share differential head i's slope.
     """
 
     def __init__(self, cfg, layer_idx):
@@ -42,16 +42,6 @@ class DiffV2Attention(Attention):
         self.v_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
         self.o_proj = residual_linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
         self.lambda_proj = nn.Linear(cfg.dim, cfg.n_heads, bias=False)
-
-    @classmethod
-    def validate_config(cls, cfg):
-        require(
-            cfg.n_heads % cfg.n_kv_heads == 0,
-            "n_kv_heads",
-            cfg.n_kv_heads,
-            f"must divide n_heads={cfg.n_heads} for diff_v2: the 2·n_heads query heads form n_kv_heads contiguous "
-            "kv groups, and query heads 2i and 2i+1 (one differential head) must fall in the same group",
-        )
 
     def forward(self, x: Tensor, ctx: AttentionContext, cache: LayerCache | None = None) -> Tensor:
         batch, seq_len, _ = x.shape

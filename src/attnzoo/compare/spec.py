@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from attnzoo.config import ModelConfig, require
+from attnzoo.config import ModelConfig, is_int, require
 from attnzoo.evals import TASKS
 from attnzoo.training.config import TrainConfig
 from attnzoo.variants import Variant
@@ -30,10 +30,6 @@ SWEEP_TASKS = ("passkey", "needles")  # tasks scored by context length × needle
 
 def task_metric(name: str) -> tuple[str, bool]:
     return TASK_METRICS.get(name, ("accuracy", True))
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -57,20 +53,18 @@ class EvalSpec:
     def __post_init__(self) -> None:
         multiples = self.extrapolation_multiples
         require(
-            len(multiples) > 0 and all(_is_int(m) and m >= 1 for m in multiples) and 1 in multiples,
+            len(multiples) > 0 and all(is_int(m) and m >= 1 for m in multiples) and 1 in multiples,
             "extrapolation_multiples",
             multiples,
             "must be integers >= 1 that include 1 (the training length)",
         )
         for name in ("extrapolation_blocks", "extrapolation_batch_size", "map_tokens", "bench_repeats"):
             value = getattr(self, name)
-            require(_is_int(value) and value >= 1, name, value, "must be an integer >= 1")
-        require(
-            _is_int(self.bench_warmup) and self.bench_warmup >= 0, "bench_warmup", self.bench_warmup, "must be >= 0"
-        )
+            require(is_int(value) and value >= 1, name, value, "must be an integer >= 1")
+        require(is_int(self.bench_warmup) and self.bench_warmup >= 0, "bench_warmup", self.bench_warmup, "must be >= 0")
         for case in self.bench_cases:
             require(
-                len(case) == 2 and case[0] in BENCH_MODES and _is_int(case[1]) and case[1] >= 1,
+                len(case) == 2 and case[0] in BENCH_MODES and is_int(case[1]) and case[1] >= 1,
                 "bench_cases",
                 self.bench_cases,
                 f"must be (mode, multiple) pairs with mode in {list(BENCH_MODES)} and multiple >= 1",
@@ -105,8 +99,8 @@ class TaskSpec:
         _check_model_settings(self.model, f"task {self.name!r} model")
         for name in ("steps", "batch_size", "eval_interval", "eval_samples", "sweep_samples", "probe_samples"):
             value = getattr(self, name)
-            require(_is_int(value) and value >= 1, name, value, "must be an integer >= 1")
-        require(_is_int(self.warmup_steps) and self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, ">= 0")
+            require(is_int(value) and value >= 1, name, value, "must be an integer >= 1")
+        require(is_int(self.warmup_steps) and self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, ">= 0")
         require(self.lr > 0, "lr", self.lr, "must be > 0")
         metric, higher_is_better = task_metric(self.name)
         require(
@@ -149,7 +143,7 @@ class CompareSpec:
 
     def __post_init__(self) -> None:
         require(
-            len(self.seeds) > 0 and all(_is_int(s) and s >= 0 for s in self.seeds),
+            len(self.seeds) > 0 and all(is_int(s) and s >= 0 for s in self.seeds),
             "seeds",
             self.seeds,
             "must be one or more integers >= 0",

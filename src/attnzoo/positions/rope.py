@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from attnzoo.config import require
+from attnzoo.config import is_int, is_number, require
 from attnzoo.positions.base import POSITIONS, PositionalEncoding
 
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
@@ -36,6 +36,20 @@ class RopeOptions:
     high_freq_factor: float = 4.0  # llama3
 
     def __post_init__(self):
+        for name in ("rope_theta", "partial_rotary_factor", "factor", "beta_fast", "beta_slow"):
+            require(is_number(getattr(self, name)), name, getattr(self, name), "must be a number")
+        for name in ("attention_factor", "mscale", "mscale_all_dim"):
+            value = getattr(self, name)
+            require(value is None or is_number(value), name, value, "must be null or a number")
+        for name in ("interleaved", "truncate"):
+            require(isinstance(getattr(self, name), bool), name, getattr(self, name), "must be true or false")
+        original = self.original_max_position_embeddings
+        require(
+            original is None or (is_int(original) and original >= 1),
+            "original_max_position_embeddings",
+            original,
+            "must be null (the model's max_seq_len) or an integer >= 1",
+        )
         require(self.rope_theta > 1, "rope_theta", self.rope_theta, "must be > 1")
         require(
             0 < self.partial_rotary_factor <= 1,
@@ -142,6 +156,12 @@ class RoPE(PositionalEncoding):
             "position_options.partial_rotary_factor",
             options.partial_rotary_factor,
             f"must give an even number >= 2 of rotated dims out of head dim {qk_head_dim} (got {rotary_dim})",
+        )
+        require(
+            options.rope_type != "dynamic" or rotary_dim > 2,
+            "position_options.rope_type",
+            options.rope_type,
+            f"needs more than 2 rotated dims (got {rotary_dim}): dynamic NTK raises θ to the power d/(d−2)",
         )
 
     def prepare(self, positions: Tensor, end: int) -> tuple[Tensor, Tensor]:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from attnzoo.config import ModelConfig, require
+from attnzoo.config import ModelConfig, is_int, is_number, require
 from attnzoo.data.tokenizers import TOKENIZER_CHOICES, is_tokenizer_name
 
 if sys.version_info >= (3, 11):
@@ -62,14 +62,6 @@ def option(default: Any, help: str) -> Any:
     return field(default=default, metadata={"help": help})
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def _from_dict(cls: type, data: dict[str, Any], section: str) -> Any:
     if not isinstance(data, dict):
         raise ValueError(f"[{section}] must be a table of settings, got {type(data).__name__}")
@@ -94,7 +86,7 @@ class DataConfig:
         require(isinstance(self.corpus, str) and self.corpus != "", "corpus", self.corpus, "must be a name or path")
         require(is_tokenizer_name(self.tokenizer), "tokenizer", self.tokenizer, f"choose {TOKENIZER_CHOICES}")
         require(
-            _is_number(self.val_fraction) and 0 < self.val_fraction < 1,
+            is_number(self.val_fraction) and 0 < self.val_fraction < 1,
             "val_fraction",
             self.val_fraction,
             "must be in (0, 1)",
@@ -152,25 +144,23 @@ class TrainConfig:
             "keep_checkpoints",
         ):
             value = getattr(self, name)
-            require(_is_int(value) and value >= 1, name, value, "must be an integer >= 1")
+            require(is_int(value) and value >= 1, name, value, "must be an integer >= 1")
+        require(is_int(self.warmup_steps) and self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, "must be >= 0")
+        require(is_int(self.seed) and self.seed >= 0, "seed", self.seed, "must be an integer >= 0")
+        require(is_number(self.lr) and self.lr > 0, "lr", self.lr, "must be a number > 0")
         require(
-            _is_int(self.warmup_steps) and self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, "must be >= 0"
-        )
-        require(_is_int(self.seed) and self.seed >= 0, "seed", self.seed, "must be an integer >= 0")
-        require(_is_number(self.lr) and self.lr > 0, "lr", self.lr, "must be a number > 0")
-        require(
-            _is_number(self.min_lr_ratio) and 0 <= self.min_lr_ratio <= 1,
+            is_number(self.min_lr_ratio) and 0 <= self.min_lr_ratio <= 1,
             "min_lr_ratio",
             self.min_lr_ratio,
             "must be in [0, 1]",
         )
         require(
-            _is_number(self.weight_decay) and self.weight_decay >= 0, "weight_decay", self.weight_decay, "must be >= 0"
+            is_number(self.weight_decay) and self.weight_decay >= 0, "weight_decay", self.weight_decay, "must be >= 0"
         )
         for name in ("beta1", "beta2"):
             value = getattr(self, name)
-            require(_is_number(value) and 0 <= value < 1, name, value, "must be in [0, 1)")
-        require(_is_number(self.grad_clip) and self.grad_clip >= 0, "grad_clip", self.grad_clip, "must be >= 0")
+            require(is_number(value) and 0 <= value < 1, name, value, "must be in [0, 1)")
+        require(is_number(self.grad_clip) and self.grad_clip >= 0, "grad_clip", self.grad_clip, "must be >= 0")
         if isinstance(self.train_only, list):  # from JSON, TOML or flags: a tuple, so a JSON round trip is equal
             object.__setattr__(self, "train_only", tuple(self.train_only))
         require(
