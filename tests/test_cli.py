@@ -193,3 +193,15 @@ def test_eval_task_argument_errors(text, tmp_path, capsys):
     assert "give its run or checkpoint directory" in capsys.readouterr().err
     assert main(["eval", str(tmp_path), "--task", "mqar"]) == 1
     assert "takes no run directory" in capsys.readouterr().err
+
+
+def test_eval_scores_in_the_trained_dtype_unless_told_otherwise(text, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert _train(text, run, "--steps", "2", "--eval-interval", "2") == 0
+    capsys.readouterr()
+    losses = {}
+    for dtype in (None, "bfloat16"):
+        assert main(["eval", str(run), "--json", "--max-windows", "8", *(["--dtype", dtype] if dtype else [])]) == 0
+        losses[dtype] = json.loads(capsys.readouterr().out)["loss"]
+    assert losses[None] == pytest.approx(_metrics(run)[-1]["val_loss"], rel=1e-5)  # float32, as trained on CPU
+    assert losses["bfloat16"] != losses[None] and losses["bfloat16"] == pytest.approx(losses[None], rel=0.05)

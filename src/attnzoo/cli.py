@@ -57,7 +57,7 @@ from attnzoo.training.config import (
 )
 from attnzoo.training.distributed import Distributed, init_distributed, resolve_device, shutdown_distributed
 from attnzoo.training.evaluation import evaluate
-from attnzoo.training.trainer import Trainer, TrainingDiverged, load_corpus
+from attnzoo.training.trainer import Trainer, TrainingDiverged, load_corpus, resolve_dtype
 from attnzoo.variants import Variant
 
 # Errors that are the user's to fix: shown as one line, without a traceback.
@@ -431,6 +431,11 @@ def _add_eval(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-windows", type=int, help="score at most this many windows, spread evenly")
     parser.add_argument("--batch-size", type=int, default=16, help="windows per forward pass (default: 16)")
     parser.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        help="float32, bfloat16 (autocast) or auto (default: the dtype the model was trained with)",
+    )
+    parser.add_argument(
         "--blocks", type=int, default=8, help="extrapolation: blocks of the longest length scored (default: 8)"
     )
     parser.add_argument("--variant", default="mha+rope", help="synthetic tasks: ATTENTION[+POSITION][+kvN]")
@@ -456,7 +461,9 @@ def _run_eval(args: argparse.Namespace) -> int:
     corpus = prepare_corpus(data.corpus, tokenizer, data.val_fraction)
     if args.task == "extrapolation":
         return _print_extrapolation(args, model, tokenizer, getattr(corpus, args.split), seq_len, corpus.name)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else None
+    trained_dtype = checkpoint.train_config.dtype if checkpoint.train_config else "auto"
+    dtype = resolve_dtype(args.dtype or trained_dtype, device)
+    autocast = None if dtype == torch.float32 else torch.autocast(device.type, dtype=dtype)
     result = evaluate(
         model,
         getattr(corpus, args.split),

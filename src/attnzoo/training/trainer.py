@@ -118,6 +118,13 @@ def check_resumable(checkpoint: Checkpoint, model_config: ModelConfig, train_con
         )
 
 
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """A ``TrainConfig.dtype``: 'auto' is bfloat16 autocast on CUDA devices that support it, float32 elsewhere."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
+    return getattr(torch, name)
+
+
 class Trainer:
     def __init__(
         self,
@@ -199,10 +206,7 @@ class Trainer:
 
     @property
     def dtype(self) -> torch.dtype:
-        if self.cfg.dtype == "auto":
-            cuda_bf16 = self.env.device.type == "cuda" and torch.cuda.is_bf16_supported()
-            return torch.bfloat16 if cuda_bf16 else torch.float32
-        return getattr(torch, self.cfg.dtype)
+        return resolve_dtype(self.cfg.dtype, self.env.device)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         if self.dtype == torch.float32:
