@@ -10,6 +10,12 @@ def _seed():
     torch.manual_seed(0)
 
 
+@pytest.fixture(autouse=True)
+def _private_data_cache(tmp_path, monkeypatch):
+    """Every test prepares its corpora in its own cache, never the user's (~/.cache/attnzoo)."""
+    monkeypatch.setenv("ATTNZOO_CACHE_DIR", str(tmp_path / "cache"))
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

@@ -58,8 +58,7 @@ def test_only_complete_checkpoints_count_and_old_ones_are_pruned(run):
     assert read_checkpoint(run).step == 3
 
 
-def test_keep_checkpoints_prunes_the_oldest(tmp_path, monkeypatch):
-    monkeypatch.setenv("ATTNZOO_CACHE_DIR", str(tmp_path / "cache"))
+def test_keep_checkpoints_prunes_the_oldest(tmp_path):
     text = write_text_corpus(tmp_path / "text.txt")
     cfg = tiny_train_config(text, steps=8, checkpoint_interval=2, keep_checkpoints=2)
     Trainer(tiny_model_config(), cfg, prepare_corpus(str(text), "byte"), tmp_path / "run", progress=False).fit()

@@ -15,11 +15,6 @@ from attnzoo.cli import COMMANDS, main, parameters_by_component
 from attnzoo.training import read_checkpoint
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("ATTNZOO_CACHE_DIR", str(tmp_path / "cache"))
-
-
 @pytest.fixture
 def text(tmp_path):
     return write_text_corpus(tmp_path / "text.txt")

@@ -182,8 +182,7 @@ def test_bad_specs_are_refused_by_name():
         run(_parse("--seeds", "0"))
 
 
-def test_a_corpus_too_short_for_the_extrapolation_is_refused_before_any_training(tmp_path, monkeypatch):
-    monkeypatch.setenv("ATTNZOO_CACHE_DIR", str(tmp_path / "cache"))
+def test_a_corpus_too_short_for_the_extrapolation_is_refused_before_any_training(tmp_path):
     text = write_text_corpus(tmp_path / "text.txt", n_words=1200)  # ~5,500 bytes: ~550 validation tokens
     long_evals = replace(PRESETS["micro"].evals, extrapolation_multiples=(1, 64))
     with pytest.raises(ValueError, match=r"has \d+ tokens; length extrapolation needs 4,097 \(2 blocks of 2048\)"):

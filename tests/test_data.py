@@ -25,11 +25,6 @@ from attnzoo.data import (
 TEXTS = ["", "plain ascii", "naïve café — 東京 🚀 e\u0301 \x00 tab\tnewline\n", "\ufeffbom and \U0010ffff"]
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("ATTNZOO_CACHE_DIR", str(tmp_path / "cache"))
-
-
 # ---------------------------------------------------------------------------------------------- tokenizers
 
 

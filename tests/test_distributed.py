@@ -23,11 +23,6 @@ pytestmark = pytest.mark.slow
 STEPS = ["--steps", "4", "--eval-interval", "2", "--checkpoint-interval", "2", "--keep-checkpoints", "5"]
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("ATTNZOO_CACHE_DIR", str(tmp_path / "cache"))
-
-
 def _torchrun(*args, nproc=2):
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -35,11 +35,6 @@ SELECTIVE_LINEAR = ["--attention", "selective", "--attention-option", "position_
 DCMHA_GLOBAL = ["--attention", "dcmha", "--attention-option", "window_type=G"]
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("ATTNZOO_CACHE_DIR", str(tmp_path / "cache"))
-
-
 def _save_tiny_llama(directory, vocab_size=VOCAB):
     config = transformers.LlamaConfig(
         vocab_size=vocab_size,

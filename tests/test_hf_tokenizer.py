@@ -25,11 +25,6 @@ TEXTS = [
 STYLES = {"byte-level": save_byte_level_tokenizer, "sentencepiece": save_sentencepiece_tokenizer}
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("ATTNZOO_CACHE_DIR", str(tmp_path / "cache"))
-
-
 @pytest.fixture(scope="module", params=list(STYLES))
 def saved(request, tmp_path_factory):
     """(style, a directory written by the tokenizer's save_pretrained)."""

@@ -24,11 +24,6 @@ from attnzoo.training.checkpoint import complete_checkpoints, latest_checkpoint
 from attnzoo.training.optim import learning_rate, parameter_groups
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("ATTNZOO_CACHE_DIR", str(tmp_path / "cache"))
-
-
 @pytest.fixture
 def text(tmp_path):
     return write_text_corpus(tmp_path / "text.txt")

@@ -22,12 +22,11 @@ def test_one_png_per_layer_for_signed_and_plain_maps(tmp_path):
                 assert image.format == "PNG" and image.width > 200
 
 
-def test_viz_command_on_a_trained_run(tmp_path, monkeypatch, capsys):
+def test_viz_command_on_a_trained_run(tmp_path, capsys):
     from training_helpers import TINY_FLAGS, write_text_corpus
 
     from attnzoo.cli import main
 
-    monkeypatch.setenv("ATTNZOO_CACHE_DIR", str(tmp_path / "cache"))
     text = write_text_corpus(tmp_path / "text.txt")
     run = tmp_path / "run"
     assert (
