@@ -147,7 +147,7 @@ class Transformer(nn.Module):
         if seq_len == 0:
             raise ValueError("idx has no tokens (seq_len=0)")
         if not torch.compiler.is_compiling():
-            low, high = int(idx.min()), int(idx.max())
+            low, high = torch.stack(torch.aminmax(idx)).tolist()  # one reduction, one host sync
             if low < 0 or high >= self.config.vocab_size:
                 bad = low if low < 0 else high
                 raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.config.vocab_size})")

@@ -14,7 +14,7 @@ cache whatever per-token state it needs.
 from __future__ import annotations
 
 import math
-from collections.abc import Set
+from collections.abc import Callable, Set
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +42,8 @@ class AttentionContext:
     position_state: Any  # from position.prepare(): e.g. RoPE's cos/sin for these positions
     backend: str  # "eager" or "sdpa"
     attention_maps: list[Tensor] | None = None  # when a list, each layer appends its effective map
-    _bias_cache: dict[tuple[int, int], Tensor | None] = field(default_factory=dict, repr=False)
+    # Biases and masks depend only on the call, not the layer: built by the first layer, reused by the rest.
+    _memo: dict[tuple, Tensor | None] = field(default_factory=dict, repr=False)
 
     @property
     def end(self) -> int:
@@ -59,16 +60,36 @@ class AttentionContext:
     def key_positions(self, key_len: int) -> Tensor:
         return torch.arange(key_len, device=self.positions.device)
 
-    def score_bias(self, n_heads: int, key_len: int) -> Tensor | None:
-        """The (n_heads, T, key_len) fp32 bias on scaled logits (ALiBi), shared by all layers; or None."""
-        cache_key = (n_heads, key_len)
-        if cache_key not in self._bias_cache:
-            self._bias_cache[cache_key] = self.position.bias(n_heads, self.positions, self.key_positions(key_len))
-        return self._bias_cache[cache_key]
+    def _memoized(self, key: tuple, build: Callable[[], Tensor | None]) -> Tensor | None:
+        if key not in self._memo:
+            self._memo[key] = build()
+        return self._memo[key]
+
+    def score_bias(self, n_heads: int, key_len: int, bias_repeat: int = 1) -> Tensor | None:
+        """The (n_heads, T, key_len) fp32 bias on scaled logits (ALiBi), or None. Each run of ``bias_repeat``
+        adjacent heads shares one bias head (the sub-heads of one differential head)."""
+
+        def build() -> Tensor | None:
+            bias = self.position.bias(n_heads // bias_repeat, self.positions, self.key_positions(key_len))
+            return bias if bias is None or bias_repeat == 1 else bias.repeat_interleave(bias_repeat, dim=0)
+
+        return self._memoized(("bias", n_heads, key_len, bias_repeat), build)
 
     def allowed(self, key_len: int) -> Tensor:
         """(T, key_len) bool causal mask: query t may see key s iff s <= t."""
-        return self.key_positions(key_len)[None, :] <= self.positions[:, None]
+        return self._memoized(
+            ("allowed", key_len), lambda: self.key_positions(key_len)[None, :] <= self.positions[:, None]
+        )
+
+    def sdpa_mask(self, n_heads: int, key_len: int, bias_repeat: int, dtype: torch.dtype) -> Tensor:
+        """The ``attn_mask`` for SDPA: the causal mask, or with a bias one additive mask (−inf where masked)."""
+
+        def build() -> Tensor:
+            bias = self.score_bias(n_heads, key_len, bias_repeat)
+            allowed = self.allowed(key_len)
+            return allowed if bias is None else bias.masked_fill(~allowed, float("-inf")).to(dtype)
+
+        return self._memoized(("sdpa_mask", n_heads, key_len, bias_repeat, dtype), build)
 
     def record(self, attention_map: Tensor) -> None:
         if self.attention_maps is not None:
@@ -160,10 +181,6 @@ def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
     return x[:, :, None].expand(b, h_kv, n_rep, s, d).reshape(b, h_kv * n_rep, s, d)
 
 
-def _expand_bias(bias: Tensor | None, bias_repeat: int) -> Tensor | None:
-    return bias if bias is None or bias_repeat == 1 else bias.repeat_interleave(bias_repeat, dim=0)
-
-
 def eager_attention(
     q: Tensor,
     k: Tensor,
@@ -183,7 +200,7 @@ def eager_attention(
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     k, v = repeat_kv(k, n_heads // k.shape[1]), repeat_kv(v, n_heads // v.shape[1])
     logits = torch.matmul(q, k.transpose(-2, -1)).float() * scale
-    bias = _expand_bias(ctx.score_bias(n_heads // bias_repeat, key_len), bias_repeat)
+    bias = ctx.score_bias(n_heads, key_len, bias_repeat)
     if bias is not None:
         logits = logits + bias
     logits = logits.masked_fill(~ctx.allowed(key_len), float("-inf"))
@@ -210,13 +227,11 @@ def sdpa_attention(
     """
     n_heads, query_len, key_len = q.shape[1], q.shape[2], k.shape[2]
     k, v = repeat_kv(k, n_heads // k.shape[1]), repeat_kv(v, n_heads // v.shape[1])
-    bias = _expand_bias(ctx.score_bias(n_heads // bias_repeat, key_len), bias_repeat)
-    if bias is None and query_len in (1, key_len):
+    if ctx.score_bias(n_heads, key_len, bias_repeat) is None and query_len in (1, key_len):
         # A fresh sequence is plain causal; a single new token sees every cached key.
         is_causal = query_len > 1
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
-    allowed = ctx.allowed(key_len)
-    mask = allowed if bias is None else bias.masked_fill(~allowed, float("-inf")).to(q.dtype)
+    mask = ctx.sdpa_mask(n_heads, key_len, bias_repeat, q.dtype)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
 
 
