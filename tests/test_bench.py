@@ -21,7 +21,7 @@ def test_measure_runs_each_mode_in_a_fresh_process_and_tables_ratios():
         assert r.tokens_per_s_min <= r.tokens_per_s <= r.tokens_per_s_max and r.tokens_per_s > 0
         assert r.peak_mem_mb >= 0
     assert results[0].extra["params"] == results[1].extra["params"]
-    table = ratio_table(results, baseline="base").splitlines()
+    table = ratio_table(results, baseline="base").to_markdown().splitlines()
     assert len(table) == 2 + 4
     assert "| base | train | 16 | 2 |" in table[2] and "| 1.00× |" in table[2]
     assert "| base | decode | 8 | 1 |" in table[4] and "| 1.00× |" in table[4]
@@ -63,7 +63,7 @@ def test_bench_command_writes_markdown_and_json(tmp_path):
         ("diff+rope", "decode"),
     ]
     markdown = (tmp_path / "bench.md").read_text()
-    assert "cost vs mha+rope" in markdown and "| diff+rope | train | 16 |" in markdown
+    assert "speed vs mha+rope (>1 faster)" in markdown and "| diff+rope | train | 16 |" in markdown
 
 
 def _die_before_reporting(*args):

@@ -28,6 +28,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from attnzoo.config import ModelConfig
 from attnzoo.io import atomic_write_text
 from attnzoo.model import Transformer
+from attnzoo.tables import Table, memory_header, ratio, speed_header
 
 MODES = ("train", "prefill", "decode", "decode-nocache")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -254,26 +255,32 @@ def measure(
     return BenchResult(**result)
 
 
-def ratio_table(results: list[BenchResult], baseline: str) -> str:
-    """Markdown table: each case's throughput and peak memory, and their ratios to ``baseline`` at the same
-    sequence length and mode. A cost ratio > 1 means slower than the baseline (baseline tok/s ÷ tok/s)."""
+def ratio_table(results: list[BenchResult], baseline: str) -> Table:
+    """Each case's throughput and peak memory, and their ratios to ``baseline`` at the same sequence length and
+    mode: speed is tok/s ÷ the baseline's (above 1 is faster), memory is peak ÷ the baseline's."""
     base = {(r.mode, r.seq_len): r for r in results if r.case == baseline}
-    lines = [
-        "| case | mode | T | batch | tok/s (median) | spread (min–max) | cost vs "
-        f"{baseline} | peak MB | memory vs {baseline} | SDPA kernel |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
-    ]
+    header = ["case", "mode", "T", "batch", "tok/s (median)", "spread (min–max)", speed_header(baseline)]
+    header += ["peak MB", memory_header(baseline), "SDPA kernel"]
+    rows = []
     for r in results:
         b = base.get((r.mode, r.seq_len))
-        cost = f"{b.tokens_per_s / r.tokens_per_s:.2f}×" if b else "n/a"
-        memory = f"{r.peak_mem_mb / b.peak_mem_mb:.2f}×" if b and b.peak_mem_mb > 0 else "n/a"
-        kernel = ", ".join(r.extra.get("sdpa_kernels", [])) or "none"
-        lines.append(
-            f"| {r.case} | {r.mode} | {r.seq_len} | {r.batch_size} | {r.tokens_per_s:,.0f} | "
-            f"{r.tokens_per_s_min:,.0f}–{r.tokens_per_s_max:,.0f} | {cost} | {r.peak_mem_mb:,.0f} | {memory} | "
-            f"{kernel} |"
+        speed = r.tokens_per_s / b.tokens_per_s if b else None
+        memory = r.peak_mem_mb / b.peak_mem_mb if b and b.peak_mem_mb > 0 else None
+        rows.append(
+            [
+                r.case,
+                r.mode,
+                str(r.seq_len),
+                str(r.batch_size),
+                f"{r.tokens_per_s:,.0f}",
+                f"{r.tokens_per_s_min:,.0f}–{r.tokens_per_s_max:,.0f}",
+                ratio(speed),
+                f"{r.peak_mem_mb:,.0f}",
+                ratio(memory),
+                ", ".join(r.extra.get("sdpa_kernels", [])) or "none",
+            ]
         )
-    return "\n".join(lines)
+    return Table(header, rows)
 
 
 # ------------------------------------------------------------------------------------------ attnzoo bench
@@ -335,7 +342,7 @@ def run(args: argparse.Namespace) -> int:
 def write_results(path: Path, header: str, results: list[BenchResult], baseline: str) -> None:
     """Print the ratio table under ``header`` and write it to ``path`` (markdown), the raw results beside it
     as JSON (same name, ``.json``)."""
-    table = ratio_table(results, baseline)
+    table = ratio_table(results, baseline).to_markdown()
     print(f"\n{header}\n\n{table}")
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, f"{header}\n\n{table}\n")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import html
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ import numpy as np
 
 from attnzoo.compare.stats import NOISE_RULE, Summary, rank
 from attnzoo.io import atomic_write, atomic_write_text
+from attnzoo.tables import Table, inline_html, memory_header, ratio, speed_header
 
 PLOTS = "plots"
 ATTENTION_MAPS = "attention_maps.npy"  # beside each first-seed run: (layers, heads, T, T)
@@ -32,33 +32,6 @@ MAP_NOTES = {
 
 
 # ------------------------------------------------------------------------------------------------ the blocks
-
-
-@dataclass
-class Table:
-    header: list[str]
-    rows: list[list[str]]
-
-    def to_text(self) -> str:
-        """Aligned plain-text columns, for the terminal."""
-        widths = [max(len(row[i]) for row in [self.header, *self.rows]) for i in range(len(self.header))]
-        lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in [self.header]]
-        lines.append("  ".join("─" * w for w in widths))
-        lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in self.rows]
-        return "\n".join(line.rstrip() for line in lines)
-
-    def to_markdown(self) -> str:
-        def line(cells: Sequence[str]) -> str:
-            return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
-
-        return "\n".join([line(self.header), "|" + "---|" * len(self.header), *map(line, self.rows)])
-
-    def to_html(self) -> str:
-        head = "".join(f"<th>{_inline_html(cell)}</th>" for cell in self.header)
-        body = "".join(
-            "<tr>" + "".join(f"<td>{_inline_html(cell)}</td>" for cell in row) + "</tr>" for row in self.rows
-        )
-        return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 @dataclass
@@ -113,16 +86,16 @@ class Report:
             if isinstance(block, Heading):
                 parts.append(f"<h{block.level}>{html.escape(block.text)}</h{block.level}>")
             elif isinstance(block, Paragraph):
-                parts.append(f"<p>{_inline_html(block.text)}</p>")
+                parts.append(f"<p>{inline_html(block.text)}</p>")
             elif isinstance(block, Bullets):
-                parts.append("<ul>" + "".join(f"<li>{_inline_html(i)}</li>" for i in block.items) + "</ul>")
+                parts.append("<ul>" + "".join(f"<li>{inline_html(i)}</li>" for i in block.items) + "</ul>")
             elif isinstance(block, Table):
                 parts.append(block.to_html())
             else:
                 data = base64.b64encode((root / block.path).read_bytes()).decode("ascii")
                 parts.append(
                     f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(block.caption)}">'
-                    f"<figcaption>{_inline_html(block.caption)}</figcaption></figure>"
+                    f"<figcaption>{inline_html(block.caption)}</figcaption></figure>"
                 )
         return (
             '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
@@ -138,12 +111,6 @@ _CSS = (
     "text-align:left}th{background:#f3f3f3}code{background:#f3f3f3;padding:0 3px}img{max-width:100%}"
     "figcaption{font-style:italic;color:#555}"
 )
-
-
-def _inline_html(text: str) -> str:
-    escaped = html.escape(text)
-    escaped = re.sub(r"`([^`]+)`", r"<code>\1</code>", escaped)
-    return re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", escaped)
 
 
 # ------------------------------------------------------------------------------------------------ the tables
@@ -196,8 +163,8 @@ def summary_table(results: dict[str, Any]) -> Table:
                 _fmt(summary.get("val_bits_per_byte"), 4),
                 "baseline" if label == results["baseline"] else _difference_text(loss_vs, 4),
                 _fmt(summary.get(f"loss_at_{longest}x"), 3),
-                _ratio(speed.get(label)),
-                _ratio(memory.get(label)),
+                ratio(speed.get(label)),
+                ratio(memory.get(label)),
             ]
         )
     header = [
@@ -207,8 +174,8 @@ def summary_table(results: dict[str, Any]) -> Table:
         "val bits/byte",
         "Δ val loss vs baseline",
         f"loss at {longest}× length",
-        f"train speed vs baseline (T={speed_at})",
-        f"train memory vs baseline (T={memory_at})" if memory_at else "train memory vs baseline",
+        f"train {speed_header('baseline')}, T={speed_at}",
+        f"train {memory_header('baseline')}, T={memory_at}" if memory_at else f"train {memory_header('baseline')}",
     ]
     return Table(header, rows)
 
@@ -217,10 +184,6 @@ def _difference_text(diff: dict[str, Any] | None, digits: int) -> str:
     if diff is None:
         return "N/A"
     return f"{diff['delta']:+.{digits}f} ({diff['verdict']})"
-
-
-def _ratio(value: float | None) -> str:
-    return f"{value:.2f}×" if value is not None else "N/A"
 
 
 def _per_seed_table(results: dict[str, Any]) -> Table:
@@ -266,13 +229,13 @@ def _bench_table(results: dict[str, Any]) -> Table:
                 str(r["seq_len"]),
                 str(r["batch_size"]),
                 f"{r['tokens_per_s']:,.0f} ({r['tokens_per_s_min']:,.0f}–{r['tokens_per_s_max']:,.0f})",
-                _ratio(r["speed_ratio"]),
+                ratio(r["speed_ratio"]),
                 f"{r['peak_mem_mb']:,.1f}",
-                _ratio(r["memory_ratio"]),
+                ratio(r["memory_ratio"]),
             ]
         )
-    header = ["variant", "mode", "T", "batch", "tok/s median (min–max)", "speed vs baseline", "peak MB"]
-    return Table([*header, "memory vs baseline"], rows)
+    header = ["variant", "mode", "T", "batch", "tok/s median (min–max)", speed_header("baseline"), "peak MB"]
+    return Table([*header, memory_header("baseline")], rows)
 
 
 def _sweep_table(task: dict[str, Any]) -> tuple[Table, list[str]]:

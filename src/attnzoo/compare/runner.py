@@ -37,7 +37,7 @@ from tqdm import tqdm
 
 from attnzoo import __version__
 from attnzoo.bench import BenchCase, machine_description, measure
-from attnzoo.compare.report import ATTENTION_MAPS, Table, summary_table, write_report
+from attnzoo.compare.report import ATTENTION_MAPS, summary_table, write_report
 from attnzoo.compare.spec import CompareSpec, TaskSpec, resolve_spec, task_metric
 from attnzoo.compare.stats import Difference, Summary, difference
 from attnzoo.compare.tasks import context_len, task_configs, train_task
@@ -46,6 +46,7 @@ from attnzoo.data.corpora import Corpus
 from attnzoo.evals import LMEvalConfig, length_extrapolation
 from attnzoo.io import atomic_write_text
 from attnzoo.model import Transformer
+from attnzoo.tables import Table
 from attnzoo.training.checkpoint import CheckpointError, latest_checkpoint, load_pretrained, read_checkpoint
 from attnzoo.training.config import TrainConfig
 from attnzoo.training.distributed import Distributed, resolve_device
