@@ -11,17 +11,21 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
+import torch
 from training_helpers import write_text_corpus
 
 from attnzoo.compare import (
     NOISE_RULE,
     PRESETS,
+    SCHEMA_VERSION,
+    CompareResults,
     EvalSpec,
     Summary,
+    TaskBudget,
     TaskSpec,
     add_arguments,
     difference,
@@ -30,7 +34,10 @@ from attnzoo.compare import (
     run,
     run_compare,
 )
+from attnzoo.compare.report import write_report
 from attnzoo.compare.tasks import task_configs
+from attnzoo.evals import TASKS, Task, TaskBatch, greedy_predictions, register_task, scored_accuracy
+from attnzoo.evals.base import as_generator
 from attnzoo.training import CheckpointError, read_checkpoint
 from attnzoo.variants import Variant, count_parameters, matched_configs
 
@@ -77,11 +84,11 @@ def copy_of(micro, tmp_path, monkeypatch):
 
 
 def _results(out):
-    return json.loads((out / "results.json").read_text())
+    return CompareResults.load(out / "results.json")
 
 
 def _val_losses(results):
-    return {label: [record["val"]["loss"] for record in v["runs"]] for label, v in results["variants"].items()}
+    return {label: [record.val.loss for record in v.runs] for label, v in results.variants.items()}
 
 
 def _mtimes(out):
@@ -154,7 +161,7 @@ def test_ranking_needs_two_seeds_and_marks_ties_with_the_best():
         ({"seeds": []}, r"seeds=\(\) is invalid"),
         ({"seeds": [0, 0]}, "must be distinct"),
         ({"steps": 0}, "steps=0 is invalid"),
-        ({"tasks": ["nope"]}, r"task\(s\) \['nope'\] have no budget in preset 'micro'"),
+        ({"tasks": ["nope"]}, r"task='nope' is invalid: choose one of \['composition', 'mqar'"),
     ],
 )
 def test_bad_overrides_are_refused_by_name(overrides, message):
@@ -166,11 +173,15 @@ def test_bad_specs_are_refused_by_name():
     micro = PRESETS["micro"]
     for build, message in [
         (lambda: TaskSpec("nope"), "task='nope' is invalid: choose one of"),
-        (lambda: TaskSpec("mqar", {"seq_len": 63}), "seq_len=63 is invalid: must be even"),
-        (lambda: TaskSpec("mqar", {"bogus": 1}), "task 'mqar': bad options"),
-        (lambda: TaskSpec("random_walk", stop_at=0.9), "random_walk is judged by excess_loss, which cannot stop"),
-        (lambda: TaskSpec("mqar", sweep_lengths=(64,)), r"only \['passkey', 'needles'\] are swept"),
-        (lambda: TaskSpec("mqar", model={"dim": 30, "n_heads": 4}), "n_heads=4 is invalid: must divide dim=30"),
+        (lambda: TaskSpec("mqar", TaskBudget(options={"seq_len": 63})), "seq_len=63 is invalid: must be even"),
+        (lambda: TaskSpec("mqar", TaskBudget(options={"bogus": 1})), "task 'mqar': bad options"),
+        (
+            lambda: TaskSpec("random_walk", TaskBudget(stop_at=0.9)),
+            "random_walk is judged by excess_loss, which cannot stop",
+        ),
+        (lambda: TaskSpec("mqar", TaskBudget(sweep_lengths=(64,))), "mqar has no length × depth sweep"),
+        (lambda: TaskBudget(model={"dim": 30, "n_heads": 4}), "n_heads=4 is invalid: must divide dim=30"),
+        (lambda: TaskBudget(model={"vocab_size": 9}), r"must not set \['vocab_size'\]"),
         (lambda: replace(micro, model={"attention": "diff"}), r"must not set \['attention'\]"),
         (lambda: replace(micro, model={"width": 3}), r"unknown ModelConfig field\(s\) \['width'\]"),
         (lambda: EvalSpec(extrapolation_multiples=(2, 4)), "must be integers >= 1 that include 1"),
@@ -217,34 +228,38 @@ def test_overrides_replace_only_what_they_name():
 def test_micro_compare_writes_results_report_and_plots(micro):
     out = micro["out"]
     results = _results(out)
-    for key in ("spec", "seeds", "budget", "machine", "corpus", "variants", "versus_baseline", "bench", "tasks"):
-        assert key in results
-    assert results["baseline"] == "mha+rope" and results["seeds"] == [0, 1]
-    budget = results["budget"]
-    assert budget["runs"] == 4 and budget["tokens_per_run"] == 6 * 8 * 32 and budget["train_seconds_total"] > 0
-    target = results["variants"]["mha+rope"]["parameters"]
-    for variant in results["variants"].values():
-        assert abs(variant["parameters"] - target) <= 0.02 * target
-        assert [record["seed"] for record in variant["runs"]] == [0, 1]
-        losses = [record["val"]["loss"] for record in variant["runs"]]
-        assert variant["summary"]["val_loss"]["mean"] == pytest.approx(sum(losses) / 2)
-        for record in variant["runs"]:
-            run_dir = out / record["run_dir"]
-            assert read_checkpoint(run_dir).train_config.seed == record["seed"]
+    stored = json.loads((out / "results.json").read_text())
+    assert stored["schema_version"] == SCHEMA_VERSION
+    for key in ("spec", "seeds", "budget", "machine", "corpus", "variants", "bench", "tasks"):
+        assert key in stored
+    assert results.baseline == "mha+rope" and results.seeds == [0, 1]
+    budget = results.budget
+    assert budget.runs == 4 and budget.tokens_per_run == 6 * 8 * 32 and budget.train_seconds_total > 0
+    target = results.variants["mha+rope"].parameters
+    for variant in results.variants.values():
+        assert abs(variant.parameters - target) <= 0.02 * target
+        assert [record.seed for record in variant.runs] == [0, 1]
+        losses = [record.val.loss for record in variant.runs]
+        assert variant.summary()["val_loss"].mean == pytest.approx(sum(losses) / 2)
+        for record in variant.runs:
+            run_dir = out / record.run_dir
+            assert read_checkpoint(run_dir).train_config.seed == record.seed
             # The compare's own evaluation reproduces the trainer's final one: same windows, same model.
             last_val = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][-1]
-            assert last_val["step"] == 6 and last_val["val_loss"] == pytest.approx(record["val"]["loss"], abs=1e-6)
-            assert [p["multiple"] for p in record["extrapolation"]] == [1, 2, 4]
-            assert all(math.isfinite(p["loss"]) for p in record["extrapolation"])
-    assert results["versus_baseline"]["diff+rope"]["val_loss"]["verdict"].endswith("seed noise")
-    assert {m["variant"] for m in results["bench"]["measurements"]} == set(VARIANTS)
-    tasks = results["tasks"]
+            assert last_val["step"] == 6 and last_val["val_loss"] == pytest.approx(record.val.loss, abs=1e-6)
+            assert last_val["val_bits_per_byte"] == pytest.approx(record.val.bits_per_byte, abs=1e-6)
+            assert [p.multiple for p in record.extrapolation] == [1, 2, 4]
+            assert all(math.isfinite(p.score.loss) for p in record.extrapolation)
+    assert results.versus_baseline("diff+rope", "val_loss").verdict.endswith("seed noise")
+    assert results.variants["diff+rope"].map_note.startswith("the differential map")
+    assert {m.variant for m in results.bench.measurements} == set(VARIANTS)
+    tasks = results.tasks
     assert set(tasks) == {"passkey", "needles", "mqar", "random_walk", "composition"}
-    assert all(len(runs) == 2 for task in tasks.values() for runs in task["runs"].values())
-    needles = tasks["needles"]["runs"]["diff+rope"][0]
-    assert set(needles["probe"]["mean"]) == {"answer", "distractors", "sink", "question", "noise"}
-    assert needles["sweep"]["lengths"] == [48, 96] and len(needles["sweep"]["accuracy"]) == 2
-    assert "steps_to_threshold" in tasks["mqar"]["runs"]["mha+rope"][0]
+    assert all(len(runs) == 2 for task in tasks.values() for runs in task.runs.values())
+    needles = tasks["needles"].runs["diff+rope"][0]
+    assert {key.split("/")[1] for key in needles.probe} == {"answer", "distractors", "sink", "question", "noise"}
+    assert needles.sweep.lengths == [48, 96] and len(needles.sweep.accuracy) == 2
+    assert tasks["mqar"].runs["mha+rope"][0].stop_at == 0.99
 
     plots = sorted(p.name for p in (out / "plots").iterdir())
     expected = ["attention_maps", "extrapolation", "loss_curves", "throughput_memory"]
@@ -253,10 +268,11 @@ def test_micro_compare_writes_results_report_and_plots(micro):
 
     markdown = (out / "report.md").read_text()
     assert NOISE_RULE in markdown
-    assert "| variant | params | val loss | val bits/byte | Δ val loss vs baseline |" in markdown
+    assert "| variant | params | val loss (nats/token) | val bits/byte | Δ val loss vs baseline |" in markdown
     for label in VARIANTS:
         row = next(line for line in markdown.splitlines() if line.startswith(f"| {label} | "))
-        assert f"{results['variants'][label]['summary']['val_loss']['mean']:.4f} ± " in row
+        assert f"{results.variants[label].summary()['val_loss'].mean:.4f} ± " in row
+    assert "| attention to answer | attention noise |" in markdown  # the needles task's declared columns
     linked = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", markdown)
     assert sorted(Path(p).name for p in linked) == plots and all((out / p).is_file() for p in linked)
 
@@ -301,8 +317,8 @@ def test_an_interrupted_compare_resumes_where_it_stopped(micro, copy_of):
     # Resumed and restarted runs make exactly the updates of the uninterrupted compare.
     resumed, original = _results(copy_of), _results(micro["out"])
     assert _val_losses(resumed) == _val_losses(original)
-    mqar = [r["final"] for r in resumed["tasks"]["mqar"]["runs"]["diff+rope"]]
-    assert mqar == [r["final"] for r in original["tasks"]["mqar"]["runs"]["diff+rope"]]
+    mqar = [r.final for r in resumed.tasks["mqar"].runs["diff+rope"]]
+    assert mqar == [r.final for r in original.tasks["mqar"].runs["diff+rope"]]
     assert (copy_of / "report.html").is_file()
 
 
@@ -344,5 +360,121 @@ def test_sigint_stops_a_compare_that_the_same_command_then_finishes(tmp_path):
             assert run(_parse(*flags)) == 0
     assert f"at step {stopped_at}" in captured.getvalue()
     results = _results(out)
-    assert [record["steps"] for record in results["variants"]["mha+rope"]["runs"]] == [400, 400]
+    assert [record.steps for record in results.variants["mha+rope"].runs] == [400, 400]
     assert "**No ranking**" in (out / "report.md").read_text()
+
+
+# ----------------------------------------------------------------------------------- tasks and results as records
+
+
+@dataclass(frozen=True)
+class EchoConfig:
+    vocab_size: int = 16
+    seq_len: int = 8
+
+
+def echo_batch(cfg, batch_size, seed):
+    """Predict the token just read: the smallest task there is."""
+    inputs = torch.randint(0, cfg.vocab_size, (batch_size, cfg.seq_len), generator=as_generator(seed))
+    return TaskBatch(inputs, inputs.clone())
+
+
+def evaluate_echo(model, cfg, n_samples, seed, batch_size=32):
+    batch = echo_batch(cfg, n_samples, seed)
+    return {"accuracy": scored_accuracy(greedy_predictions(model, batch.inputs, batch_size), batch.targets)}
+
+
+def echo_confidence(model, cfg, n_samples):
+    batch = echo_batch(cfg, n_samples, 1)
+    with torch.no_grad():
+        return {"confidence": model(batch.inputs).softmax(-1).amax(-1).mean().item()}
+
+
+@pytest.fixture
+def echo_task():
+    """A task registered by a test, as a plugin would: one record, and nothing in compare/ or report knows it."""
+    task = register_task(
+        Task(
+            name="echo",
+            config=EchoConfig,
+            make_batch=echo_batch,
+            evaluate=evaluate_echo,
+            vocab_size=lambda cfg: cfg.vocab_size,
+            measures="copying the token just read",
+            paper="this test",
+            probe=echo_confidence,
+            probe_columns={"confidence": "mean top probability"},
+            budgets={
+                "micro": TaskBudget(
+                    model={"dim": 16, "n_layers": 1, "n_heads": 2},
+                    steps=2,
+                    batch_size=4,
+                    warmup_steps=1,
+                    eval_samples=8,
+                )
+            },
+        )
+    )
+    yield task
+    del TASKS[task.name]
+
+
+def test_a_registered_task_is_trained_and_reported_with_no_edit_to_compare(micro, copy_of, echo_task):
+    result, stdout = _compare(copy_of, micro["text"], tasks=["echo"])
+    echo = result.results.tasks["echo"]
+    assert (echo.metric, echo.measures, echo.budget.steps) == ("accuracy", "copying the token just read", 2)
+    assert [run.steps for run in echo.runs["diff+rope"]] == [2, 2]
+    assert all(0 < run.probe["confidence"] <= 1 for runs in echo.runs.values() for run in runs)
+    markdown = (copy_of / "report.md").read_text()
+    assert "## Task: echo" in markdown and "copying the token just read (from this test)" in markdown
+    header = next(line for line in markdown.splitlines() if line.startswith("| variant | seeds | accuracy"))
+    assert header.endswith("| mean top probability |")
+    assert (copy_of / "plots" / "task_echo.png").read_bytes().startswith(PNG)
+    assert "echo mha+rope seed 1: accuracy" in stdout
+
+
+def test_a_task_budget_is_taken_at_the_nearest_larger_scale():
+    passkey = TASKS["passkey"]
+    assert passkey.budget("quick") is passkey.budgets["standard"]  # passkey has no quick budget
+    assert TASKS["random_walk"].budget("full") is TASKS["random_walk"].budgets["standard"]  # none larger: the largest
+    assert [t.name for t in resolve_spec("quick", tasks=["passkey"]).tasks] == ["passkey"]
+    with pytest.raises(ValueError, match="scale='huge' is invalid"):
+        passkey.budget("huge")
+
+
+FIXTURE = Path(__file__).parent / "fixtures" / "compare_micro"
+
+
+def test_the_report_redraws_from_a_stored_results_file_without_training(tmp_path):
+    """``tests/fixtures/compare_micro`` is a micro compare's results.json and first-seed maps (regenerate it
+    with ``python tests/fixtures/make_compare_fixture.py`` when the schema changes)."""
+    out = tmp_path / "out"
+    shutil.copytree(FIXTURE, out)
+    results = CompareResults.load(out / "results.json")
+    paths = write_report(results, out)
+    markdown = paths["markdown"].read_text()
+    for label, variant in results.variants.items():
+        row = next(line for line in markdown.splitlines() if line.startswith(f"| {label} | {variant.parameters:,} |"))
+        assert f"| {variant.summary()['val_loss'].format(4)} |" in row
+    for name, task in results.tasks.items():
+        assert f"## Task: {name}" in markdown and task.measures in markdown
+    linked = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", markdown)
+    assert "plots/attention_maps.png" in linked and all((out / p).read_bytes().startswith(PNG) for p in linked)
+    assert (out / "report.html").read_text().count("<table>") >= 4
+
+
+def test_results_of_another_schema_are_refused_naming_the_version_or_the_field(tmp_path):
+    data = json.loads((FIXTURE / "results.json").read_text())
+    path = tmp_path / "results.json"
+    for version, change in ((1, lambda d: d.pop("schema_version")), (99, lambda d: d.update(schema_version=99))):
+        old = json.loads(json.dumps(data))
+        change(old)
+        path.write_text(json.dumps(old))
+        with pytest.raises(ValueError, match=f"has results schema version {version}; this attnzoo reads version 2"):
+            CompareResults.load(path)
+    data["budget"]["steps_run"] = data["budget"].pop("steps")
+    path.write_text(json.dumps(data))
+    with pytest.raises(
+        ValueError, match=r"\.budget: missing field\(s\) \['steps'\], unknown field\(s\) \['steps_run'\]"
+    ):
+        CompareResults.load(path)

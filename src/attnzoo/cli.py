@@ -36,9 +36,10 @@ from attnzoo.convert import cli as convert_cli
 from attnzoo.data.corpora import CorpusError, prepare_corpus
 from attnzoo.data.tokenizers import HF_PREFIX, MissingDependencyError, Tokenizer, tokenizer_from_name
 from attnzoo.evals import TASKS
-from attnzoo.evals.lm import LMEvalConfig, length_extrapolation
+from attnzoo.evals.lm import LMEvalConfig, evaluate_lm, length_extrapolation
 from attnzoo.model import Transformer
 from attnzoo.positions import POSITIONS
+from attnzoo.records import to_dict
 from attnzoo.training.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -56,9 +57,7 @@ from attnzoo.training.config import (
     load_toml,
 )
 from attnzoo.training.distributed import Distributed, init_distributed, resolve_device, shutdown_distributed
-from attnzoo.training.evaluation import evaluate
 from attnzoo.training.trainer import Trainer, TrainingDiverged, load_corpus, resolve_dtype
-from attnzoo.variants import Variant
 
 # Errors that are the user's to fix: shown as one line, without a traceback.
 USER_ERRORS = (ValueError, FileNotFoundError, CorpusError, CheckpointError, TrainingDiverged, MissingDependencyError)
@@ -464,19 +463,17 @@ def _run_eval(args: argparse.Namespace) -> int:
     trained_dtype = checkpoint.train_config.dtype if checkpoint.train_config else "auto"
     dtype = resolve_dtype(args.dtype or trained_dtype, device)
     autocast = None if dtype == torch.float32 else torch.autocast(device.type, dtype=dtype)
-    result = evaluate(
+    result = evaluate_lm(
         model,
         getattr(corpus, args.split),
         tokenizer.token_bytes(),
-        seq_len=seq_len,
-        batch_size=args.batch_size,
-        max_windows=args.max_windows,
+        LMEvalConfig(seq_len, batch_size=args.batch_size, max_windows=args.max_windows),
         env=Distributed(device=device),
         autocast=autocast,
     )
     where = {"checkpoint": str(checkpoint.directory), "corpus": corpus.name, "split": args.split, "seq_len": seq_len}
     if args.json:
-        print(json.dumps({**where, **result.to_dict(), "bytes": result.bytes}, indent=2))
+        print(json.dumps({**where, **result.metrics(), "bytes": result.bytes}, indent=2))
     else:
         print(
             f"{corpus.name} {args.split}: loss {result.loss:.4f} nats/token | perplexity {result.perplexity:.3f} | "
@@ -490,10 +487,9 @@ def _print_extrapolation(args, model: Transformer, tokenizer, stream, seq_len: i
     multiples = (1, 2, 4, 8, 16)
     if args.blocks < 1:
         raise ValueError(f"--blocks={args.blocks} is invalid: must be >= 1")
-    tokens = torch.from_numpy(stream[: args.blocks * max(multiples) * seq_len + 1].astype("int64"))
-    bytes_per_token = float(tokenizer.token_bytes()[tokens.numpy()].mean())
-    cfg = LMEvalConfig(block_len=seq_len, bytes_per_token=bytes_per_token, batch_size=args.batch_size)
-    points = length_extrapolation(model.to(tokens.device), tokens, cfg, multiples)
+    tokens = stream[: args.blocks * max(multiples) * seq_len + 1]
+    cfg = LMEvalConfig(block_len=seq_len, batch_size=args.batch_size)
+    points = length_extrapolation(model, tokens, tokenizer.token_bytes(), cfg, multiples)
     if args.json:
         rows = [
             {"multiple": p.multiple, "length": p.block_len, "reason": p.reason}
@@ -511,25 +507,20 @@ def _print_extrapolation(args, model: Transformer, tokenizer, stream, seq_len: i
 
 def _run_task_eval(args: argparse.Namespace, device: torch.device) -> int:
     """A synthetic task is a protocol for training from scratch: train --variant on it, then score it."""
-    from attnzoo.compare.spec import PRESET_TASKS
-    from attnzoo.compare.tasks import task_configs, train_task
+    from attnzoo.compare import run_task
 
     if args.path is not None:
         raise ValueError(f"--task {args.task} trains a fresh model on the task; it takes no run directory")
-    task = PRESET_TASKS["standard"][args.task]
-    if args.steps is not None:
-        task = dataclasses.replace(task, steps=args.steps, eval_interval=min(task.eval_interval, args.steps))
-    label = Variant.parse(args.variant).label
-    result = train_task(task, task_configs(task, [label])[label], args.seed, device, progress=True, label=label)
+    result = run_task(args.task, args.variant, seed=args.seed, steps=args.steps, device=device)
     if args.json:
-        print(json.dumps(result, indent=2, default=str))
+        print(json.dumps(to_dict(result), indent=2))
     else:
-        final = " | ".join(f"{name} {value:.4f}" for name, value in result["final"].items())
-        print(
-            f"{args.task} {label} seed {args.seed}: {final} after {result['steps']} steps ({result['seconds']:.0f} s)"
-        )
-        if "steps_to_threshold" in result:
-            print(f"steps to {result['metric']} {result['stop_at']}: {result['steps_to_threshold'] or 'not reached'}")
+        final = " | ".join(f"{name} {value:.4f}" for name, value in result.final.items())
+        took = f"after {result.steps} steps ({result.seconds:.0f} s)"
+        print(f"{args.task} {result.variant} seed {args.seed}: {final} {took}")
+        if result.stop_at is not None:
+            metric = TASKS[args.task].metric
+            print(f"steps to {metric} {result.stop_at}: {result.steps_to_threshold or 'not reached'}")
     return 0
 
 

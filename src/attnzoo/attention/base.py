@@ -113,6 +113,8 @@ class Attention(nn.Module):
 
     Options: type = NoOptions
     registry_name: str
+    # How the effective map that ``ctx.record`` receives is read off this mechanism (shown beside its plots).
+    map_note: str = "the softmax probabilities"
     # Mechanisms whose parameters this one holds under the same names, with the same shapes and meaning, and
     # adds its own to (selective and dcmha extend mha): their checkpoints initialise this mechanism.
     extends: tuple[str, ...] = ()

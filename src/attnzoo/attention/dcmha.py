@@ -234,6 +234,8 @@ class DynamicallyComposableAttention(Attention):
     semantics. Projections are q/k/v/o_proj with grouped kv heads, as ``mha``.
     """
 
+    map_note = "the post-composition map that actually mixes the values; composing heads can make it signed"
+
     Options = DCMHAOptions
     extends = ("mha",)
 

@@ -93,6 +93,8 @@ class DifferentialAttention(Attention):
     The projections have the parameters of MHA with 2H heads of size d; λ adds 4d and subln 2d per layer.
     """
 
+    map_note = "the differential map softmax(A1) − λ·softmax(A2), signed (rows sum to 1 − λ)"
+
     Options = DiffOptions
 
     def __init__(self, cfg, layer_idx):

@@ -34,6 +34,8 @@ class DiffV2Attention(Attention):
     ALiBi they share differential head i's slope.
     """
 
+    map_note = "the differential map of each head pair, A1 − λ·A2 with a per-token λ, signed"
+
     def __init__(self, cfg, layer_idx):
         super().__init__(cfg, layer_idx)
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim

@@ -208,6 +208,8 @@ class SelectiveAttention(MultiHeadAttention):
     The cache stores rotated keys and τ_v-scaled values.
     """
 
+    map_note = "the softmax probabilities after the query-temperature scaling"
+
     Options = SelectiveOptions
     extends = ("mha",)
 

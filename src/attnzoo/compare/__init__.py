@@ -9,19 +9,27 @@ how a compare resumes, and :mod:`attnzoo.compare.stats` for the seed-noise rule 
 """
 
 from attnzoo.compare.cli import add_arguments, run
+from attnzoo.compare.results import SCHEMA_VERSION, CompareResults, TaskResult, TaskRun
 from attnzoo.compare.runner import CompareResult, run_compare
-from attnzoo.compare.spec import DEFAULT_VARIANTS, PRESETS, CompareSpec, EvalSpec, TaskSpec, resolve_spec
+from attnzoo.compare.spec import DEFAULT_VARIANTS, PRESETS, CompareSpec, EvalSpec, resolve_spec
 from attnzoo.compare.stats import NOISE_RULE, Difference, Summary, difference, rank
+from attnzoo.compare.tasks import run_task
+from attnzoo.evals.task import TaskBudget, TaskSpec
 
 __all__ = [
     "DEFAULT_VARIANTS",
     "NOISE_RULE",
     "PRESETS",
+    "SCHEMA_VERSION",
     "CompareResult",
+    "CompareResults",
     "CompareSpec",
     "Difference",
     "EvalSpec",
     "Summary",
+    "TaskBudget",
+    "TaskResult",
+    "TaskRun",
     "TaskSpec",
     "add_arguments",
     "difference",
@@ -29,4 +37,5 @@ __all__ = [
     "resolve_spec",
     "run",
     "run_compare",
+    "run_task",
 ]

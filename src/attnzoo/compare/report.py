@@ -1,8 +1,13 @@
-"""The report of a comparison: ``report.md``, a self-contained ``report.html`` and the plots, from results.json.
+"""The report of a comparison: ``report.md``, a self-contained ``report.html`` and the plots.
 
-The report is built once as a list of blocks (headings, paragraphs, tables, figures) and rendered twice,
-so the markdown and the HTML always say the same thing. The HTML embeds every plot as a base64 PNG and
-needs nothing beside itself. Matplotlib is imported only where plots are drawn.
+It is a pure function of a :class:`~attnzoo.compare.results.CompareResults` (what ``results.json`` loads
+into) and the attention maps stored beside the runs, so ``write_report(CompareResults.load(path), out_dir)``
+redraws it without training. It names no task and no mechanism: each task's columns and each mechanism's
+map note come from their records.
+
+The report is built once as a list of blocks (headings, paragraphs, tables, figures) and rendered twice, so
+the markdown and the HTML always say the same thing. The HTML embeds every plot as a base64 PNG and needs
+nothing beside itself. Matplotlib is imported only where plots are drawn.
 """
 
 from __future__ import annotations
@@ -17,18 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from attnzoo.compare.stats import NOISE_RULE, Summary, rank
+from attnzoo.compare.results import ATTENTION_MAPS, BenchRatio, CompareResults, TaskResult
+from attnzoo.compare.stats import NOISE_RULE, Difference, Summary, difference, rank
 from attnzoo.io import atomic_write, atomic_write_text
 from attnzoo.tables import Table, inline_html, memory_header, ratio, speed_header
 
 PLOTS = "plots"
-ATTENTION_MAPS = "attention_maps.npy"  # beside each first-seed run: (layers, heads, T, T)
-# How each mechanism's map is read off the model: its effective mixing weights (eval_protocols.md §2.3).
-MAP_NOTES = {
-    "diff": "the differential map softmax(A1) − λ·softmax(A2), signed (rows sum to 1 − λ)",
-    "dcmha": "the post-composition map that actually mixes the values; composing heads can make it signed",
-    "selective": "the map after the query-temperature scaling",
-}
 
 
 # ------------------------------------------------------------------------------------------------ the blocks
@@ -116,52 +115,37 @@ _CSS = (
 # ------------------------------------------------------------------------------------------------ the tables
 
 
-def _fmt(stats: dict[str, Any] | None, digits: int = 3) -> str:
-    """A summary stored in results.json as mean ± std, or N/A where the metric does not exist."""
-    return Summary(**stats).format(digits) if stats is not None else "N/A"
+def _fmt(summary: Summary | None, digits: int = 3) -> str:
+    """Mean ± std over seeds, or N/A where the metric does not exist."""
+    return summary.format(digits) if summary is not None else "N/A"
 
 
-def _longest_multiple(results: dict[str, Any]) -> int:
-    return max(results["spec"]["evals"]["extrapolation_multiples"])
+def _difference_text(diff: Difference | None, digits: int) -> str:
+    return diff.format(digits) if diff is not None else "N/A"
 
 
-def _bench_ratios(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each measurement with its throughput and memory relative to the baseline's in the same case."""
-    measurements = results["bench"]["measurements"]
-    base = {
-        (m["mode"], m["seq_len"]): m
-        for m in measurements
-        if m["variant"] == results["baseline"] and "tokens_per_s" in m
-    }
-    rows = []
-    for m in measurements:
-        b = base.get((m["mode"], m["seq_len"]))
-        ok = "tokens_per_s" in m and b is not None
-        speed = m["tokens_per_s"] / b["tokens_per_s"] if ok else None
-        memory = m["peak_mem_mb"] / b["peak_mem_mb"] if ok and b["peak_mem_mb"] > 0 else None
-        rows.append({**m, "speed_ratio": speed, "memory_ratio": memory})
-    return rows
-
-
-def summary_table(results: dict[str, Any]) -> Table:
+def summary_table(results: CompareResults) -> Table:
     """One row per variant: mean ± std over seeds, the noise verdict against the baseline, and the costs."""
-    longest = _longest_multiple(results)
-    ratios = [r for r in _bench_ratios(results) if r["mode"] == "train"]
+    longest = max(results.evals.extrapolation_multiples)
+    ratios = [r for r in results.bench.ratios(results.baseline) if r.measurement.mode == "train"]
     # Speed at the training length; memory at the longest training case, where attention's share shows.
-    speed_at, memory_at = results["budget"]["seq_len"], max((r["seq_len"] for r in ratios), default=None)
-    speed = {r["variant"]: r["speed_ratio"] for r in ratios if r["seq_len"] == speed_at}
-    memory = {r["variant"]: r["memory_ratio"] for r in ratios if r["seq_len"] == memory_at}
+    speed_at = results.budget.seq_len
+    memory_at = max((r.measurement.seq_len for r in ratios), default=None)
+    speed = {r.measurement.variant: r.speed for r in ratios if r.measurement.seq_len == speed_at}
+    memory = {r.measurement.variant: r.memory for r in ratios if r.measurement.seq_len == memory_at}
     rows = []
-    for label, variant in results["variants"].items():
-        summary, versus = variant["summary"], results["versus_baseline"].get(label, {})
-        loss_vs = versus.get("val_loss")
+    for label, variant in results.variants.items():
+        summary = variant.summary()
+        versus = (
+            "baseline" if label == results.baseline else _difference_text(results.versus_baseline(label, "val_loss"), 4)
+        )
         rows.append(
             [
                 label,
-                f"{variant['parameters']:,}",
+                f"{variant.parameters:,}",
                 _fmt(summary.get("val_loss"), 4),
                 _fmt(summary.get("val_bits_per_byte"), 4),
-                "baseline" if label == results["baseline"] else _difference_text(loss_vs, 4),
+                versus,
                 _fmt(summary.get(f"loss_at_{longest}x"), 3),
                 ratio(speed.get(label)),
                 ratio(memory.get(label)),
@@ -170,159 +154,150 @@ def summary_table(results: dict[str, Any]) -> Table:
     header = [
         "variant",
         "params",
-        "val loss",
+        "val loss (nats/token)",
         "val bits/byte",
         "Δ val loss vs baseline",
-        f"loss at {longest}× length",
+        f"loss at {longest}× length (nats/token)",
         f"train {speed_header('baseline')}, T={speed_at}",
         f"train {memory_header('baseline')}, T={memory_at}" if memory_at else f"train {memory_header('baseline')}",
     ]
     return Table(header, rows)
 
 
-def _difference_text(diff: dict[str, Any] | None, digits: int) -> str:
-    if diff is None:
-        return "N/A"
-    return f"{diff['delta']:+.{digits}f} ({diff['verdict']})"
-
-
-def _per_seed_table(results: dict[str, Any]) -> Table:
-    multiples = results["spec"]["evals"]["extrapolation_multiples"]
+def _per_seed_table(results: CompareResults) -> Table:
+    multiples = results.evals.extrapolation_multiples
     header = ["variant", "seed", "train time", "train tok/s", "final train loss", "val loss", "val bits/byte"]
     header += [f"loss {m}×" for m in multiples]
     rows = []
-    for label, variant in results["variants"].items():
-        for run in variant["runs"]:
-            row = [label, str(run["seed"]), f"{run['train_seconds']:.0f} s", f"{run['train_tokens_per_s']:,.0f}"]
-            row += [f"{run['final_train_loss']:.4f}", f"{run['val']['loss']:.4f}", f"{run['val']['bits_per_byte']:.4f}"]
-            row += [f"{p['loss']:.3f}" if "loss" in p else "N/A" for p in run["extrapolation"]]
+    for label, variant in results.variants.items():
+        for run in variant.runs:
+            row = [label, str(run.seed), f"{run.train_seconds:.0f} s", f"{run.train_tokens_per_s:,.0f}"]
+            row += [f"{run.final_train_loss:.4f}", f"{run.val.loss:.4f}", f"{run.val.bits_per_byte:.4f}"]
+            row += [f"{p.score.loss:.3f}" if p.score else "N/A" for p in run.extrapolation]
             rows.append(row)
     return Table(header, rows)
 
 
-def _extrapolation_table(results: dict[str, Any]) -> tuple[Table, list[str]]:
-    multiples = results["spec"]["evals"]["extrapolation_multiples"]
-    seq_len = results["budget"]["seq_len"]
+def _extrapolation_table(results: CompareResults) -> tuple[Table, list[str]]:
+    multiples, seq_len = results.evals.extrapolation_multiples, results.budget.seq_len
     rows, reasons = [], []
-    for label, variant in results["variants"].items():
-        row = [label]
-        for m in multiples:
-            row.append(_fmt(variant["summary"].get(f"loss_at_{m}x"), 3))
-        rows.append(row)
-        refused = [p for p in variant["runs"][0]["extrapolation"] if "unavailable" in p]
+    for label, variant in results.variants.items():
+        summary = variant.summary()
+        rows.append([label, *[_fmt(summary.get(f"loss_at_{m}x"), 3) for m in multiples]])
+        refused = [p for p in variant.runs[0].extrapolation if p.score is None]
         if refused:
-            lengths = ", ".join(str(p["block_len"]) for p in refused)
-            reasons.append(f"{label} at {lengths} tokens: N/A — {refused[0]['unavailable']}")
+            lengths = ", ".join(str(p.block_len) for p in refused)
+            reasons.append(f"{label} at {lengths} tokens: N/A — {refused[0].unavailable}")
     return Table(["variant", *[f"{m}× ({m * seq_len})" for m in multiples]], rows), reasons
 
 
-def _bench_table(results: dict[str, Any]) -> Table:
+def _bench_table(results: CompareResults) -> Table:
     rows = []
-    for r in _bench_ratios(results):
-        if "tokens_per_s" not in r:
-            rows.append([r["variant"], r["mode"], str(r["seq_len"]), str(r["batch_size"]), "N/A", "N/A", "N/A", "N/A"])
+    for r in results.bench.ratios(results.baseline):
+        m = r.measurement
+        where = [m.variant, m.mode, str(m.seq_len), str(m.batch_size)]
+        if m.tokens_per_s is None:
+            rows.append([*where, "N/A", "N/A", "N/A", "N/A"])
             continue
         rows.append(
             [
-                r["variant"],
-                r["mode"],
-                str(r["seq_len"]),
-                str(r["batch_size"]),
-                f"{r['tokens_per_s']:,.0f} ({r['tokens_per_s_min']:,.0f}–{r['tokens_per_s_max']:,.0f})",
-                ratio(r["speed_ratio"]),
-                f"{r['peak_mem_mb']:,.1f}",
-                ratio(r["memory_ratio"]),
+                *where,
+                f"{m.tokens_per_s:,.0f} ({m.tokens_per_s_min:,.0f}–{m.tokens_per_s_max:,.0f})",
+                ratio(r.speed),
+                f"{m.peak_mem_mb:,.1f}",
+                ratio(r.memory),
             ]
         )
     header = ["variant", "mode", "T", "batch", "tok/s median (min–max)", speed_header("baseline"), "peak MB"]
     return Table([*header, memory_header("baseline")], rows)
 
 
-def _sweep_table(task: dict[str, Any]) -> tuple[Table, list[str]]:
+def _sweep_table(task: TaskResult) -> tuple[Table, list[str]]:
     """Accuracy by context length (mean over depths and seeds), and why any length is N/A."""
-    lengths = sorted(task["spec"]["sweep_lengths"])
+    lengths = sorted(task.budget.sweep_lengths)
     rows, reasons = [], []
-    for label, runs in task["runs"].items():
+    for label, runs in task.runs.items():
+        by_length = [run.sweep.accuracy_by_length() for run in runs if run.sweep is not None]
         row = [label]
         for length in lengths:
-            values = [r["sweep"]["accuracy_by_length"][str(length)] for r in runs]
-            row.append("N/A" if None in values else Summary.of(values).format(3))
+            values = [accuracy[length] for accuracy in by_length]
+            row.append("N/A" if None in values else Summary.of(values).format(3))  # type: ignore[arg-type]
         rows.append(row)
-        unavailable = runs[0]["sweep"]["unavailable"]
+        unavailable = runs[0].sweep.unavailable if runs[0].sweep is not None else {}
         if unavailable:
             first = next(iter(unavailable.values()))
             reasons.append(f"{label} at {', '.join(unavailable)} tokens: N/A — {first}")
     return Table(["variant", *[f"{length} tokens" for length in lengths]], rows), reasons
 
 
-def _task_table(results: dict[str, Any], name: str) -> Table:
-    task = results["tasks"][name]
-    metric = task["metric"]
+def _task_table(results: CompareResults, task: TaskResult) -> Table:
+    """A row per variant: the metric over seeds and against the baseline, then whatever the task declares."""
+    stop_at, swept = task.budget.stop_at, bool(task.budget.sweep_lengths)
+    base = task.summary(results.baseline)
     rows = []
-    for label, runs in task["runs"].items():
+    for label, runs in task.runs.items():
+        summary = task.summary(label)
         row = [
             label,
             str(len(runs)),
-            _fmt(task["summary"][label], 4),
-            "baseline" if label == results["baseline"] else _difference_text(task["versus_baseline"].get(label), 4),
-            ", ".join(str(r["steps"]) for r in runs),
+            summary.format(4),
+            "baseline" if label == results.baseline else _difference_text(difference(summary, base), 4),
+            ", ".join(str(r.steps) for r in runs),
         ]
-        if "stop_at" in task["spec"] and task["spec"]["stop_at"] is not None:
-            row.append(", ".join(str(r.get("steps_to_threshold") or "not reached") for r in runs))
-        if task["spec"]["sweep_lengths"]:
-            row.append(", ".join(str(r["sweep"]["largest_length_90"] or "none") for r in runs))
-        if name == "needles":
-            answer = Summary.of([r["probe"]["mean"]["answer"] for r in runs])
-            noise = Summary.of([r["probe"]["mean"]["noise"] for r in runs])
-            row += [answer.format(3), noise.format(3)]
+        if stop_at is not None:
+            row.append(", ".join(str(r.steps_to_threshold or "not reached") for r in runs))
+        if swept:
+            row.append(", ".join(str((r.sweep.largest_length(0.9) if r.sweep else None) or "none") for r in runs))
+        row += [task.probe_summary(label, key).format(3) for key in task.probe_columns]
         rows.append(row)
-    header = ["variant", "seeds", f"{metric} (mean ± std)", "Δ vs baseline", "steps run (per seed)"]
-    if "stop_at" in task["spec"] and task["spec"]["stop_at"] is not None:
-        header.append(f"steps to {task['spec']['stop_at']}")
-    if task["spec"]["sweep_lengths"]:
+    direction = "higher" if task.higher_is_better else "lower"
+    header = ["variant", "seeds", f"{task.metric} ({direction} is better)", "Δ vs baseline", "steps run (per seed)"]
+    if stop_at is not None:
+        header.append(f"steps to {stop_at}")
+    if swept:
         header.append("largest length ≥ 90%")
-    if name == "needles":
-        header += ["attention to answer", "attention noise"]
+    header += list(task.probe_columns.values())
     return Table(header, rows)
 
 
 # ----------------------------------------------------------------------------------------------- the report
 
 
-def build_report(results: dict[str, Any], plots: dict[str, str]) -> Report:
-    spec, budget, machine = results["spec"], results["budget"], results["machine"]
-    train, seeds = spec["train"], results["seeds"]
-    baseline = results["baseline"]
-    report = Report(f"attnzoo compare: {results['preset']}")
+def build_report(results: CompareResults, plots: dict[str, str]) -> Report:
+    budget, machine, corpus, evals = results.budget, results.machine, results.corpus, results.evals
+    seeds, baseline = results.seeds, results.baseline
+    report = Report(f"attnzoo compare: {results.preset}")
     report.add(
         Paragraph(
-            f"{len(results['variants'])} variants × {len(seeds)} seed(s) {seeds}, trained on the same data in the "
+            f"{len(results.variants)} variants × {len(seeds)} seed(s) {seeds}, trained on the same data in the "
             f"same order under the same budget; **{baseline}** is the baseline. Parameters are matched to the "
             f"baseline within 2% by the MLP width."
         ),
         Heading(2, "Setup"),
         Bullets(
             [
-                f"corpus `{results['corpus']['name']}` ({results['corpus']['tokenizer']} tokenizer): "
-                f"{results['corpus']['train_tokens']:,} train / {results['corpus']['val_tokens']:,} validation tokens",
-                f"training: {budget['steps']} steps × {budget['batch_size']} sequences × {budget['seq_len']} tokens = "
-                f"{budget['tokens_per_run']:,} tokens per run, {budget['runs']} runs; AdamW lr {train['lr']:g}, "
-                f"warmup {train['warmup_steps']}, cosine to {train['lr'] * train['min_lr_ratio']:g}",
+                f"corpus `{corpus.name}` ({corpus.tokenizer} tokenizer): "
+                f"{corpus.train_tokens:,} train / {corpus.val_tokens:,} validation tokens",
+                f"training: {budget.steps} steps × {budget.batch_size} sequences × {budget.seq_len} tokens = "
+                f"{budget.tokens_per_run:,} tokens per run, {budget.runs} runs; AdamW lr {budget.lr:g}, "
+                f"warmup {budget.warmup_steps}, cosine to {budget.min_lr:g}",
                 f"seeds {seeds}: seed k fixes the initialisation and the data order of every variant",
-                f"wall time: {budget['train_seconds_total']:.0f} s of training steps over all runs; "
-                f"{budget['wall_seconds_this_invocation']:.0f} s for the invocation that wrote this report "
+                f"wall time: {budget.train_seconds_total:.0f} s of training steps over all runs; "
+                f"{budget.wall_seconds_this_invocation:.0f} s for the invocation that wrote this report "
                 "(finished runs are reused, so a resumed compare counts only its own work)",
-                f"machine: {machine['description']}, {_load(machine['load_average_end'])} at the end (on a shared "
+                f"machine: {machine.description}, {_load(machine.load_average_end)} at the end (on a shared "
                 "machine every figure that depends on time is slower and noisier)",
-                f"attnzoo {results['attnzoo_version']}, {results['created']}",
+                f"attnzoo {results.attnzoo_version}, {results.created}",
             ]
         ),
         Heading(2, "Summary"),
-        Paragraph(f"Mean ± sample standard deviation over seeds. **Noise rule.** {NOISE_RULE}{_few_seeds(seeds)}"),
+        Paragraph(
+            "Mean ± sample standard deviation over seeds. Losses are cross-entropies in nats per token (with the "
+            f"byte tokenizer, nats per byte); bits per byte divide by the exact UTF-8 bytes scored. "
+            f"**Noise rule.** {NOISE_RULE}{_few_seeds(seeds)}"
+        ),
         summary_table(results),
         Paragraph(_ranking_text(results)),
-    )
-    report.add(
         Heading(2, "Training curves"),
         Image(plots["loss_curves"], "Training and validation loss by step (mean over seeds, band: min–max)."),
     )
@@ -330,45 +305,41 @@ def build_report(results: dict[str, Any], plots: dict[str, str]) -> Report:
     report.add(
         Heading(2, "Length extrapolation"),
         Paragraph(
-            f"Trained at {budget['seq_len']} tokens, evaluated on nonoverlapping blocks of each length over the "
-            f"same {spec['evals']['extrapolation_blocks']} × {_longest_multiple(results) * budget['seq_len']:,} "
+            f"Trained at {budget.seq_len} tokens, evaluated on nonoverlapping blocks of each length over the "
+            f"same {evals.extrapolation_blocks} × {max(evals.extrapolation_multiples) * budget.seq_len:,} "
             "validation tokens (train short, test long: ALiBi §4). Validation loss in nats per token."
         ),
         table,
     )
     if reasons:
         report.add(Bullets(reasons))
-    report.add(Image(plots["extrapolation"], "Validation loss against evaluation length (mean ± std over seeds)."))
     report.add(
+        Image(plots["extrapolation"], "Validation loss against evaluation length (mean ± std over seeds)."),
         Heading(2, "Throughput and memory"),
         Paragraph(
             "Every case in a fresh process, in one sitting, so the ratios compare like with like; medians over "
-            f"{spec['evals']['bench_repeats']} repeats with the spread. Speed ratio > 1 is faster than the baseline. "
-            "On the CPU, peak memory is the rise of the process's resident high-water mark, reset for the case, "
-            "over its resident size before the first step (attnzoo.bench); a case whose ratio is N/A had no "
-            f"measurable rise. Machine: {results['bench']['machine']}."
+            f"{evals.bench_repeats} repeats with the spread. Speed is tokens/s ÷ the baseline's (above 1 is faster); "
+            "memory is peak ÷ the baseline's (above 1 is more). On the CPU, peak memory is the rise of the process's "
+            "resident high-water mark, reset for the case, over its resident size before the first step "
+            "(attnzoo.bench); a case whose ratio is N/A had no measurable rise. "
+            f"Machine: {results.bench.machine}."
         ),
         _bench_table(results),
         Image(plots["throughput_memory"], "Training speed and peak memory relative to the baseline."),
-    )
-    notes = [
-        f"{label}: {MAP_NOTES[v['config']['attention']]}"
-        for label, v in results["variants"].items()
-        if v["config"]["attention"] in MAP_NOTES
-    ]
-    report.add(
         Heading(2, "Attention maps"),
         Paragraph(
             f"Each layer's effective attention map of the seed-{seeds[0]} model, averaged over heads, on the first "
-            f"{spec['evals']['map_tokens']} validation tokens (rows: queries, columns: keys)."
+            f"{evals.map_tokens} validation tokens (rows: queries, columns: keys)."
         ),
+        Bullets([f"{label}: {variant.map_note}" for label, variant in results.variants.items()]),
     )
-    if notes:
-        report.add(Bullets(notes))
-    report.add(Image(plots["attention_maps"], "Attention maps by variant (rows) and layer (columns)."))
-    for name, task in results["tasks"].items():
-        report.add(Heading(2, f"Task: {name}"), Paragraph(_task_text(task)), _task_table(results, name))
-        if task["spec"]["sweep_lengths"]:
+    if "attention_maps" in plots:
+        report.add(Image(plots["attention_maps"], "Attention maps by variant (rows) and layer (columns)."))
+    else:
+        report.add(Paragraph("The stored attention maps were not found beside the runs, so no figure is drawn."))
+    for name, task in results.tasks.items():
+        report.add(Heading(2, f"Task: {name}"), Paragraph(_task_text(task)), _task_table(results, task))
+        if task.budget.sweep_lengths:
             table, reasons = _sweep_table(task)
             report.add(Paragraph("Accuracy by context length, mean over needle depths (± std over seeds):"), table)
             if reasons:
@@ -395,14 +366,14 @@ def _few_seeds(seeds: list[int]) -> str:
 
 
 def _load(values: list[float] | None) -> str:
-    return f"{values[0]:.2f}" if values else "unknown"
+    return f"load average {values[0]:.2f}" if values else "load average unknown"
 
 
-def _ranking_text(results: dict[str, Any]) -> str:
+def _ranking_text(results: CompareResults) -> str:
     summaries = {
-        label: Summary(**v["summary"]["val_bits_per_byte"])
-        for label, v in results["variants"].items()
-        if "val_bits_per_byte" in v["summary"]
+        label: summary["val_bits_per_byte"]
+        for label, variant in results.variants.items()
+        if "val_bits_per_byte" in (summary := variant.summary())
     }
     ranked = rank(summaries) if len(summaries) > 1 else None
     if ranked is None:
@@ -419,23 +390,24 @@ def _ranking_text(results: dict[str, Any]) -> str:
     return f"**Ranking by validation bits per byte** (lower is better): {'; '.join(parts)}. {conclusion}"
 
 
-def _task_caption(task: dict[str, Any]) -> str:
-    caption = f"`{task['metric']}` on the evaluation set by training step, each seed"
-    return caption + ("; accuracy by context length and by needle depth." if task["spec"]["sweep_lengths"] else ".")
+def _task_caption(task: TaskResult) -> str:
+    caption = f"`{task.metric}` on the evaluation set by training step, each seed"
+    return caption + ("; accuracy by context length and by needle depth." if task.budget.sweep_lengths else ".")
 
 
-def _task_text(task: dict[str, Any]) -> str:
-    spec = task["spec"]
-    model = ", ".join(f"{k} {v}" for k, v in spec["model"].items())
-    options = ", ".join(f"{k}={v}" for k, v in spec["options"].items()) or "the §8.1 defaults"
-    stop = f", stopping early at {spec['stop_at']}" if spec["stop_at"] is not None else ""
-    direction = "higher" if task["higher_is_better"] else "lower"
-    seconds = sum(run["seconds"] for runs in task["runs"].values() for run in runs)
+def _task_text(task: TaskResult) -> str:
+    budget = task.budget
+    model = ", ".join(f"{k} {v}" for k, v in budget.model.items())
+    options = ", ".join(f"{k}={v}" for k, v in budget.options.items()) or "the task's default options"
+    stop = f", stopping early at {budget.stop_at}" if budget.stop_at is not None else ""
+    direction = "higher" if task.higher_is_better else "lower"
+    seconds = sum(run.seconds for runs in task.runs.values() for run in runs)
     return (
-        f"Trained from scratch for every variant × seed on fresh batches ({options}); model {model}, parameter "
-        f"matched; up to {spec['steps']} steps × {spec['batch_size']} samples, lr {spec['lr']:g}{stop}. "
-        f"Scored by `{task['metric']}` ({direction} is better) on one fixed set of {spec['eval_samples']} samples. "
-        f"Training and evaluation took {seconds:.0f} s over all runs."
+        f"**What it measures:** {task.measures} (from {task.paper}). Trained from scratch for every variant × "
+        f"seed on fresh batches ({options}); model {model}, parameter matched; up to {budget.steps} steps × "
+        f"{budget.batch_size} samples, lr {budget.lr:g}{stop}. Scored by `{task.metric}` ({direction} is better) "
+        f"on one fixed set of {budget.eval_samples} samples. Training and evaluation took {seconds:.0f} s over all "
+        "runs."
     )
 
 
@@ -460,10 +432,10 @@ def _colors(labels: Sequence[str]) -> dict[str, Any]:
     return {label: palette(i % 10) for i, label in enumerate(labels)}
 
 
-def _mean_curve(curves: list[list[list[float]]]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _mean_curve(curves: list[list[tuple[int, float]]]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Steps common to every seed, and the mean, min and max over seeds there."""
     steps = sorted(set.intersection(*[{s for s, _ in c} for c in curves]))
-    values = np.array([[dict(map(tuple, c))[s] for s in steps] for c in curves])
+    values = np.array([[dict(c)[s] for s in steps] for c in curves])
     return np.array(steps), values.mean(axis=0), values.min(axis=0), values.max(axis=0)
 
 
@@ -474,13 +446,16 @@ def _length_axis(axes: Any, lengths: Sequence[int]) -> None:
     axes.minorticks_off()
 
 
-def plot_loss_curves(results: dict[str, Any], path: Path) -> None:
+def plot_loss_curves(results: CompareResults, path: Path) -> None:
     figure, (train_axes, val_axes) = _figure(2)
-    colors = _colors(list(results["variants"]))
-    for label, variant in results["variants"].items():
-        for axes, key in ((train_axes, "train"), (val_axes, "val")):
-            steps, mean, low, high = _mean_curve([run["curve"][key] for run in variant["runs"]])
-            axes.plot(steps, mean, "-" if key == "train" else "o-", color=colors[label], label=label, markersize=3)
+    colors = _colors(list(results.variants))
+    for label, variant in results.variants.items():
+        for axes, curves, style in (
+            (train_axes, [run.train_curve for run in variant.runs], "-"),
+            (val_axes, [run.val_curve for run in variant.runs], "o-"),
+        ):
+            steps, mean, low, high = _mean_curve(curves)
+            axes.plot(steps, mean, style, color=colors[label], label=label, markersize=3)
             axes.fill_between(steps, low, high, color=colors[label], alpha=0.2, linewidth=0)
     for axes, title in ((train_axes, "training loss"), (val_axes, "validation loss")):
         axes.set(xlabel="step", ylabel="loss (nats / token)", title=title)
@@ -489,22 +464,19 @@ def plot_loss_curves(results: dict[str, Any], path: Path) -> None:
     _save(figure, path)
 
 
-def plot_extrapolation(results: dict[str, Any], path: Path) -> None:
+def plot_extrapolation(results: CompareResults, path: Path) -> None:
     figure, (axes,) = _figure(1, width=6.5, height=4.2)
-    colors = _colors(list(results["variants"]))
-    seq_len = results["budget"]["seq_len"]
-    for label, variant in results["variants"].items():
-        points = [
-            (m * seq_len, Summary(**variant["summary"][f"loss_at_{m}x"]))
-            for m in results["spec"]["evals"]["extrapolation_multiples"]
-            if f"loss_at_{m}x" in variant["summary"]
-        ]
+    colors = _colors(list(results.variants))
+    seq_len, multiples = results.budget.seq_len, results.evals.extrapolation_multiples
+    for label, variant in results.variants.items():
+        summary = variant.summary()
+        points = [(m * seq_len, summary[f"loss_at_{m}x"]) for m in multiples if f"loss_at_{m}x" in summary]
         lengths = [length for length, _ in points]
         means = [s.mean for _, s in points]
         errors = [s.std or 0.0 for _, s in points]
         axes.errorbar(lengths, means, yerr=errors, fmt="o-", color=colors[label], label=label, capsize=3, markersize=4)
     axes.axvline(seq_len, color="grey", linestyle=":", label="training length")
-    _length_axis(axes, [m * seq_len for m in results["spec"]["evals"]["extrapolation_multiples"]])
+    _length_axis(axes, [m * seq_len for m in multiples])
     axes.set(
         xlabel="evaluation length (tokens)", ylabel="validation loss (nats / token)", title="train short, test long"
     )
@@ -513,86 +485,78 @@ def plot_extrapolation(results: dict[str, Any], path: Path) -> None:
     _save(figure, path)
 
 
-def plot_throughput_memory(results: dict[str, Any], path: Path) -> None:
-    rows = _bench_ratios(results)
-    cases = list(dict.fromkeys((r["mode"], r["seq_len"]) for r in rows))
-    labels = list(results["variants"])
+def plot_throughput_memory(results: CompareResults, path: Path) -> None:
+    rows: list[BenchRatio] = results.bench.ratios(results.baseline)
+    cases = list(dict.fromkeys((r.measurement.mode, r.measurement.seq_len) for r in rows))
+    labels = list(results.variants)
     colors = _colors(labels)
     figure, (speed_axes, memory_axes) = _figure(2)
     width = 0.8 / len(labels)
     for i, label in enumerate(labels):
-        by_case = {(r["mode"], r["seq_len"]): r for r in rows if r["variant"] == label}
+        by_case = {(r.measurement.mode, r.measurement.seq_len): r for r in rows if r.measurement.variant == label}
         x = np.arange(len(cases)) + (i - (len(labels) - 1) / 2) * width
-        for axes, key in ((speed_axes, "speed_ratio"), (memory_axes, "memory_ratio")):
-            heights = [by_case[c][key] if by_case[c][key] is not None else math.nan for c in cases]
-            axes.bar(x, heights, width, color=colors[label], label=label)
-    for axes, title in (
-        (speed_axes, "throughput ÷ baseline (higher is faster)"),
-        (memory_axes, "peak memory ÷ baseline"),
+        speeds = [by_case[c].speed if by_case[c].speed is not None else math.nan for c in cases]
+        # The bars' whiskers span the slowest to the fastest repeat, against the baseline's median.
+        spread = np.array(
+            [
+                [s - (by_case[c].speed_low or s), (by_case[c].speed_high or s) - s]
+                for s, c in zip(speeds, cases, strict=True)
+            ]
+        ).T
+        speed_axes.bar(x, speeds, width, yerr=spread, capsize=2, color=colors[label], label=label)
+        memory = [by_case[c].memory if by_case[c].memory is not None else math.nan for c in cases]
+        memory_axes.bar(x, memory, width, color=colors[label], label=label)
+    for axes, title, ylabel in (
+        (speed_axes, "training speed (higher is faster)", "tokens/s ÷ baseline's"),
+        (memory_axes, "peak memory (higher is more)", "peak memory ÷ baseline's"),
     ):
         axes.axhline(1.0, color="grey", linewidth=0.8)
         axes.set_xticks(np.arange(len(cases)), [f"{mode}, T={t}" for mode, t in cases])
-        axes.set(title=title)
+        axes.set(title=title, ylabel=ylabel)
         axes.grid(alpha=0.3, axis="y")
     figure.legend(*speed_axes.get_legend_handles_labels(), loc="outside lower center", ncols=len(labels), fontsize=8)
     _save(figure, path)
 
 
-def plot_attention_maps(results: dict[str, Any], out_dir: Path, path: Path) -> None:
-    from matplotlib.figure import Figure
+def plot_attention_maps(results: CompareResults, out_dir: Path, path: Path) -> None:
+    """Variants (rows) × layers (columns), each the head average of the first seed's effective map."""
+    from attnzoo.viz import plot_attention_grid
 
     maps = {
-        label: np.load(out_dir / variant["runs"][0]["run_dir"] / ATTENTION_MAPS).mean(axis=1)
-        for label, variant in results["variants"].items()
-    }  # (layers, T, T) after averaging the heads
-    n_layers = max(m.shape[0] for m in maps.values())
-    figure = Figure(figsize=(2.6 * n_layers + 0.6, 2.6 * len(maps)), dpi=110, layout="constrained")
-    for row, (label, layer_maps) in enumerate(maps.items()):
-        signed = bool((layer_maps < 0).any())
-        # The first rows of a causal map put all their mass on a few keys; the 99th percentile keeps them
-        # from washing out the rest of the picture.
-        scale = float(np.quantile(np.abs(layer_maps), 0.99)) or 1.0
-        for layer, attention in enumerate(layer_maps):
-            axes = figure.add_subplot(len(maps), n_layers, row * n_layers + layer + 1)
-            if signed:
-                image = axes.imshow(attention, cmap="RdBu_r", vmin=-scale, vmax=scale)
-            else:
-                image = axes.imshow(attention, cmap="viridis", vmin=0, vmax=scale)
-            axes.set_xticks([])
-            axes.set_yticks([])
-            axes.set_title(f"{label} · layer {layer}", fontsize=8)
-        figure.colorbar(image, ax=axes, shrink=0.8)
-    _save(figure, path)
+        label: np.load(out_dir / variant.runs[0].run_dir / ATTENTION_MAPS).mean(axis=1)
+        for label, variant in results.variants.items()
+    }  # (layers, T, T)
+    panels = [list(layer_maps) for layer_maps in maps.values()]
+    titles = [[f"{label} · layer {layer}" for layer in range(len(m))] for label, m in maps.items()]
+    plot_attention_grid(panels, titles, path, clip_quantile=0.99)
 
 
-def plot_task(results: dict[str, Any], name: str, path: Path) -> None:
-    task = results["tasks"][name]
-    swept = bool(task["spec"]["sweep_lengths"])
+def plot_task(task: TaskResult, path: Path) -> None:
+    swept = bool(task.budget.sweep_lengths)
     figure, panels = _figure(3 if swept else 1)
-    colors = _colors(list(task["runs"]))
+    colors = _colors(list(task.runs))
     history_axes = panels[0]
-    for label, runs in task["runs"].items():
+    for label, runs in task.runs.items():
         for i, run in enumerate(runs):
-            steps, values = zip(*run["history"], strict=True)
+            steps, values = zip(*run.history, strict=True)
             history_axes.plot(steps, values, "o-", color=colors[label], markersize=3, label=label if i == 0 else None)
-    history_axes.set(xlabel="step", ylabel=task["metric"], title=f"{name}: evaluation during training (each seed)")
+    history_axes.set(xlabel="step", ylabel=task.metric, title=f"{task.name}: evaluation during training (each seed)")
     history_axes.grid(alpha=0.3)
     history_axes.legend(fontsize=8)
     if swept:
         length_axes, depth_axes = panels[1], panels[2]
-        lengths = sorted(task["spec"]["sweep_lengths"])
+        lengths = sorted(task.budget.sweep_lengths)
         # Depth is shown at the training length when it was swept: elsewhere length effects mix in.
-        depth_length = task["context_len"] if task["context_len"] in lengths else lengths[0]
-        for label, runs in task["runs"].items():
-            sweeps = [run["sweep"] for run in runs]
-            lengths = sweeps[0]["lengths"]
-            by_length = [[s["accuracy_by_length"][str(length)] for s in sweeps] for length in lengths]
+        depth_length = task.context_len if task.context_len in lengths else lengths[0]
+        for label, runs in task.runs.items():
+            sweeps = [run.sweep for run in runs if run.sweep is not None]
+            by_length = [[s.accuracy_by_length()[length] for s in sweeps] for length in lengths]
             shown = [(length, np.mean(v)) for length, v in zip(lengths, by_length, strict=True) if None not in v]
             if shown:
                 length_axes.plot(*zip(*shown, strict=True), "o-", color=colors[label], label=label)
-            row = lengths.index(depth_length)
-            at_length = np.array([s["accuracy"][row] for s in sweeps], dtype=float).mean(axis=0)
-            depth_axes.plot(sweeps[0]["depths"], at_length, "o-", color=colors[label], label=label)
+            row = sweeps[0].lengths.index(depth_length)
+            at_length = np.array([s.accuracy[row] for s in sweeps], dtype=float).mean(axis=0)
+            depth_axes.plot(sweeps[0].depths, at_length, "o-", color=colors[label], label=label)
         _length_axis(length_axes, lengths)
         length_axes.set(xlabel="context length (tokens)", ylabel="accuracy", title="by length (mean over depths)")
         depth_axes.set(xlabel="needle depth", ylabel="accuracy", title=f"by depth at {depth_length} tokens")
@@ -605,24 +569,25 @@ def plot_task(results: dict[str, Any], name: str, path: Path) -> None:
 # ------------------------------------------------------------------------------------------------ the files
 
 
-def write_report(results: dict[str, Any], out_dir: Path) -> dict[str, Path]:
-    """Draw the plots and write report.md and report.html; returns their paths."""
-    plots_dir = out_dir / PLOTS
+def write_report(results: CompareResults, out_dir: Path) -> dict[str, Path]:
+    """Draw the plots and write report.md and report.html into ``out_dir``; returns their paths."""
     plots = {
         "loss_curves": f"{PLOTS}/loss_curves.png",
         "extrapolation": f"{PLOTS}/extrapolation.png",
         "throughput_memory": f"{PLOTS}/throughput_memory.png",
-        "attention_maps": f"{PLOTS}/attention_maps.png",
-        **{f"task_{name}": f"{PLOTS}/task_{name}.png" for name in results["tasks"]},
+        **{f"task_{name}": f"{PLOTS}/task_{name}.png" for name in results.tasks},
     }
-    plots_dir.mkdir(parents=True, exist_ok=True)
+    if all((out_dir / variant.runs[0].run_dir / ATTENTION_MAPS).is_file() for variant in results.variants.values()):
+        plots["attention_maps"] = f"{PLOTS}/attention_maps.png"
+    (out_dir / PLOTS).mkdir(parents=True, exist_ok=True)
     plot_loss_curves(results, out_dir / plots["loss_curves"])
     plot_extrapolation(results, out_dir / plots["extrapolation"])
     plot_throughput_memory(results, out_dir / plots["throughput_memory"])
-    plot_attention_maps(results, out_dir, out_dir / plots["attention_maps"])
-    for name in results["tasks"]:
-        plot_task(results, name, out_dir / plots[f"task_{name}"])
+    if "attention_maps" in plots:
+        plot_attention_maps(results, out_dir, out_dir / plots["attention_maps"])
+    for name, task in results.tasks.items():
+        plot_task(task, out_dir / plots[f"task_{name}"])
     report = build_report(results, plots)
     atomic_write_text(out_dir / "report.md", report.to_markdown())
     atomic_write_text(out_dir / "report.html", report.to_html(out_dir))
-    return {"markdown": out_dir / "report.md", "html": out_dir / "report.html", "plots": plots_dir}
+    return {"markdown": out_dir / "report.md", "html": out_dir / "report.html", "plots": out_dir / PLOTS}

@@ -24,37 +24,55 @@ import platform
 import shutil
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from itertools import product
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
 from attnzoo import __version__
+from attnzoo.attention import ATTENTION
 from attnzoo.bench import BenchCase, machine_description, measure
-from attnzoo.compare.report import ATTENTION_MAPS, summary_table, write_report
-from attnzoo.compare.spec import CompareSpec, TaskSpec, resolve_spec, task_metric
-from attnzoo.compare.stats import Difference, Summary, difference
+from attnzoo.compare.report import summary_table, write_report
+from attnzoo.compare.results import (
+    ATTENTION_MAPS,
+    SCHEMA_VERSION,
+    BenchMeasurement,
+    BenchRecord,
+    Budget,
+    CompareResults,
+    CorpusInfo,
+    ExtrapolationResult,
+    LMRun,
+    MachineInfo,
+    TaskResult,
+    TaskRun,
+    VariantResult,
+)
+from attnzoo.compare.spec import CompareSpec, resolve_spec
+from attnzoo.compare.stats import Summary, difference
 from attnzoo.compare.tasks import context_len, task_configs, train_task
 from attnzoo.config import ModelConfig
 from attnzoo.data.corpora import Corpus
-from attnzoo.evals import LMEvalConfig, length_extrapolation
+from attnzoo.evals.lm import LMEvalConfig, evaluate_lm, length_extrapolation
+from attnzoo.evals.task import TaskSpec
 from attnzoo.io import atomic_write_text
 from attnzoo.model import Transformer
+from attnzoo.records import from_dict, to_dict
 from attnzoo.tables import Table
 from attnzoo.training.checkpoint import CheckpointError, latest_checkpoint, load_pretrained, read_checkpoint
 from attnzoo.training.config import TrainConfig
 from attnzoo.training.distributed import Distributed, resolve_device
-from attnzoo.training.evaluation import evaluate
 from attnzoo.training.metrics import MetricsLog
 from attnzoo.training.trainer import METRICS, Trainer, check_resumable, load_corpus
-from attnzoo.variants import Variant, count_parameters, matched_configs
+from attnzoo.variants import Variant, matched_configs
 
+R = TypeVar("R")
 RUN_RECORD = "compare_run.json"
 BENCH = "bench.json"
 RESULTS = "results.json"
@@ -63,7 +81,7 @@ RESULTS = "results.json"
 @dataclass(frozen=True)
 class CompareResult:
     out_dir: Path
-    results: dict[str, Any] | None  # None when interrupted before the report
+    results: CompareResults | None  # None when interrupted before the report
     interrupted_by: int | None  # the signal that stopped a training run, if any
 
 
@@ -120,7 +138,7 @@ class Comparison:
         )
         # Every variant's speed and memory in one sitting, back to back, so the ratios share machine conditions.
         bench = self.bench(configs)
-        lm_runs: dict[str, dict[int, dict[str, Any]]] = {label: {} for label in self.labels}
+        lm_runs: dict[str, dict[int, LMRun]] = {label: {} for label in self.labels}
         jobs = list(product(spec.seeds, self.labels))
         for i, (seed, label) in enumerate(jobs, start=1):
             self.say(f"\n── [{i}/{len(jobs)}] {label} · seed {seed} · {self._elapsed()} elapsed ──")
@@ -128,12 +146,13 @@ class Comparison:
             if interrupted_by is not None:
                 self.say(f"compare interrupted; run the same command again to continue from {self.out_dir}")
                 return CompareResult(self.out_dir, None, interrupted_by)
+            assert record is not None
             lm_runs[label][seed] = record
             self.say(progress_table(lm_runs, self.baseline))
 
         task_results = {task.name: self.task(task) for task in spec.tasks}
         results = self.assemble(configs, corpus, lm_runs, bench, task_results)
-        atomic_write_text(self.out_dir / RESULTS, json.dumps(results, indent=2) + "\n")
+        results.save(self.out_dir / RESULTS)
         paths = write_report(results, self.out_dir)
         self.say(final_summary(results, paths))
         return CompareResult(self.out_dir, results, None)
@@ -143,9 +162,7 @@ class Comparison:
 
     # ------------------------------------------------------------------------------------ language model
 
-    def lm_run(
-        self, label: str, config: ModelConfig, seed: int, corpus: Corpus
-    ) -> tuple[dict[str, Any] | None, int | None]:
+    def lm_run(self, label: str, config: ModelConfig, seed: int, corpus: Corpus) -> tuple[LMRun | None, int | None]:
         """Train (or reuse, or resume) one run and evaluate it: (its record, or the stopping signal)."""
         spec = self.spec
         run_dir = self.out_dir / "runs" / label / f"seed{seed}"
@@ -162,8 +179,8 @@ class Comparison:
                     "Choose another output directory, or delete that run to retrain it."
                 ) from None
         finished = checkpoint is not None and checkpoint.step == train_config.steps
-        record = _read_json(run_dir / RUN_RECORD)
-        if finished and record is not None and record["evals"] == evals:
+        record = _read_record(LMRun, run_dir / RUN_RECORD)
+        if finished and record is not None and record.evals == evals:
             self.say(f"reusing {run_dir} (finished earlier)")
             return record, None
         if checkpoint is None and run_dir.exists():
@@ -180,9 +197,8 @@ class Comparison:
         else:
             self.say(f"{run_dir} finished training earlier; evaluating it")
             model, _ = load_pretrained(run_dir, self.env.device)
-        record = self.evaluate_lm_run(model, label, seed, train_config, corpus, run_dir)
-        record["evals"] = evals
-        atomic_write_text(run_dir / RUN_RECORD, json.dumps(record, indent=2) + "\n")
+        record = self.evaluate_lm_run(model, label, seed, train_config, corpus, run_dir, evals)
+        _write_record(record, run_dir / RUN_RECORD)
         return record, None
 
     def extrapolation_tokens(self, corpus: Corpus) -> np.ndarray:
@@ -198,67 +214,63 @@ class Comparison:
         return np.asarray(corpus.val[:n_tokens], dtype=np.int64)
 
     def evaluate_lm_run(
-        self, model: Transformer, label: str, seed: int, train_config: TrainConfig, corpus: Corpus, run_dir: Path
-    ) -> dict[str, Any]:
+        self,
+        model: Transformer,
+        label: str,
+        seed: int,
+        train_config: TrainConfig,
+        corpus: Corpus,
+        run_dir: Path,
+        evals: dict[str, Any],
+    ) -> LMRun:
         spec, device = self.spec, self.env.device
         started = time.perf_counter()
         token_bytes = corpus.tokenizer.token_bytes()
-        val = evaluate(
-            model,
-            corpus.val,
-            token_bytes,
-            seq_len=train_config.seq_len,
-            batch_size=train_config.batch_size,
-            max_windows=train_config.eval_windows,
-            env=self.env,
+        # The trainer's own validation: the same windows, so it reproduces the run's last logged evaluation.
+        val_config = LMEvalConfig(
+            train_config.seq_len, batch_size=train_config.batch_size, max_windows=train_config.eval_windows
         )
-        stream = self.extrapolation_tokens(corpus)
-        lm_config = LMEvalConfig(
-            block_len=train_config.seq_len,
-            bytes_per_token=float(token_bytes[stream].mean()),
-            batch_size=spec.evals.extrapolation_batch_size,
-        )
+        val = evaluate_lm(model, corpus.val, token_bytes, val_config, env=self.env)
+        extrapolation_config = LMEvalConfig(train_config.seq_len, batch_size=spec.evals.extrapolation_batch_size)
         points = length_extrapolation(
-            model, torch.from_numpy(stream).to(device), lm_config, spec.evals.extrapolation_multiples
+            model,
+            self.extrapolation_tokens(corpus),
+            token_bytes,
+            extrapolation_config,
+            spec.evals.extrapolation_multiples,
         )
-        if seed == spec.seeds[0]:
+        has_maps = seed == spec.seeds[0]
+        if has_maps:
             prompt = torch.from_numpy(np.asarray(corpus.val[: spec.evals.map_tokens], dtype=np.int64))[None]
             model.eval()
             maps = model.attention_maps(prompt.to(device))  # each (1, heads, T, T): the effective, mixing map
             np.save(run_dir / ATTENTION_MAPS, torch.stack([m[0] for m in maps]).cpu().numpy())
         metrics = MetricsLog(run_dir / METRICS).read()
         train_records = [r for r in metrics if "train_loss" in r]
-        train_seconds = _training_seconds(train_records, train_config.tokens_per_step)
         self.say(
             f"evaluated {label} seed {seed} in {time.perf_counter() - started:.1f} s: val loss {val.loss:.4f}, "
             + ", ".join(f"{p.multiple}×: {p.result.loss:.3f}" if p.result else f"{p.multiple}×: N/A" for p in points)
         )
-        return {
-            "variant": label,
-            "seed": seed,
-            "run_dir": str(run_dir.relative_to(self.out_dir)),
-            "parameters": model.num_parameters(),
-            "steps": train_config.steps,
-            "tokens": train_config.steps * train_config.tokens_per_step,
-            "train_seconds": train_seconds,
-            "train_tokens_per_s": train_config.steps * train_config.tokens_per_step / train_seconds,
-            "final_train_loss": train_records[-1]["train_loss"],
-            "val": val.to_dict(),
-            "extrapolation": [
-                {"multiple": p.multiple, "block_len": p.block_len, **asdict(p.result)}
-                if p.result is not None
-                else {"multiple": p.multiple, "block_len": p.block_len, "unavailable": p.reason}
-                for p in points
-            ],
-            "curve": {
-                "train": [[r["step"], r["train_loss"]] for r in train_records],
-                "val": [[r["step"], r["val_loss"]] for r in metrics if "val_loss" in r],
-            },
-        }
+        return LMRun(
+            variant=label,
+            seed=seed,
+            run_dir=str(run_dir.relative_to(self.out_dir)),
+            parameters=model.num_parameters(),
+            steps=train_config.steps,
+            tokens=train_config.steps * train_config.tokens_per_step,
+            train_seconds=_training_seconds(train_records, train_config.tokens_per_step),
+            final_train_loss=train_records[-1]["train_loss"],
+            val=val,
+            extrapolation=[ExtrapolationResult(p.multiple, p.block_len, p.result, p.reason) for p in points],
+            train_curve=[(r["step"], r["train_loss"]) for r in train_records],
+            val_curve=[(r["step"], r["val_loss"]) for r in metrics if "val_loss" in r],
+            evals=evals,
+            has_maps=has_maps,
+        )
 
     # -------------------------------------------------------------------------------------------- bench
 
-    def bench(self, configs: dict[str, ModelConfig]) -> dict[str, Any]:
+    def bench(self, configs: dict[str, ModelConfig]) -> BenchRecord:
         """Every variant's throughput and peak memory, measured in one sitting so the ratios compare like
         with like; reused only if nothing about the measurement has changed."""
         spec, train = self.spec.evals, self.spec.train
@@ -275,8 +287,8 @@ class Comparison:
                 "device": str(self.env.device),
             }
         )
-        stored = _read_json(self.out_dir / BENCH)
-        if stored is not None and stored["key"] == key:
+        stored = _read_record(BenchRecord, self.out_dir / BENCH)
+        if stored is not None and stored.key == key:
             self.say(f"reusing {self.out_dir / BENCH}")
             return stored
         self.say("── throughput and memory of the untrained models, each case in a fresh process ──")
@@ -285,7 +297,7 @@ class Comparison:
             case = BenchCase(
                 label, configs[label], max(1, train.batch_size // multiple), train.seq_len * multiple, mode
             )
-            entry = {"variant": label, "mode": mode, "seq_len": case.seq_len, "batch_size": case.batch_size}
+            where = {"variant": label, "mode": mode, "seq_len": case.seq_len, "batch_size": case.batch_size}
             try:
                 result = measure(
                     case,
@@ -295,61 +307,60 @@ class Comparison:
                     device=str(self.env.device),
                 )
             except RuntimeError as err:  # e.g. learned positions past max_seq_len: N/A, with the reason
-                entry["unavailable"] = str(err)
+                measurement = BenchMeasurement(**where, unavailable=str(err))
+                self.say(f"{mode} T={case.seq_len} {label}: N/A")
             else:
-                entry.update(
+                measurement = BenchMeasurement(
+                    **where,
                     tokens_per_s=result.tokens_per_s,
                     tokens_per_s_min=result.tokens_per_s_min,
                     tokens_per_s_max=result.tokens_per_s_max,
                     peak_mem_mb=result.peak_mem_mb,
                 )
-            measurements.append(entry)
-            shown = f"{entry['tokens_per_s']:,.0f} tok/s" if "tokens_per_s" in entry else "N/A"
-            self.say(f"{mode} T={case.seq_len} {label}: {shown}")
-        bench = {"key": key, "machine": machine_description(threads), "measurements": measurements}
-        atomic_write_text(self.out_dir / BENCH, json.dumps(bench, indent=2) + "\n")
+                self.say(f"{mode} T={case.seq_len} {label}: {result.tokens_per_s:,.0f} tok/s")
+            measurements.append(measurement)
+        bench = BenchRecord(key, machine_description(threads), measurements)
+        _write_record(bench, self.out_dir / BENCH)
         return bench
 
     # -------------------------------------------------------------------------------------------- tasks
 
-    def task(self, task: TaskSpec) -> dict[str, Any]:
-        configs = task_configs(task, list(self.spec.variants))
-        runs: dict[str, dict[int, dict[str, Any]]] = {label: {} for label in self.labels}
+    def task(self, spec: TaskSpec) -> TaskResult:
+        configs = task_configs(spec, list(self.spec.variants))
+        runs: dict[str, dict[int, TaskRun]] = {label: {} for label in self.labels}
+        task, budget = spec.task, spec.budget
         self.say(
-            f"\n── task {task.name}: {task.steps} steps × {task.batch_size} samples · {self._elapsed()} elapsed ──"
+            f"\n── task {task.name}: {budget.steps} steps × {budget.batch_size} samples · {self._elapsed()} elapsed ──"
         )
         for seed, label in product(self.spec.seeds, self.labels):
             path = self.out_dir / "tasks" / task.name / label / f"seed{seed}" / "result.json"
-            identity = _jsonable({"task": asdict(task), "model": configs[label].to_dict()})
-            stored = _read_json(path)
+            identity = _jsonable({"budget": asdict(budget), "model": configs[label].to_dict()})
+            stored = _read_record(TaskRun, path)
             if stored is not None:
-                if stored["identity"] != identity:
+                if stored.identity != identity:
                     raise ValueError(
                         f"{path} was trained with another task or model configuration than this compare's; "
                         "choose another output directory, or delete it to retrain"
                     )
                 runs[label][seed] = stored
                 continue
-            result = train_task(task, configs[label], seed, self.env.device, self.progress, label)
-            result.update(identity=identity, parameters=count_parameters(configs[label]))
-            atomic_write_text(path, json.dumps(result, indent=2) + "\n")
+            result = dataclasses.replace(
+                train_task(spec, configs[label], seed, self.env.device, self.progress, label), identity=identity
+            )
+            _write_record(result, path)
             runs[label][seed] = result
-            self.say(f"{task.name} {label} seed {seed}: {result['metric']} {result['final'][result['metric']]:.4f}")
-        metric, higher_is_better = task_metric(task.name)
-        finals = {label: Summary.of([r["final"][metric] for r in by_seed.values()]) for label, by_seed in runs.items()}
-        return {
-            "spec": asdict(task),
-            "metric": metric,
-            "higher_is_better": higher_is_better,
-            "context_len": context_len(task),
-            "summary": {label: asdict(summary) for label, summary in finals.items()},
-            "versus_baseline": {
-                label: _difference_dict(difference(summary, finals[self.baseline]))
-                for label, summary in finals.items()
-                if label != self.baseline
-            },
-            "runs": {label: list(by_seed.values()) for label, by_seed in runs.items()},
-        }
+            self.say(f"{task.name} {label} seed {seed}: {task.metric} {result.final[task.metric]:.4f}")
+        return TaskResult(
+            name=task.name,
+            measures=task.measures,
+            paper=task.paper,
+            metric=task.metric,
+            higher_is_better=task.higher_is_better,
+            probe_columns=dict(task.probe_columns),
+            budget=budget,
+            context_len=context_len(spec),
+            runs={label: list(by_seed.values()) for label, by_seed in runs.items()},
+        )
 
     # ------------------------------------------------------------------------------------------ results
 
@@ -357,132 +368,89 @@ class Comparison:
         self,
         configs: dict[str, ModelConfig],
         corpus: Corpus,
-        lm_runs: dict[str, dict[int, dict[str, Any]]],
-        bench: dict[str, Any],
-        task_results: dict[str, Any],
-    ) -> dict[str, Any]:
+        lm_runs: dict[str, dict[int, LMRun]],
+        bench: BenchRecord,
+        task_results: dict[str, TaskResult],
+    ) -> CompareResults:
         spec, train = self.spec, self.spec.train
         runs = {label: [lm_runs[label][seed] for seed in spec.seeds] for label in self.labels}
-        return {
-            "attnzoo_version": __version__,
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "command": sys.argv,
-            "preset": spec.name,
-            "spec": spec.to_dict(),
-            "baseline": self.baseline,
-            "seeds": list(spec.seeds),
-            "budget": {
-                "steps": train.steps,
-                "batch_size": train.batch_size,
-                "seq_len": train.seq_len,
-                "tokens_per_run": train.steps * train.tokens_per_step,
-                "runs": len(spec.seeds) * len(self.labels),
-                "train_seconds_total": sum(r["train_seconds"] for by_seed in runs.values() for r in by_seed),
-                "wall_seconds_this_invocation": time.perf_counter() - self.started,
-            },
-            "corpus": {
-                "name": corpus.name,
-                "tokenizer": corpus.tokenizer.kind,
-                "train_tokens": len(corpus.train),
-                "val_tokens": len(corpus.val),
-            },
-            "machine": {
-                "description": self.machine_at_start,
-                "platform": platform.platform(),
-                "python": platform.python_version(),
-                "torch": torch.__version__,
-                "device": str(self.env.device),
-                "cpu_count": os.cpu_count(),
-                "torch_threads": torch.get_num_threads(),
-                "load_average_start": self.load_at_start,
-                "load_average_end": _load_average(),
-            },
-            "variants": {
-                label: {
-                    "config": configs[label].to_dict(),
-                    "parameters": count_parameters(configs[label]),
-                    "runs": runs[label],
-                    "summary": summarize_lm(runs[label]),
-                }
+        return CompareResults(
+            schema_version=SCHEMA_VERSION,
+            attnzoo_version=__version__,
+            created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            command=sys.argv,
+            preset=spec.name,
+            spec=_jsonable(spec.to_dict()),
+            baseline=self.baseline,
+            seeds=list(spec.seeds),
+            budget=Budget(
+                steps=train.steps,
+                batch_size=train.batch_size,
+                seq_len=train.seq_len,
+                lr=train.lr,
+                warmup_steps=train.warmup_steps,
+                min_lr=train.lr * train.min_lr_ratio,
+                tokens_per_run=train.steps * train.tokens_per_step,
+                runs=len(spec.seeds) * len(self.labels),
+                train_seconds_total=sum(r.train_seconds for by_seed in runs.values() for r in by_seed),
+                wall_seconds_this_invocation=time.perf_counter() - self.started,
+            ),
+            evals=spec.evals,
+            corpus=CorpusInfo(corpus.name, corpus.tokenizer.kind, len(corpus.train), len(corpus.val)),
+            machine=MachineInfo(
+                description=self.machine_at_start,
+                platform=platform.platform(),
+                python=platform.python_version(),
+                torch=torch.__version__,
+                device=str(self.env.device),
+                cpu_count=os.cpu_count(),
+                torch_threads=torch.get_num_threads(),
+                load_average_start=self.load_at_start,
+                load_average_end=_load_average(),
+            ),
+            variants={
+                label: VariantResult(
+                    config=configs[label].to_dict(),
+                    parameters=runs[label][0].parameters,
+                    map_note=ATTENTION.get(configs[label].attention).map_note,
+                    runs=runs[label],
+                )
                 for label in self.labels
             },
-            "versus_baseline": versus_baseline(runs, self.baseline),
-            "bench": bench,
-            "tasks": task_results,
-        }
+            bench=bench,
+            tasks=task_results,
+        )
 
 
 # --------------------------------------------------------------------------------------------------- summaries
 
-# Metrics summarised over seeds: (name, how to read it from a run record); all lower-is-better.
-LM_METRICS: dict[str, Callable[[dict[str, Any]], float | None]] = {
-    "val_loss": lambda r: r["val"]["loss"],
-    "val_bits_per_byte": lambda r: r["val"]["bits_per_byte"],
-    "val_perplexity": lambda r: r["val"]["perplexity"],
-    "final_train_loss": lambda r: r["final_train_loss"],
-}
 
-
-def extrapolation_loss(record: dict[str, Any], multiple: int) -> float | None:
-    point = next(p for p in record["extrapolation"] if p["multiple"] == multiple)
-    return point.get("loss")
-
-
-def _metric_values(runs: list[dict[str, Any]]) -> dict[str, list[float]]:
-    """Every summarised metric's values over the runs; a metric N/A in any run is left out."""
-    values = {name: [read(r) for r in runs] for name, read in LM_METRICS.items()}
-    for point in runs[0]["extrapolation"]:
-        values[f"loss_at_{point['multiple']}x"] = [extrapolation_loss(r, point["multiple"]) for r in runs]
-    return {name: vs for name, vs in values.items() if all(v is not None for v in vs)}
-
-
-def summarize_lm(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {name: asdict(Summary.of(values)) for name, values in _metric_values(runs).items()}
-
-
-def versus_baseline(runs: dict[str, list[dict[str, Any]]], baseline: str) -> dict[str, dict[str, Any]]:
-    """Each variant's difference from the baseline in every metric both have, with the noise verdict."""
-    base = {name: Summary.of(values) for name, values in _metric_values(runs[baseline]).items()}
-    out = {}
-    for label, label_runs in runs.items():
-        if label == baseline:
-            continue
-        ours = {name: Summary.of(values) for name, values in _metric_values(label_runs).items()}
-        out[label] = {}
-        for name in ours.keys() & base.keys():
-            out[label][name] = _difference_dict(difference(ours[name], base[name]))
-    return out
-
-
-def _difference_dict(diff: Difference) -> dict[str, Any]:
-    return {**asdict(diff), "within_noise": diff.within_noise, "verdict": diff.verdict}
-
-
-def progress_table(lm_runs: dict[str, dict[int, dict[str, Any]]], baseline: str) -> str:
+def progress_table(lm_runs: dict[str, dict[int, LMRun]], baseline: str) -> str:
     """The terminal table after each run: mean ± std over the seeds finished so far."""
     base_runs = list(lm_runs[baseline].values())
-    base = Summary.of([r["val"]["loss"] for r in base_runs]) if base_runs else None
+    base = Summary.of([r.val.loss for r in base_runs]) if base_runs else None
     rows = []
     for label, by_seed in lm_runs.items():
         if not by_seed:
             rows.append([label, "0", "…", "…", "…"])
             continue
-        loss = Summary.of([r["val"]["loss"] for r in by_seed.values()])
-        bpb = Summary.of([r["val"]["bits_per_byte"] for r in by_seed.values()])
+        loss = Summary.of([r.val.loss for r in by_seed.values()])
+        bpb = Summary.of([r.val.bits_per_byte for r in by_seed.values()])
         versus = "baseline" if label == baseline else (difference(loss, base).format(4) if base else "…")
         rows.append([label, str(loss.n), loss.format(4), bpb.format(4), versus])
-    return Table(["variant", "seeds", "val loss", "val bits/byte", "Δ loss vs baseline"], rows).to_text()
+    header = ["variant", "seeds", "val loss (nats/token)", "val bits/byte", "Δ loss vs baseline"]
+    return Table(header, rows).to_text()
 
 
-def final_summary(results: dict[str, Any], paths: dict[str, Path]) -> str:
-    budget = results["budget"]
+def final_summary(results: CompareResults, paths: dict[str, Path]) -> str:
+    budget = results.budget
     lines = [
         "",
         summary_table(results).to_text(),
         "",
-        f"{len(results['seeds'])} seed(s) × {budget['steps']} steps × {budget['tokens_per_run']:,} tokens per run; "
-        f"training {_duration(budget['train_seconds_total'])} in all, "
-        f"this invocation {_duration(budget['wall_seconds_this_invocation'])}",
+        f"{len(results.seeds)} seed(s) × {budget.steps} steps × {budget.tokens_per_run:,} tokens per run; "
+        f"training {_duration(budget.train_seconds_total)} in all, "
+        f"this invocation {_duration(budget.wall_seconds_this_invocation)}",
         "report: " + ", ".join(str(p) for p in paths.values()),
     ]
     return "\n".join(lines)
@@ -501,12 +469,17 @@ def _training_seconds(train_records: list[dict[str, Any]], tokens_per_step: int)
     return seconds
 
 
-def _read_json(path: Path) -> Any:
-    """The file's JSON, or None if it is missing or damaged: then the work it records is redone."""
+def _read_record(cls: type[R], path: Path) -> R | None:
+    """The record stored at ``path``, or None if it is missing, damaged or of another schema: then the work
+    it records is redone."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+        return from_dict(cls, json.loads(path.read_text(encoding="utf-8")), str(path))
+    except (OSError, ValueError, TypeError):
         return None
+
+
+def _write_record(record: Any, path: Path) -> None:
+    atomic_write_text(path, json.dumps(to_dict(record), indent=2) + "\n")
 
 
 def _jsonable(value: Any) -> Any:

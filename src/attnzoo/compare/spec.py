@@ -14,22 +14,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from attnzoo.config import ModelConfig, is_int, require
-from attnzoo.evals import TASKS
+from attnzoo.config import ModelConfig
+from attnzoo.evals.task import SCALES, TASKS, TaskSpec, check_model_settings
 from attnzoo.training.config import TrainConfig
+from attnzoo.validation import is_int, require
 from attnzoo.variants import Variant
 
 DEFAULT_VARIANTS = ("mha+rope", "mha+alibi", "diff+rope", "selective+rope", "dcmha+rope")
-# Set per variant (attention, position) or from the data (vocab_size) and the training length (max_seq_len).
-MODEL_FIELDS_SET_BY_COMPARE = ("vocab_size", "attention", "position", "max_seq_len")
 BENCH_MODES = ("train", "prefill")
-# The metric each task is judged by and whether higher is better; "accuracy" (higher) unless listed.
-TASK_METRICS: dict[str, tuple[str, bool]] = {"random_walk": ("excess_loss", False)}
-SWEEP_TASKS = ("passkey", "needles")  # tasks scored by context length × needle depth
-
-
-def task_metric(name: str) -> tuple[str, bool]:
-    return TASK_METRICS.get(name, ("accuracy", True))
 
 
 @dataclass(frozen=True)
@@ -72,56 +64,6 @@ class EvalSpec:
 
 
 @dataclass(frozen=True)
-class TaskSpec:
-    """A synthetic task, trained from scratch for every variant × seed on fresh batches (online data)."""
-
-    name: str  # a key of attnzoo.evals.TASKS
-    options: dict[str, Any] = field(default_factory=dict)  # fields of the task's config; the rest keep defaults
-    model: dict[str, Any] = field(default_factory=lambda: {"dim": 64, "n_layers": 2, "n_heads": 2})
-    steps: int = 1000
-    batch_size: int = 32
-    lr: float = 1e-3
-    warmup_steps: int = 50
-    eval_interval: int = 250
-    eval_samples: int = 500  # a fixed evaluation set, the same for every variant and seed
-    stop_at: float | None = None  # stop once the evaluation accuracy reaches this (Zoology's 0.99 for MQAR)
-    sweep_lengths: tuple[int, ...] = ()  # passkey, needles: accuracy by context length and needle depth
-    sweep_depths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
-    sweep_samples: int = 20  # per (length, depth) cell
-    probe_samples: int = 32  # needles: samples read by the attention-noise probe
-
-    def __post_init__(self) -> None:
-        require(self.name in TASKS, "task", self.name, f"choose one of {sorted(TASKS)}")
-        try:
-            self.config()
-        except TypeError as err:  # an unknown option
-            raise ValueError(f"task {self.name!r}: bad options {self.options}: {err}") from None
-        _check_model_settings(self.model, f"task {self.name!r} model")
-        for name in ("steps", "batch_size", "eval_interval", "eval_samples", "sweep_samples", "probe_samples"):
-            value = getattr(self, name)
-            require(is_int(value) and value >= 1, name, value, "must be an integer >= 1")
-        require(is_int(self.warmup_steps) and self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, ">= 0")
-        require(self.lr > 0, "lr", self.lr, "must be > 0")
-        metric, higher_is_better = task_metric(self.name)
-        require(
-            self.stop_at is None or (higher_is_better and 0 < self.stop_at <= 1),
-            "stop_at",
-            self.stop_at,
-            f"must be null or an accuracy in (0, 1]; {self.name} is judged by {metric}, which cannot stop early",
-        )
-        require(
-            not self.sweep_lengths or self.name in SWEEP_TASKS,
-            "sweep_lengths",
-            self.sweep_lengths,
-            f"only {list(SWEEP_TASKS)} are swept by length and depth",
-        )
-
-    def config(self) -> Any:
-        """The task's config dataclass (its own validation applies)."""
-        return TASKS[self.name].config(**self.options)
-
-
-@dataclass(frozen=True)
 class CompareSpec:
     """One comparison: variants × seeds trained under one budget, then evaluated the same way.
 
@@ -153,7 +95,7 @@ class CompareSpec:
         labels = [Variant.parse(spec).label for spec in self.variants]  # a bad spec raises its own clear error
         duplicates = sorted({label for label in labels if labels.count(label) > 1})
         require(not duplicates, "variants", self.variants, f"name {duplicates} more than once")
-        _check_model_settings(self.model, "model")
+        check_model_settings(self.model, "model")
         names = [task.name for task in self.tasks]
         require(len(set(names)) == len(names), "tasks", names, "must name each task at most once")
 
@@ -169,126 +111,9 @@ class CompareSpec:
         return dataclasses.asdict(self)
 
 
-def _check_model_settings(model: dict[str, Any], what: str) -> None:
-    clash = sorted(set(model) & set(MODEL_FIELDS_SET_BY_COMPARE))
-    require(not clash, what, model, f"must not set {clash}: compare sets them per variant, data and length")
-    ModelConfig.from_dict({**model, "vocab_size": 256})  # unknown or invalid fields fail here, by name
-
-
 # ----------------------------------------------------------------------------------------------------- presets
 #
-# Every task's defaults are the CPU recipe of eval_protocols.md §8.1; the presets shrink or keep them.
-
-_TINY_TASK_MODEL = {"dim": 32, "n_layers": 2, "n_heads": 2}
-_TINY_TASK = {"model": _TINY_TASK_MODEL, "steps": 3, "batch_size": 4, "warmup_steps": 1, "eval_interval": 3}
-
-MICRO_TASKS = {
-    "passkey": TaskSpec(
-        "passkey",
-        {"context_len": 64, "n_digits": 2},
-        **_TINY_TASK,
-        eval_samples=8,
-        sweep_lengths=(64, 128),
-        sweep_depths=(0.0, 1.0),
-        sweep_samples=2,
-    ),
-    "needles": TaskSpec(
-        "needles",
-        {"context_len": 48, "n_needles": 2, "n_queries": 1, "n_digits": 2, "n_keys": 8, "n_noise_words": 16},
-        **_TINY_TASK,
-        eval_samples=8,
-        sweep_lengths=(48, 96),
-        sweep_depths=(0.0, 1.0),
-        sweep_samples=2,
-        probe_samples=4,
-    ),
-    "mqar": TaskSpec(
-        "mqar", {"vocab_size": 64, "seq_len": 16, "num_kv_pairs": 2}, **_TINY_TASK, eval_samples=8, stop_at=0.99
-    ),
-    "random_walk": TaskSpec(
-        "random_walk", {"n_nodes": 8, "degrees": (1, 2, 4), "walk_len": 16}, **_TINY_TASK, eval_samples=8
-    ),
-    "composition": TaskSpec(
-        "composition", {"n_facts": 2, "n_bindings": 2, "n_heldout_objects": 4}, **_TINY_TASK, eval_samples=8
-    ),
-}
-
-# One layer, as the SSA reconstruction (§5.2): the task needs only the current node, so it is cheap.
-QUICK_RANDOM_WALK = TaskSpec(
-    "random_walk",
-    {"walk_len": 32},
-    model={"dim": 32, "n_layers": 1, "n_heads": 2},
-    steps=150,
-    batch_size=32,
-    lr=3e-3,
-    warmup_steps=15,
-    eval_interval=50,
-    eval_samples=256,
-)
-
-# eval_protocols.md §8.1 and the §9 calibration (MQAR (64, 4) reaches 0.99 in about 1,250-1,500 steps).
-STANDARD_TASKS = {
-    "mqar": TaskSpec(
-        "mqar",
-        {},
-        model={"dim": 64, "n_layers": 2, "n_heads": 2},
-        steps=2500,
-        batch_size=64,
-        lr=3e-3,
-        warmup_steps=100,
-        eval_interval=250,
-        eval_samples=1000,
-        stop_at=0.99,
-    ),
-    "random_walk": dataclasses.replace(QUICK_RANDOM_WALK, options={}, steps=1000, eval_interval=100, eval_samples=512),
-    "passkey": TaskSpec(
-        "passkey",
-        {},
-        model={"dim": 128, "n_layers": 2, "n_heads": 4},
-        steps=2000,
-        batch_size=32,
-        lr=1e-3,
-        warmup_steps=100,
-        eval_interval=250,
-        eval_samples=200,
-        stop_at=0.99,
-        sweep_lengths=(128, 256, 512, 1024),
-        sweep_samples=20,
-    ),
-}
-FULL_TASKS = {
-    **STANDARD_TASKS,
-    "mqar": dataclasses.replace(STANDARD_TASKS["mqar"], steps=3000),
-    "passkey": dataclasses.replace(
-        STANDARD_TASKS["passkey"], steps=3000, sweep_lengths=(128, 256, 512, 1024, 2048), sweep_samples=20
-    ),
-    "needles": TaskSpec(
-        "needles",
-        {},
-        model={"dim": 128, "n_layers": 4, "n_heads": 4},
-        steps=4000,
-        batch_size=32,
-        lr=1e-3,
-        warmup_steps=200,
-        eval_interval=250,
-        eval_samples=200,
-        stop_at=0.99,
-        sweep_lengths=(256, 512, 1024),
-        sweep_samples=50,
-        probe_samples=50,
-    ),
-    "composition": TaskSpec(
-        "composition",
-        {},
-        model={"dim": 128, "n_layers": 4, "n_heads": 4},
-        steps=4000,
-        batch_size=32,
-        lr=1e-3,
-        warmup_steps=200,
-        eval_interval=250,
-        eval_samples=500,
-    ),
-}
+# A preset's tasks run at the preset's scale of each task's own budget (attnzoo.evals.task).
 
 _TRAIN_DEFAULTS = {"lr": 2e-3, "keep_checkpoints": 1}
 
@@ -317,7 +142,7 @@ PRESETS: dict[str, CompareSpec] = {
             bench_repeats=2,
             bench_warmup=0,
         ),
-        tasks=tuple(MICRO_TASKS.values()),
+        tasks=tuple(TaskSpec.at_scale(name, "micro") for name in TASKS),
     ),
     "quick": CompareSpec(
         name="quick",
@@ -338,7 +163,7 @@ PRESETS: dict[str, CompareSpec] = {
             **_TRAIN_DEFAULTS,
         ),
         seeds=(0, 1),
-        tasks=(QUICK_RANDOM_WALK,),
+        tasks=(TaskSpec.at_scale("random_walk", "quick"),),
     ),
     "standard": CompareSpec(
         name="standard",
@@ -359,13 +184,13 @@ PRESETS: dict[str, CompareSpec] = {
         ),
         seeds=(0, 1, 2),
         evals=EvalSpec(extrapolation_blocks=8, bench_cases=(("train", 1), ("train", 8), ("prefill", 8))),
-        tasks=tuple(STANDARD_TASKS.values()),
+        tasks=tuple(TaskSpec.at_scale(name, "standard") for name in ("mqar", "random_walk", "passkey")),
     ),
     "full": CompareSpec(
         name="full",
         description=(
             "days on 2 CPU cores (estimated; meant for a GPU): a 3.3M-parameter model, 5 seeds × 4,000 steps × "
-            "32 × 128 tokens, and every task at the eval_protocols.md §8.1 budgets"
+            "32 × 128 tokens, and every task at its full budget"
         ),
         model={"dim": 256, "n_layers": 4, "n_heads": 8},
         train=TrainConfig(
@@ -385,15 +210,10 @@ PRESETS: dict[str, CompareSpec] = {
             bench_cases=(("train", 1), ("train", 8), ("prefill", 16)),
             bench_repeats=7,
         ),
-        tasks=tuple(FULL_TASKS.values()),
+        tasks=tuple(
+            TaskSpec.at_scale(name, "full") for name in ("mqar", "random_walk", "passkey", "needles", "composition")
+        ),
     ),
-}
-PRESET_TASKS: dict[str, dict[str, TaskSpec]] = {
-    "micro": MICRO_TASKS,
-    # Any task can be added to any preset (--tasks); those a preset does not run come at the next budget up.
-    "quick": {**FULL_TASKS, **STANDARD_TASKS, "random_walk": QUICK_RANDOM_WALK},
-    "standard": {**FULL_TASKS, **STANDARD_TASKS},
-    "full": FULL_TASKS,
 }
 
 
@@ -409,8 +229,8 @@ def resolve_spec(
 ) -> CompareSpec:
     """A preset by name (or a spec) with the given parts replaced; every override is validated.
 
-    ``tasks`` names the tasks to run (empty: none), at the preset's budgets for them; a custom spec has
-    no task budgets to pick from, so set its ``tasks`` directly.
+    ``tasks`` names the tasks to run (empty: none), each at the preset's scale of its own budget; a custom spec
+    (not named after a scale) picks them from its own ``tasks``.
     """
     if isinstance(preset_or_spec, str):
         if preset_or_spec not in PRESETS:
@@ -435,9 +255,11 @@ def resolve_spec(
     if train_changes:
         changes["train"] = dataclasses.replace(spec.train, **train_changes)
     if tasks is not None:
-        budgets = PRESET_TASKS.get(spec.name, {task.name: task for task in spec.tasks})
-        unknown = sorted(set(tasks) - set(budgets))
-        if unknown:
-            raise ValueError(f"task(s) {unknown} have no budget in preset {spec.name!r}; choose from {sorted(budgets)}")
-        changes["tasks"] = tuple(budgets[name] for name in tasks)
+        if spec.name in SCALES:
+            changes["tasks"] = tuple(TaskSpec.at_scale(name, spec.name) for name in tasks)
+        else:
+            own = {task.name: task for task in spec.tasks}
+            unknown = sorted(set(tasks) - set(own))
+            require(not unknown, "tasks", unknown, f"spec {spec.name!r} has budgets for {sorted(own)} only")
+            changes["tasks"] = tuple(own[name] for name in tasks)
     return dataclasses.replace(spec, **changes) if changes else spec

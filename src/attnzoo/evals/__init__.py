@@ -1,23 +1,18 @@
 """Evaluation tasks and metrics: pure, seeded, torch-only building blocks for ``attnzoo eval`` and ``compare``.
 
-Each synthetic task has a config dataclass, a generator ``make_batch(cfg, batch_size, seed_or_generator)``
-that returns inputs and targets (``IGNORE_INDEX`` where unscored) plus metadata, and an evaluator
-``evaluate(model, cfg, n_samples, seed, batch_size) -> {metric: value}``. Pass an int seed for a fixed
-evaluation set, or one ``torch.Generator`` for fresh batches every training step. ``TASKS`` maps the task
-names to these. The language-model metrics (``lm``) read a token stream instead, and the denoising task
-(``ssa_tasks``) feeds vectors rather than tokens to its own small model, so neither is in ``TASKS``.
-Protocols: ``eval_protocols.md``, cited per module.
+Each synthetic task is one module: a config dataclass, a generator ``make_batch(cfg, batch_size,
+seed_or_generator)`` that returns inputs and targets (``IGNORE_INDEX`` where unscored) plus metadata, an
+evaluator ``evaluate(model, cfg, n_samples, seed, batch_size) -> {metric: value}``, and at its end one
+:func:`~attnzoo.evals.task.register_task` call that declares the task as a record (:class:`Task`: its metric,
+direction, sweep, probe, report columns and budgets). Pass an int seed for a fixed evaluation set, or one
+``torch.Generator`` for fresh batches every training step. The language-model metrics (``lm``) read a token
+stream instead, and the denoising task (``ssa_tasks``) feeds vectors rather than tokens to its own small model,
+so neither is a registered task. Protocols: ``eval_protocols.md``, cited per module.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
-
-import torch
-
-from attnzoo.evals import composition, mqar, needles, passkey, ssa_tasks
+from attnzoo.evals import composition, mqar, needles, passkey, ssa_tasks  # noqa: F401  (each registers its task)
 from attnzoo.evals.base import (
     IGNORE_INDEX,
     LengthDepthSweep,
@@ -30,7 +25,7 @@ from attnzoo.evals.base import (
     scored_accuracy,
 )
 from attnzoo.evals.composition import CompositionConfig, composition_batch, evaluate_composition
-from attnzoo.evals.lm import ExtrapolationPoint, LMEvalConfig, LMResult, evaluate_lm, length_extrapolation
+from attnzoo.evals.lm import ExtrapolationPoint, LMEvalConfig, LMScore, evaluate_lm, length_extrapolation
 from attnzoo.evals.mqar import MQARConfig, evaluate_mqar, mqar_batch, steps_to_threshold
 from attnzoo.evals.needles import (
     AttentionShares,
@@ -41,6 +36,7 @@ from attnzoo.evals.needles import (
     evaluate_needles,
     needles_batch,
     needles_sweep,
+    noise_probe,
 )
 from attnzoo.evals.passkey import PasskeyBatch, PasskeyConfig, evaluate_passkey, passkey_batch, passkey_sweep
 from attnzoo.evals.ssa_tasks import (
@@ -55,26 +51,11 @@ from attnzoo.evals.ssa_tasks import (
     make_graph,
     random_walk_batch,
 )
-
-
-@dataclass(frozen=True)
-class Task:
-    config: type  # the task's config dataclass; its defaults are the CPU preset of eval_protocols.md §8.1
-    make_batch: Callable[[Any, int, int | torch.Generator], TaskBatch]
-    evaluate: Callable[..., dict[str, float]]
-    vocab_size: Callable[[Any], int]  # the ModelConfig.vocab_size a model for this config needs
-
-
-TASKS: dict[str, Task] = {
-    "passkey": Task(PasskeyConfig, passkey_batch, evaluate_passkey, passkey.vocab_size),
-    "needles": Task(NeedlesConfig, needles_batch, evaluate_needles, needles.vocab_size),
-    "mqar": Task(MQARConfig, mqar_batch, evaluate_mqar, mqar.vocab_size),
-    "random_walk": Task(RandomWalkConfig, random_walk_batch, evaluate_random_walk, ssa_tasks.vocab_size),
-    "composition": Task(CompositionConfig, composition_batch, evaluate_composition, composition.vocab_size),
-}
+from attnzoo.evals.task import SCALES, TASKS, Task, TaskBudget, TaskSpec, get_task, register_task
 
 __all__ = [
     "IGNORE_INDEX",
+    "SCALES",
     "TASKS",
     "AttentionShares",
     "CompositionConfig",
@@ -82,7 +63,7 @@ __all__ = [
     "DenoisingConfig",
     "ExtrapolationPoint",
     "LMEvalConfig",
-    "LMResult",
+    "LMScore",
     "LengthDepthSweep",
     "MQARConfig",
     "NeedlesBatch",
@@ -93,6 +74,8 @@ __all__ = [
     "SweepCell",
     "Task",
     "TaskBatch",
+    "TaskBudget",
+    "TaskSpec",
     "WordVocab",
     "attention_noise_probe",
     "attention_shares",
@@ -108,6 +91,7 @@ __all__ = [
     "evaluate_passkey",
     "evaluate_random_walk",
     "exact_match",
+    "get_task",
     "greedy_predictions",
     "largest_passing_length",
     "length_extrapolation",
@@ -115,9 +99,11 @@ __all__ = [
     "mqar_batch",
     "needles_batch",
     "needles_sweep",
+    "noise_probe",
     "passkey_batch",
     "passkey_sweep",
     "random_walk_batch",
+    "register_task",
     "scored_accuracy",
     "steps_to_threshold",
 ]

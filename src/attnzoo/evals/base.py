@@ -20,6 +20,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 IGNORE_INDEX = -100
+# The model and loop of every task's micro budget: a smoke test that trains for 3 steps.
+TINY_MODEL = {"dim": 32, "n_layers": 2, "n_heads": 2}
+TINY_LOOP = {"model": TINY_MODEL, "steps": 3, "batch_size": 4, "warmup_steps": 1, "eval_interval": 3, "eval_samples": 8}
 
 
 @dataclass

@@ -22,8 +22,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from attnzoo.config import require
-from attnzoo.evals.base import IGNORE_INDEX, TaskBatch, WordVocab, as_generator, greedy_predictions, randint
+from attnzoo.evals.base import IGNORE_INDEX, TINY_LOOP, TaskBatch, WordVocab, as_generator, greedy_predictions, randint
+from attnzoo.evals.task import Task, TaskBudget, register_task
+from attnzoo.validation import require
 
 SPLITS = ("train", "eval")
 
@@ -153,3 +154,28 @@ def evaluate_composition(
         batch = composition_batch(dataclasses.replace(cfg, split=split), n_samples, seed)
         result[key] = score_composition(greedy_predictions(model, batch.inputs, batch_size), batch)
     return result
+
+
+register_task(
+    Task(
+        name="composition",
+        config=CompositionConfig,
+        make_batch=composition_batch,
+        evaluate=evaluate_composition,
+        vocab_size=vocab_size,
+        measures="two-hop composition: an answer that needs two facts from the context chained",
+        paper="DCFormer (Xiao et al., 2024)",
+        budgets={
+            "micro": TaskBudget(options={"n_facts": 2, "n_bindings": 2, "n_heldout_objects": 4}, **TINY_LOOP),
+            "full": TaskBudget(
+                model={"dim": 128, "n_layers": 4, "n_heads": 4},
+                steps=4000,
+                batch_size=32,
+                lr=1e-3,
+                warmup_steps=200,
+                eval_interval=250,
+                eval_samples=500,
+            ),
+        },
+    )
+)

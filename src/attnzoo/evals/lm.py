@@ -1,5 +1,8 @@
 """Held-out language-model loss, perplexity and bits per byte, and train-short/test-long extrapolation.
 
+There is one evaluator, :func:`evaluate_lm`: the trainer, ``attnzoo eval`` and ``compare`` all use it, and it
+divides by the exact UTF-8 bytes of the scored tokens for bits per byte.
+
 Protocol: ALiBi (Press et al., 2022) §4 and Appendix B, as summarised in eval_protocols.md §4. Nonoverlapping
 evaluation cuts the stream into independent blocks, so every token is predicted once with only the context
 inside its block. Sliding-window evaluation moves a window of ``block_len`` tokens by ``stride`` and scores
@@ -11,30 +14,50 @@ lower the loss of a model that makes no use of the longer context (the "early-to
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+import numpy as np
+import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnzoo.config import require
-from attnzoo.evals.base import IGNORE_INDEX, summed_loss
+from attnzoo.data.batches import eval_window_starts, gather_windows
+from attnzoo.evals.base import IGNORE_INDEX
+from attnzoo.validation import is_int, require
+
+if TYPE_CHECKING:
+    from attnzoo.training.distributed import Distributed
 
 
 @dataclass(frozen=True)
 class LMEvalConfig:
     block_len: int
     stride: int | None = None  # None → block_len: nonoverlapping blocks
-    bytes_per_token: float = 1.0  # of the tokenizer on this text: 1 for byte-level
     batch_size: int = 8
+    max_windows: int | None = None  # nonoverlapping only: score at most this many blocks, spread evenly
 
     def __post_init__(self) -> None:
-        require(self.block_len >= 1, "block_len", self.block_len, "must be >= 1")
+        require(is_int(self.block_len) and self.block_len >= 1, "block_len", self.block_len, "must be >= 1")
         if self.stride is not None:
-            require(1 <= self.stride <= self.block_len, "stride", self.stride, f"must be in [1, {self.block_len}]")
-        require(self.bytes_per_token > 0, "bytes_per_token", self.bytes_per_token, "must be > 0")
-        require(self.batch_size >= 1, "batch_size", self.batch_size, "must be >= 1")
+            require(
+                is_int(self.stride) and 1 <= self.stride <= self.block_len,
+                "stride",
+                self.stride,
+                f"must be in [1, {self.block_len}]",
+            )
+        require(is_int(self.batch_size) and self.batch_size >= 1, "batch_size", self.batch_size, "must be >= 1")
+        if self.max_windows is not None:
+            require(
+                is_int(self.max_windows) and self.max_windows >= 1 and self.stride is None,
+                "max_windows",
+                self.max_windows,
+                "must be an integer >= 1, and only for nonoverlapping blocks (no stride)",
+            )
 
     @property
     def step(self) -> int:
@@ -42,59 +65,123 @@ class LMEvalConfig:
         return self.block_len if self.stride is None else self.stride
 
 
-@dataclass
-class LMResult:
+@dataclass(frozen=True)
+class LMScore:
+    """What one evaluation scored: bits per byte divide by the exact UTF-8 bytes of the scored tokens."""
+
     loss: float  # mean cross-entropy, nats per token
-    perplexity: float
-    bits_per_byte: float
     tokens: int  # predictions scored
+    bytes: int
     block_len: int
     stride: int
 
+    @property
+    def perplexity(self) -> float:
+        return math.exp(self.loss)
 
-def windows(tokens: Tensor, cfg: LMEvalConfig) -> tuple[Tensor, Tensor]:
-    """The (windows, block_len) inputs and targets that score each token after the first at most once.
+    @property
+    def bits_per_byte(self) -> float:
+        """Comparable across tokenizers: total information in bits over the text's UTF-8 length."""
+        return self.loss * self.tokens / (self.bytes * math.log(2))
+
+    def metrics(self) -> dict[str, float]:
+        """What the trainer logs (as ``val_*``) and ``attnzoo eval --json`` prints."""
+        return {
+            "loss": self.loss,
+            "perplexity": self.perplexity,
+            "bits_per_byte": self.bits_per_byte,
+            "tokens": self.tokens,
+        }
+
+
+def window_plan(num_tokens: int, cfg: LMEvalConfig) -> tuple[np.ndarray, np.ndarray]:
+    """The windows that score each token after the first at most once: their start offsets, and how many
+    leading targets of each the window before already scored (0 for nonoverlapping blocks).
 
     Windows start at 0, stride, 2·stride, … and the tail that does not fill a whole window is not scored.
     """
-    if tokens.dim() != 1 or tokens.numel() < cfg.block_len + 1:
+    if num_tokens < cfg.block_len + 1:
         raise ValueError(
-            f"tokens must be a 1-D stream of at least block_len + 1 = {cfg.block_len + 1} tokens; "
-            f"got shape {tuple(tokens.shape)}"
+            f"the stream has {num_tokens} tokens; one window of block_len + 1 = {cfg.block_len + 1} is needed"
         )
-    spans = tokens.unfold(0, cfg.block_len + 1, cfg.step)
-    inputs, targets = spans[:, :-1], spans[:, 1:].clone()
-    # Later windows overlap the previous one by block_len - stride targets; those were already scored.
-    targets[1:, : cfg.block_len - cfg.step] = IGNORE_INDEX
+    if cfg.stride is None:
+        starts = eval_window_starts(num_tokens, cfg.block_len, cfg.max_windows)
+        return starts, np.zeros_like(starts)
+    starts = np.arange(0, num_tokens - cfg.block_len, cfg.stride)
+    overlap = np.full_like(starts, cfg.block_len - cfg.stride)
+    overlap[0] = 0
+    return starts, overlap
+
+
+def windows(tokens: np.ndarray, starts: np.ndarray, overlap: np.ndarray, block_len: int) -> tuple[Tensor, Tensor]:
+    """(windows, block_len) inputs and targets, IGNORE_INDEX on the targets an earlier window scored."""
+    inputs, targets = gather_windows(tokens, starts, block_len)
+    targets = targets.clone()  # a view of the same windows as the inputs
+    targets[torch.arange(block_len)[None, :] < torch.from_numpy(overlap)[:, None]] = IGNORE_INDEX
     return inputs, targets
 
 
-def evaluate_lm(model: nn.Module, tokens: Tensor, cfg: LMEvalConfig) -> LMResult:
-    """Loss, perplexity and bits per byte of ``model`` on a 1-D token stream."""
-    inputs, targets = windows(tokens, cfg)
-    total, count = summed_loss(model, inputs, targets, cfg.batch_size)
-    loss = total / count
-    return LMResult(
-        loss=loss,
-        perplexity=math.exp(loss),
-        # bits/byte = (nats/token ÷ ln 2) × tokens/byte
-        bits_per_byte=loss / math.log(2) / cfg.bytes_per_token,
-        tokens=count,
-        block_len=cfg.block_len,
-        stride=cfg.step,
-    )
+@torch.no_grad()
+def evaluate_lm(
+    model: nn.Module,
+    tokens: np.ndarray,
+    token_bytes: np.ndarray,
+    cfg: LMEvalConfig,
+    *,
+    env: Distributed | None = None,
+    autocast: contextlib.AbstractContextManager | None = None,
+) -> LMScore:
+    """Loss, perplexity and bits per byte of ``model`` on a 1-D token stream: the one LM evaluator, used by the
+    trainer, ``attnzoo eval`` and ``compare``. ``token_bytes[i]`` is the UTF-8 length of token i.
+
+    Each rank scores a disjoint, equal share of the windows and the sums are all-reduced, so every rank runs
+    the same number of forward passes, as FSDP requires.
+    """
+    from attnzoo.training.distributed import Distributed  # training imports this module
+
+    env = env or Distributed()
+    tokens = np.asarray(tokens)
+    starts, overlap = window_plan(len(tokens), cfg)
+    per_rank = len(starts) // env.world_size
+    if per_rank == 0:
+        raise ValueError(f"{len(starts)} evaluation window(s) cannot be shared by {env.world_size} ranks")
+    mine = slice(env.rank * per_rank, (env.rank + 1) * per_rank)
+    starts, overlap = starts[mine], overlap[mine]
+    byte_lengths = torch.from_numpy(np.asarray(token_bytes)).to(env.device)
+    was_training = model.training
+    model.eval()
+    totals = torch.zeros(3, dtype=torch.float64, device=env.device)  # nats, tokens, bytes
+    for i in range(0, len(starts), cfg.batch_size):
+        batch = slice(i, i + cfg.batch_size)
+        inputs, targets = (t.to(env.device) for t in windows(tokens, starts[batch], overlap[batch], cfg.block_len))
+        with autocast or contextlib.nullcontext():
+            logits = model(inputs)
+        scored = targets != IGNORE_INDEX
+        nats = F.cross_entropy(
+            logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
+        )
+        totals[0] += nats.double()
+        totals[1] += scored.sum()
+        totals[2] += byte_lengths[targets[scored]].sum()
+    model.train(was_training)
+    nats, count, num_bytes = env.all_reduce_sum(totals).tolist()
+    return LMScore(nats / count, int(count), int(num_bytes), cfg.block_len, cfg.step)
 
 
 @dataclass
 class ExtrapolationPoint:
     multiple: int
     block_len: int
-    result: LMResult | None  # None: the model cannot run this length (N/A)
+    result: LMScore | None  # None: the model cannot run this length (N/A)
     reason: str | None = None  # why it is N/A
 
 
 def length_extrapolation(
-    model: nn.Module, tokens: Tensor, cfg: LMEvalConfig, multiples: Sequence[int] = (1, 2, 4, 8, 16)
+    model: nn.Module,
+    tokens: np.ndarray,
+    token_bytes: np.ndarray,
+    cfg: LMEvalConfig,
+    multiples: Sequence[int] = (1, 2, 4, 8, 16),
 ) -> list[ExtrapolationPoint]:
     """Evaluate at each ``multiple × cfg.block_len``, where ``cfg.block_len`` is the training length.
 
@@ -104,14 +191,14 @@ def length_extrapolation(
     whole block at the largest length.
     """
     longest = max(multiples) * cfg.block_len
-    if tokens.numel() <= longest:
-        raise ValueError(f"the stream has {tokens.numel()} tokens; a block of {longest} needs {longest + 1}")
+    if len(tokens) <= longest:
+        raise ValueError(f"the stream has {len(tokens)} tokens; a block of {longest} needs {longest + 1}")
     points = []
     for multiple in multiples:
         stride = None if cfg.stride is None else multiple * cfg.stride
         length_cfg = dataclasses.replace(cfg, block_len=multiple * cfg.block_len, stride=stride)
         try:
-            result = evaluate_lm(model, tokens, length_cfg)
+            result = evaluate_lm(model, tokens, token_bytes, length_cfg)
         except ValueError as err:
             points.append(ExtrapolationPoint(multiple, length_cfg.block_len, None, str(err)))
         else:

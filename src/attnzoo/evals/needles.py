@@ -17,15 +17,16 @@ digits and splits their mass between the answer needle, the distractor needles, 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
-from attnzoo.config import require
 from attnzoo.evals.base import (
     IGNORE_INDEX,
+    TINY_LOOP,
     LengthDepthSweep,
     TaskBatch,
     WordVocab,
@@ -38,6 +39,8 @@ from attnzoo.evals.base import (
     random_number,
     unique_words,
 )
+from attnzoo.evals.task import Task, TaskBudget, register_task
+from attnzoo.validation import require
 
 TEMPLATE_WORDS = unique_words(
     "the special magic number is : . what are numbers for , and ? answer", " ".join(str(d) for d in range(10))
@@ -279,3 +282,65 @@ def attention_noise_probe(model: nn.Module, batch: NeedlesBatch, positive_part: 
     with evaluating(model):
         maps = model.attention_maps(batch.inputs.to(model_device(model)))
     return attention_shares(maps, query_rows, needle_key_sets(batch), positive_part)
+
+
+def noise_probe(model: nn.Module, cfg: NeedlesConfig, n_samples: int) -> dict[str, float]:
+    """Diff Table 3's shares at the training length, answer depth uniform: the raw (possibly signed) mass of
+    each layer's effective map and the shares of its positive part, each over all layers and for the last."""
+    batch = needles_batch(dataclasses.replace(cfg, depth=None), n_samples, seed=0)
+    raw = attention_noise_probe(model, batch)
+    positive = attention_noise_probe(model, batch, positive_part=True)
+    views = {
+        "mean": raw.mean(),
+        "last_layer": raw.last_layer(),
+        "positive_part_mean": positive.mean(),
+        "positive_part_last_layer": positive.last_layer(),
+    }
+    return {f"{view}/{key_set}": share for view, shares in views.items() for key_set, share in shares.items()}
+
+
+register_task(
+    Task(
+        name="needles",
+        config=NeedlesConfig,
+        make_batch=needles_batch,
+        evaluate=evaluate_needles,
+        vocab_size=vocab_size,
+        measures="multi-needle retrieval among distractors, by context length and depth, with the attention-noise "
+        "probe: the attention share on the answer and on the context",
+        paper="Diff Transformer (Ye et al., 2024)",
+        sweep=needles_sweep,
+        probe=noise_probe,
+        probe_columns={"mean/answer": "attention to answer", "mean/noise": "attention noise"},
+        budgets={
+            "micro": TaskBudget(
+                options={
+                    "context_len": 48,
+                    "n_needles": 2,
+                    "n_queries": 1,
+                    "n_digits": 2,
+                    "n_keys": 8,
+                    "n_noise_words": 16,
+                },
+                **TINY_LOOP,
+                sweep_lengths=(48, 96),
+                sweep_depths=(0.0, 1.0),
+                sweep_samples=2,
+                probe_samples=4,
+            ),
+            "full": TaskBudget(
+                model={"dim": 128, "n_layers": 4, "n_heads": 4},
+                steps=4000,
+                batch_size=32,
+                lr=1e-3,
+                warmup_steps=200,
+                eval_interval=250,
+                eval_samples=200,
+                stop_at=0.99,
+                sweep_lengths=(256, 512, 1024),
+                sweep_samples=50,
+                probe_samples=50,
+            ),
+        },
+    )
+)

@@ -12,15 +12,16 @@ Landmark code, both filler pieces start at the beginning of the repeated garbage
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
-from attnzoo.config import require
 from attnzoo.evals.base import (
     IGNORE_INDEX,
+    TINY_LOOP,
     LengthDepthSweep,
     TaskBatch,
     WordVocab,
@@ -33,6 +34,8 @@ from attnzoo.evals.base import (
     scored_accuracy,
     unique_words,
 )
+from attnzoo.evals.task import Task, TaskBudget, register_task
+from attnzoo.validation import require
 
 HEADER = (
     "There is an important info hidden inside a lot of irrelevant text . Find it and memorize them . "
@@ -137,3 +140,40 @@ def passkey_sweep(
         seed=seed,
         batch_size=batch_size,
     )
+
+
+_STANDARD = TaskBudget(
+    model={"dim": 128, "n_layers": 2, "n_heads": 4},
+    steps=2000,
+    batch_size=32,
+    lr=1e-3,
+    warmup_steps=100,
+    eval_interval=250,
+    eval_samples=200,
+    stop_at=0.99,
+    sweep_lengths=(128, 256, 512, 1024),
+    sweep_samples=20,
+)
+register_task(
+    Task(
+        name="passkey",
+        config=PasskeyConfig,
+        make_batch=passkey_batch,
+        evaluate=evaluate_passkey,
+        vocab_size=vocab_size,
+        measures="retrieval: a number stated once in filler text, recalled at the end, by context length and depth",
+        paper="Landmark attention (Mohtashami & Jaggi, 2023)",
+        sweep=passkey_sweep,
+        budgets={
+            "micro": TaskBudget(
+                options={"context_len": 64, "n_digits": 2},
+                **TINY_LOOP,
+                sweep_lengths=(64, 128),
+                sweep_depths=(0.0, 1.0),
+                sweep_samples=2,
+            ),
+            "standard": _STANDARD,
+            "full": dataclasses.replace(_STANDARD, steps=3000, sweep_lengths=(128, 256, 512, 1024, 2048)),
+        },
+    )
+)

@@ -17,14 +17,16 @@ here are the notes' reconstructions [R], with these choices:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnzoo.config import require
-from attnzoo.evals.base import TaskBatch, as_generator, evaluating, model_device, summed_loss
+from attnzoo.evals.base import TINY_LOOP, TaskBatch, as_generator, evaluating, model_device, summed_loss
+from attnzoo.evals.task import Task, TaskBudget, register_task
+from attnzoo.validation import require
 
 
 @dataclass(frozen=True)
@@ -222,3 +224,34 @@ def evaluate_denoising(
         "oracle_mean": mse(oracle_mean(batch), batch.target),
         "bayes_optimal": mse(bayes_optimal(batch, cfg), batch.target),
     }
+
+
+# One layer, as the SSA reconstruction (§5.2): the task needs only the current node, so it is cheap.
+_QUICK = TaskBudget(
+    options={"walk_len": 32},
+    model={"dim": 32, "n_layers": 1, "n_heads": 2},
+    steps=150,
+    batch_size=32,
+    lr=3e-3,
+    warmup_steps=15,
+    eval_interval=50,
+    eval_samples=256,
+)
+register_task(
+    Task(
+        name="random_walk",
+        config=RandomWalkConfig,
+        make_batch=random_walk_batch,
+        evaluate=evaluate_random_walk,
+        vocab_size=vocab_size,
+        measures="next-node prediction on random walks over nodes of unequal degree, scored above the entropy floor",
+        paper="Selective attention (Zhang et al., 2024)",
+        metric="excess_loss",
+        higher_is_better=False,
+        budgets={
+            "micro": TaskBudget(options={"n_nodes": 8, "degrees": (1, 2, 4), "walk_len": 16}, **TINY_LOOP),
+            "quick": _QUICK,
+            "standard": dataclasses.replace(_QUICK, options={}, steps=1000, eval_interval=100, eval_samples=512),
+        },
+    )
+)

@@ -3,7 +3,6 @@
 from attnzoo.training.checkpoint import Checkpoint, CheckpointError, load_pretrained, read_checkpoint
 from attnzoo.training.config import DataConfig, TrainConfig, load_toml
 from attnzoo.training.distributed import Distributed, init_distributed, shutdown_distributed
-from attnzoo.training.evaluation import EvalResult, evaluate
 from attnzoo.training.finetune import PretrainedInit, freeze_all_but, init_from_pretrained
 from attnzoo.training.trainer import Trainer, TrainingDiverged, TrainResult, load_corpus
 
@@ -12,13 +11,11 @@ __all__ = [
     "CheckpointError",
     "DataConfig",
     "Distributed",
-    "EvalResult",
     "PretrainedInit",
     "TrainConfig",
     "TrainResult",
     "Trainer",
     "TrainingDiverged",
-    "evaluate",
     "freeze_all_but",
     "init_distributed",
     "init_from_pretrained",

@@ -39,6 +39,7 @@ from attnzoo.config import ModelConfig
 from attnzoo.data.batches import BatchSchedule
 from attnzoo.data.corpora import Corpus, prepare_corpus
 from attnzoo.data.tokenizers import Tokenizer
+from attnzoo.evals.lm import LMEvalConfig, LMScore, evaluate_lm
 from attnzoo.io import atomic_write_text
 from attnzoo.model import CONFIG_NAME, Transformer
 from attnzoo.training.checkpoint import (
@@ -54,7 +55,6 @@ from attnzoo.training.checkpoint import (
 )
 from attnzoo.training.config import RESUME_OVERRIDABLE, DataConfig, TrainConfig, check_model_for_training
 from attnzoo.training.distributed import Distributed, gradient_sync, parallelize
-from attnzoo.training.evaluation import EvalResult, evaluate
 from attnzoo.training.finetune import (
     PretrainedInit,
     check_tokenizer,
@@ -80,7 +80,7 @@ class TrainResult:
     step: int
     interrupted_by: int | None  # the signal that stopped the run early, if any
     train_loss: float
-    val: EvalResult | None  # the last evaluation
+    val: LMScore | None  # the last evaluation
     tokens_per_second: float  # training throughput of this session, evaluation and checkpoints excluded
     seconds: float  # wall time of this session
 
@@ -297,15 +297,13 @@ class Trainer:
             "a smaller --grad-clip."
         )
 
-    def evaluate(self) -> EvalResult:
+    def evaluate(self) -> LMScore:
         micro_batch = self.batches.micro_batch_size
-        return evaluate(
+        return evaluate_lm(
             self.raw_model,
             self.corpus.val,
             self.corpus.tokenizer.token_bytes(),
-            seq_len=self.cfg.seq_len,
-            batch_size=micro_batch,
-            max_windows=self.cfg.eval_windows,
+            LMEvalConfig(self.cfg.seq_len, batch_size=micro_batch, max_windows=self.cfg.eval_windows),
             env=self.env,
             autocast=self.autocast(),
         )
@@ -365,7 +363,7 @@ class Trainer:
                 if self.step % cfg.eval_interval == 0 or done:
                     last_eval = self.evaluate()
                     if main:
-                        self.metrics.append({"step": self.step, **_prefixed("val_", last_eval.to_dict())})
+                        self.metrics.append({"step": self.step, **_prefixed("val_", last_eval.metrics())})
                     say(
                         f"step {self.step:>6} | train loss {loss:.4f} | val loss {last_eval.loss:.4f} | "
                         f"val bits/byte {last_eval.bits_per_byte:.3f}"

@@ -1,0 +1,294 @@
+"""What a comparison found, as typed records: the schema of ``results.json``.
+
+The runner builds these records; the report is a pure function of a loaded :class:`CompareResults`. Derived
+numbers (means over seeds, differences from the baseline, speed and memory ratios) are methods, never stored,
+so a file cannot disagree with itself. :data:`SCHEMA_VERSION` changes whenever a field does; a file of another
+version is refused by name rather than read wrongly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from attnzoo.compare.spec import EvalSpec
+from attnzoo.compare.stats import Difference, Summary, difference
+from attnzoo.evals.base import LengthDepthSweep, largest_passing_length
+from attnzoo.evals.lm import LMScore
+from attnzoo.evals.task import TaskBudget
+from attnzoo.io import atomic_write_text
+from attnzoo.records import from_dict, to_dict
+
+ATTENTION_MAPS = "attention_maps.npy"  # beside each first-seed run: (layers, heads, T, T)
+# 1: the implicit nested dicts of attnzoo 0.1.0, which carried no version; 2: these records.
+SCHEMA_VERSION = 2
+
+
+# ---------------------------------------------------------------------------------------------- language model
+
+
+@dataclass(frozen=True)
+class ExtrapolationResult:
+    multiple: int  # of the training length
+    block_len: int
+    score: LMScore | None  # None: the model cannot run this length
+    unavailable: str | None = None  # why not
+
+
+@dataclass(frozen=True)
+class LMRun:
+    """One variant × seed trained on the corpus, and its evaluations."""
+
+    variant: str
+    seed: int
+    run_dir: str  # relative to the compare's directory
+    parameters: int
+    steps: int
+    tokens: int
+    train_seconds: float  # time in training steps only, from the throughput logged with each record
+    final_train_loss: float
+    val: LMScore
+    extrapolation: list[ExtrapolationResult]
+    train_curve: list[tuple[int, float]]  # (step, training loss)
+    val_curve: list[tuple[int, float]]  # (step, validation loss)
+    evals: dict[str, Any]  # the evaluation settings; a stored run is reused only under the same ones
+    has_maps: bool = False  # attention_maps.npy beside the run
+
+    @property
+    def train_tokens_per_s(self) -> float:
+        return self.tokens / self.train_seconds
+
+    def extrapolation_loss(self, multiple: int) -> float | None:
+        point = next(p for p in self.extrapolation if p.multiple == multiple)
+        return point.score.loss if point.score is not None else None
+
+
+@dataclass(frozen=True)
+class VariantResult:
+    config: dict[str, Any]  # the ModelConfig
+    parameters: int
+    map_note: str  # how the mechanism's effective attention map is read off it
+    runs: list[LMRun]  # one per seed, in seed order
+
+    def metric_values(self) -> dict[str, list[float]]:
+        """Every lower-is-better metric over the seeds; a metric N/A in any run is left out."""
+        values: dict[str, list[float | None]] = {
+            "val_loss": [r.val.loss for r in self.runs],
+            "val_bits_per_byte": [r.val.bits_per_byte for r in self.runs],
+            "val_perplexity": [r.val.perplexity for r in self.runs],
+            "final_train_loss": [r.final_train_loss for r in self.runs],
+        }
+        for point in self.runs[0].extrapolation:
+            values[f"loss_at_{point.multiple}x"] = [r.extrapolation_loss(point.multiple) for r in self.runs]
+        return {name: vs for name, vs in values.items() if all(v is not None for v in vs)}  # type: ignore[misc]
+
+    def summary(self) -> dict[str, Summary]:
+        return {name: Summary.of(values) for name, values in self.metric_values().items()}
+
+
+# ------------------------------------------------------------------------------------------------------ bench
+
+
+@dataclass(frozen=True)
+class BenchMeasurement:
+    variant: str
+    mode: str
+    seq_len: int
+    batch_size: int
+    tokens_per_s: float | None = None  # median over repeats; None when unavailable
+    tokens_per_s_min: float | None = None
+    tokens_per_s_max: float | None = None
+    peak_mem_mb: float | None = None
+    unavailable: str | None = None
+
+
+@dataclass(frozen=True)
+class BenchRatio:
+    measurement: BenchMeasurement
+    speed: float | None  # tokens/s ÷ the baseline's in the same case: above 1 is faster
+    speed_low: float | None  # the same from the slowest and the fastest repeat: the spread
+    speed_high: float | None
+    memory: float | None  # peak ÷ the baseline's: above 1 is more
+
+
+@dataclass(frozen=True)
+class BenchRecord:
+    """Every variant's throughput and peak memory, measured back to back in one sitting."""
+
+    key: dict[str, Any]  # what was measured and how; a stored record is reused only under the same key
+    machine: str
+    measurements: list[BenchMeasurement]
+
+    def ratios(self, baseline: str) -> list[BenchRatio]:
+        base = {(m.mode, m.seq_len): m for m in self.measurements if m.variant == baseline and m.tokens_per_s}
+        rows = []
+        for m in self.measurements:
+            b = base.get((m.mode, m.seq_len))
+            if m.tokens_per_s is None or b is None:
+                rows.append(BenchRatio(m, None, None, None, None))
+                continue
+            assert b.tokens_per_s and m.tokens_per_s_min and m.tokens_per_s_max and m.peak_mem_mb is not None
+            memory = m.peak_mem_mb / b.peak_mem_mb if b.peak_mem_mb else None
+            speed = m.tokens_per_s / b.tokens_per_s
+            rows.append(
+                BenchRatio(m, speed, m.tokens_per_s_min / b.tokens_per_s, m.tokens_per_s_max / b.tokens_per_s, memory)
+            )
+        return rows
+
+
+# ------------------------------------------------------------------------------------------------------ tasks
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """Accuracy on a (context length × needle depth) grid; None where the model cannot run the length."""
+
+    lengths: list[int]
+    depths: list[float]
+    accuracy: list[list[float | None]]  # [length][depth]
+    unavailable: dict[str, str]  # length → why not
+
+    @classmethod
+    def of(cls, sweep: LengthDepthSweep) -> SweepResult:
+        lengths = sorted({cell.context_len for cell in sweep.cells})
+        depths = sorted({cell.depth for cell in sweep.cells})
+        grid = {(cell.context_len, cell.depth): cell.accuracy for cell in sweep.cells}
+        accuracy = [[grid[length, depth] for depth in depths] for length in lengths]
+        return cls(lengths, depths, accuracy, {str(k): v for k, v in sweep.unavailable.items()})
+
+    def accuracy_by_length(self) -> dict[int, float | None]:
+        """Mean over depths (every cell holds as many samples); None where the model cannot run the length."""
+        return {
+            length: None if None in row else sum(row) / len(row)  # type: ignore[arg-type]
+            for length, row in zip(self.lengths, self.accuracy, strict=True)
+        }
+
+    def largest_length(self, threshold: float = 0.9) -> int | None:
+        return largest_passing_length(self.accuracy_by_length(), threshold)
+
+
+@dataclass(frozen=True)
+class TaskRun:
+    """One variant × seed trained from scratch on a task, and its scores."""
+
+    task: str
+    variant: str
+    seed: int
+    parameters: int
+    steps: int  # run, which is fewer than the budget's when the metric reached stop_at
+    tokens: int
+    seconds: float  # training and the evaluations along the way
+    final_train_loss: float
+    history: list[tuple[int, float]]  # (step, metric) on the fixed evaluation set
+    final: dict[str, float]  # every value the task's evaluator returns, for the final model
+    stop_at: float | None = None  # the budget's early stop, if any
+    steps_to_threshold: int | None = None  # the first evaluated step that reached stop_at
+    sweep: SweepResult | None = None
+    probe: dict[str, float] = field(default_factory=dict)
+    identity: dict[str, Any] = field(default_factory=dict)  # the budget and model; reused only under the same
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    """A task as it was run: its record's fields that the report reads, its budget, and every run."""
+
+    name: str
+    measures: str
+    paper: str
+    metric: str
+    higher_is_better: bool
+    probe_columns: dict[str, str]
+    budget: TaskBudget
+    context_len: int
+    runs: dict[str, list[TaskRun]]  # by variant, one per seed
+
+    def summary(self, variant: str) -> Summary:
+        return Summary.of([run.final[self.metric] for run in self.runs[variant]])
+
+    def probe_summary(self, variant: str, key: str) -> Summary:
+        return Summary.of([run.probe[key] for run in self.runs[variant]])
+
+
+# ------------------------------------------------------------------------------------------------- the whole
+
+
+@dataclass(frozen=True)
+class Budget:
+    steps: int
+    batch_size: int
+    seq_len: int
+    lr: float
+    warmup_steps: int
+    min_lr: float
+    tokens_per_run: int
+    runs: int
+    train_seconds_total: float
+    wall_seconds_this_invocation: float  # a resumed compare counts only its own work
+
+
+@dataclass(frozen=True)
+class CorpusInfo:
+    name: str
+    tokenizer: str
+    train_tokens: int
+    val_tokens: int
+
+
+@dataclass(frozen=True)
+class MachineInfo:
+    description: str
+    platform: str
+    python: str
+    torch: str
+    device: str
+    cpu_count: int | None
+    torch_threads: int
+    load_average_start: list[float] | None
+    load_average_end: list[float] | None
+
+
+@dataclass(frozen=True)
+class CompareResults:
+    schema_version: int
+    attnzoo_version: str
+    created: str
+    command: list[str]
+    preset: str
+    spec: dict[str, Any]  # the CompareSpec as run, for the record; the fields below are what the report reads
+    baseline: str
+    seeds: list[int]
+    budget: Budget
+    evals: EvalSpec
+    corpus: CorpusInfo
+    machine: MachineInfo
+    variants: dict[str, VariantResult]
+    bench: BenchRecord
+    tasks: dict[str, TaskResult]
+
+    def versus_baseline(self, variant: str, metric: str) -> Difference | None:
+        """``variant − baseline`` in a metric both have, with the seed-noise verdict; None where either lacks it."""
+        ours, base = self.variants[variant].summary(), self.variants[self.baseline].summary()
+        if metric not in ours or metric not in base:
+            return None
+        return difference(ours[metric], base[metric])
+
+    def save(self, path: str | os.PathLike) -> None:
+        atomic_write_text(path, json.dumps(to_dict(self), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> CompareResults:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        return cls.from_dict(data, str(path))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "results") -> CompareResults:
+        version = data.get("schema_version", 1) if isinstance(data, dict) else None
+        if version != SCHEMA_VERSION:
+            raise ValueError(
+                f"{source} has results schema version {version}; this attnzoo reads version {SCHEMA_VERSION}. "
+                "Run the same compare with this version to rewrite it; finished training runs are reused."
+            )
+        return from_dict(cls, data, source)

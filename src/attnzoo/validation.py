@@ -1,0 +1,19 @@
+"""The project's standard checks and error message, in a leaf module that imports nothing from attnzoo."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def require(ok: bool, name: str, value: Any, allowed: str) -> None:
+    """Raise the project's standard config error: the field, its bad value, and what is allowed."""
+    if not ok:
+        raise ValueError(f"{name}={value!r} is invalid: {allowed}")
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
