@@ -8,23 +8,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from attnzoo.validation import is_int, is_number, require
+
 MLP_KINDS = ("swiglu", "gelu", "gelu_tanh")
 NORM_KINDS = ("rmsnorm", "layernorm")
 ATTN_BACKENDS = ("auto", "eager", "sdpa")
-
-
-def require(ok: bool, name: str, value: Any, allowed: str) -> None:
-    """Raise the project's standard config error: the field, its bad value, and what is allowed."""
-    if not ok:
-        raise ValueError(f"{name}={value!r} is invalid: {allowed}")
-
-
-def is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)

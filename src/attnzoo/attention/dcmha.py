@@ -22,7 +22,7 @@ import math
 from collections.abc import Set
 from dataclasses import dataclass
 from functools import partial
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -30,7 +30,10 @@ from torch import Tensor, nn
 
 from attnzoo.attention.base import ATTENTION, Attention, AttentionContext, residual_linear
 from attnzoo.cache import SEQ_DIM, LayerCache
-from attnzoo.config import ModelConfig, is_int, require
+from attnzoo.validation import is_int, require
+
+if TYPE_CHECKING:
+    from attnzoo.config import ModelConfig
 
 PRE_Q, PRE_K, POST_Q, POST_K = range(4)  # the official slot order of the dynamic-weight parameters
 

@@ -18,7 +18,7 @@ from attnzoo.attention.base import (
     sdpa_attention,
 )
 from attnzoo.cache import LayerCache
-from attnzoo.config import require
+from attnzoo.validation import require
 
 
 def lambda_init_fn(depth: int) -> float:

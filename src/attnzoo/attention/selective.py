@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Set
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -18,7 +19,10 @@ from torch import Tensor, nn
 from attnzoo.attention.base import ATTENTION, AttentionContext, attend, repeat_kv, sdpa_attention
 from attnzoo.attention.mha import MultiHeadAttention
 from attnzoo.cache import LayerCache
-from attnzoo.config import ModelConfig, require
+from attnzoo.validation import require
+
+if TYPE_CHECKING:
+    from attnzoo.config import ModelConfig
 
 TEMPERATURE_FNS = ("shared", "mlp")
 POSITION_COEFFICIENTS = ("sigmoid", "pts", "linear")

@@ -14,9 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from attnzoo.config import ModelConfig, is_int, require
+from attnzoo.config import ModelConfig
 from attnzoo.evals import TASKS
 from attnzoo.training.config import TrainConfig
+from attnzoo.validation import is_int, require
 from attnzoo.variants import Variant
 
 DEFAULT_VARIANTS = ("mha+rope", "mha+alibi", "diff+rope", "selective+rope", "dcmha+rope")

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from attnzoo.config import require
 from attnzoo.evals.base import IGNORE_INDEX, TaskBatch, WordVocab, as_generator, greedy_predictions, randint
+from attnzoo.validation import require
 
 SPLITS = ("train", "eval")
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from attnzoo.config import require
 from attnzoo.evals.base import IGNORE_INDEX, summed_loss
+from attnzoo.validation import require
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from attnzoo.config import require
 from attnzoo.evals.base import IGNORE_INDEX, TaskBatch, as_generator, greedy_predictions, scored_accuracy
+from attnzoo.validation import require
 
 
 @dataclass(frozen=True)

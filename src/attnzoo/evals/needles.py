@@ -23,7 +23,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from attnzoo.config import require
 from attnzoo.evals.base import (
     IGNORE_INDEX,
     LengthDepthSweep,
@@ -38,6 +37,7 @@ from attnzoo.evals.base import (
     random_number,
     unique_words,
 )
+from attnzoo.validation import require
 
 TEMPLATE_WORDS = unique_words(
     "the special magic number is : . what are numbers for , and ? answer", " ".join(str(d) for d in range(10))

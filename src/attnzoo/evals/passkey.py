@@ -18,7 +18,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from attnzoo.config import require
 from attnzoo.evals.base import (
     IGNORE_INDEX,
     LengthDepthSweep,
@@ -33,6 +32,7 @@ from attnzoo.evals.base import (
     scored_accuracy,
     unique_words,
 )
+from attnzoo.validation import require
 
 HEADER = (
     "There is an important info hidden inside a lot of irrelevant text . Find it and memorize them . "

@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnzoo.config import require
 from attnzoo.evals.base import TaskBatch, as_generator, evaluating, model_device, summed_loss
+from attnzoo.validation import require
 
 
 @dataclass(frozen=True)
