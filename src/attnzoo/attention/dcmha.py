@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnzoo.attention.base import ATTENTION, Attention, AttentionContext, residual_linear
-from attnzoo.cache import SEQ_DIM, LayerCache
+from attnzoo.cache import LayerCache, WindowCache
 from attnzoo.validation import is_int, require
 
 if TYPE_CHECKING:
@@ -172,52 +172,6 @@ class DynamicWeightProjection(nn.Module):
         w1 = F.rms_norm(w1, (heads_per_group,), eps=1e-6)
         dd = torch.tanh(x @ self.dd.view(dim, -1)).view(batch, seq_len, groups, slots, heads_per_group)
         return w1, w2, dd.transpose(1, 2)
-
-
-class WindowCache(LayerCache):
-    """Per-position buffers of a layer whose queries see at most ``window`` keys (None: all).
-
-    Position p lives in slot p % capacity. A global layer's capacity is max_len, so slots are positions; a
-    local layer keeps only its last ``window`` positions in a ring.
-    """
-
-    def __init__(self, window: int | None, **buffers: Tensor):
-        super().__init__(**buffers)
-        self.window = window
-        self.capacity = next(iter(buffers.values())).shape[SEQ_DIM]
-
-    def extend(self, start: int, **new: Tensor) -> tuple[Tensor, ...]:
-        """Store the chunk at positions start.. and return (key positions, *entries) the chunk's queries may see.
-
-        Entries come in slot order, with their positions; slots the window excludes are masked by position.
-        """
-        length = next(iter(new.values())).shape[SEQ_DIM]
-        end = start + length
-        first = 0 if self.window is None else max(0, start - self.window + 1)
-        device = self.buffers[next(iter(new))].device
-        if end - first <= self.capacity:
-            # All visible positions survive the write, so the buffers are read in place.
-            self._write(start, new)
-            filled = min(end, self.capacity)
-            slots = torch.arange(filled, device=device)
-            positions = end - 1 - (end - 1 - slots) % self.capacity
-            return positions, *(self.buffers[name][:, :, :filled] for name in new)
-        # A chunk longer than the ring: read the cached part of the window before the write overwrites it.
-        cached = torch.arange(first, start, device=device)
-        entries = [
-            torch.cat((self.buffers[name].index_select(SEQ_DIM, cached % self.capacity), value), dim=SEQ_DIM)
-            for name, value in new.items()
-        ]
-        self._write(start, new)
-        return torch.arange(first, end, device=device), *entries
-
-    def _write(self, start: int, new: dict[str, Tensor]) -> None:
-        for name, value in new.items():
-            kept = min(value.shape[SEQ_DIM], self.capacity)
-            end = start + value.shape[SEQ_DIM]
-            slots = torch.arange(end - kept, end, device=value.device) % self.capacity
-            buffer = self.buffers[name]
-            buffer.index_copy_(SEQ_DIM, slots, value[:, :, -kept:].to(buffer.dtype))
 
 
 @ATTENTION.register("dcmha")
