@@ -24,6 +24,18 @@ class ModelConfig:
     the full architecture. Every bad field raises ``ValueError`` naming the field, the value and what is
     allowed. ``dataclasses.replace`` derives a re-validated copy but keeps the resolved derived fields: set
     them back to ``None`` to re-derive them, e.g. ``replace(cfg, dim=512, head_dim=None, mlp_hidden_dim=None)``.
+
+    ``attn_backend`` picks the attention kernel (``attention/kernels.py``, where ``attend`` makes the choice):
+
+    * ``"eager"``: the reference everywhere, explicit fp32 scores and softmax;
+    * ``"sdpa"``: ``F.scaled_dot_product_attention`` for every attention call, so a mechanism that acts on the
+      scores (dcmha) is refused;
+    * ``"auto"`` (default): SDPA where it computes the mechanism exactly (mha, selective with τ_q folded into
+      the queries, diff, diff_v2), and the chunked eager kernel for a mechanism whose score hooks SDPA cannot
+      run (dcmha).
+
+    Recording attention maps (``model.attention_maps``) always takes the eager reference, the one kernel that
+    returns the probabilities.
     """
 
     vocab_size: int = 256
@@ -115,6 +127,13 @@ class ModelConfig:
             self._set(options_field, dataclasses.asdict(typed))
 
         attention_cls = ATTENTION.get(self.attention)
+        require(
+            self.attn_backend != "sdpa" or not attention_cls.needs_scores,
+            "attn_backend",
+            self.attn_backend,
+            f"{self.attention} acts on the attention scores, which SDPA cannot compute: "
+            "use 'auto' (its chunked eager kernel) or 'eager'",
+        )
         attention_cls.validate_config(self)
         POSITIONS.get(self.position).validate_config(self, attention_cls.qk_head_dim(self))
 
