@@ -311,7 +311,7 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
                 return None
             static_w = None if self.static_w is None else self.static_w[which].float()
             block = mixing.block(rows, cols)
-            if cached_kw is not None:
+            if cached_kw is not None:  # the cache holds every visible key's KW; the mixing only the new ones
                 key_w = cached_kw[which][..., cols] if which in cached_kw else None
             else:
                 key_w = None if block.kw1 is None else key_matrices(block)

@@ -221,7 +221,7 @@ def attend(
     """
     kernel = dict(scale=scale, dropout_p=dropout_p, bias_repeat=bias_repeat, query_scale=query_scale)
     if ctx.backend == "eager" or ctx.attention_maps is not None:
-        block_hooks = NO_HOOKS if hooks is None else hooks(slice(None), slice(None))
+        block_hooks = (hooks or no_hooks)(slice(None), slice(None))
         positions = None if key_positions is None else (ctx.positions, key_positions)
         out, probs = eager_attention(q, k, v, ctx, hooks=block_hooks, window=window, positions=positions, **kernel)
         if ctx.attention_maps is None:
