@@ -148,7 +148,7 @@ class DynamicWeightProjection(nn.Module):
     GELU is exact, as in the official PyTorch code (the JAX training code uses the tanh approximation).
     """
 
-    def __init__(self, dim: int, n_heads: int, num_groups: int, rank: int, hidden_dim: int):
+    def __init__(self, dim: int, n_heads: int, num_groups: int, rank: int, hidden_dim: int) -> None:
         super().__init__()
         self.rank = rank
         heads_per_group = n_heads // num_groups
