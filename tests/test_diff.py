@@ -8,7 +8,7 @@ import torch
 from torch.profiler import profile
 
 from attnzoo import ModelConfig, Transformer
-from attnzoo.attention import diff
+from attnzoo.attention import kernels
 
 VOCAB, DIM, HEADS = 50, 64, 4  # d = 64 / 4 / 2 = 8
 KV_SETTINGS = [pytest.param(4, id="mha"), pytest.param(2, id="gqa2:1"), pytest.param(1, id="mqa")]
@@ -155,7 +155,7 @@ def test_lambda_vectors_init_and_fp32_lambda():
 @pytest.mark.parametrize("position", ["none", "rope", "alibi"])
 def test_sdpa_call_patterns_match_eager(monkeypatch, position, n_kv_heads, pad_queries):
     """Both SDPA call patterns equal the eager maps (fp32, ≤ 1e-5), fresh (is_causal) and on a cache (mask)."""
-    monkeypatch.setattr(diff, "sdpa_pads_queries", lambda device: pad_queries)
+    monkeypatch.setattr(kernels, "sdpa_pads_queries", lambda device: pad_queries)
     eager = make_model(n_kv_heads, position, backend="eager")
     fast = with_backend(eager, "sdpa")
     idx = torch.randint(0, VOCAB, (2, 12))

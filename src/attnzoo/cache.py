@@ -2,7 +2,8 @@
 
 Each layer owns a :class:`LayerCache` of named buffers whose sequence axis is dim 2, e.g. keys
 (B, H_kv, max_len, d). Mechanisms decide what they store (keys and values, scaled values, key-side
-composition matrices ...); the model-level :class:`KVCache` only tracks how many positions are filled.
+composition matrices ...); the model-level :class:`KVCache` only tracks how many positions are filled. A layer
+whose queries see only a window of keys keeps a ring of that window (:class:`WindowCache`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,52 @@ class LayerCache:
             buffer[:, :, start:end] = value.to(buffer.dtype)
             views.append(buffer[:, :, :end])
         return tuple(views)
+
+
+class WindowCache(LayerCache):
+    """Per-position buffers of a layer whose queries see at most ``window`` keys (None: all).
+
+    Position p lives in slot p % capacity. A global layer's capacity is max_len, so slots are positions; a
+    local layer keeps only its last ``window`` positions in a ring.
+    """
+
+    def __init__(self, window: int | None, **buffers: Tensor):
+        super().__init__(**buffers)
+        self.window = window
+        self.capacity = next(iter(buffers.values())).shape[SEQ_DIM]
+
+    def extend(self, start: int, **new: Tensor) -> tuple[Tensor, ...]:
+        """Store the chunk at positions start.. and return (key positions, *entries) the chunk's queries may see.
+
+        Entries come in slot order, with their positions; slots the window excludes are masked by position.
+        """
+        length = next(iter(new.values())).shape[SEQ_DIM]
+        end = start + length
+        first = 0 if self.window is None else max(0, start - self.window + 1)
+        device = self.buffers[next(iter(new))].device
+        if end - first <= self.capacity:
+            # All visible positions survive the write, so the buffers are read in place.
+            self._write(start, new)
+            filled = min(end, self.capacity)
+            slots = torch.arange(filled, device=device)
+            positions = end - 1 - (end - 1 - slots) % self.capacity
+            return positions, *(self.buffers[name][:, :, :filled] for name in new)
+        # A chunk longer than the ring: read the cached part of the window before the write overwrites it.
+        cached = torch.arange(first, start, device=device)
+        entries = [
+            torch.cat((self.buffers[name].index_select(SEQ_DIM, cached % self.capacity), value), dim=SEQ_DIM)
+            for name, value in new.items()
+        ]
+        self._write(start, new)
+        return torch.arange(first, end, device=device), *entries
+
+    def _write(self, start: int, new: dict[str, Tensor]) -> None:
+        for name, value in new.items():
+            kept = min(value.shape[SEQ_DIM], self.capacity)
+            end = start + value.shape[SEQ_DIM]
+            slots = torch.arange(end - kept, end, device=value.device) % self.capacity
+            buffer = self.buffers[name]
+            buffer.index_copy_(SEQ_DIM, slots, value[:, :, -kept:].to(buffer.dtype))
 
 
 class KVCache:

@@ -8,23 +8,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from attnzoo.validation import is_int, is_number, require
+
 MLP_KINDS = ("swiglu", "gelu", "gelu_tanh")
 NORM_KINDS = ("rmsnorm", "layernorm")
 ATTN_BACKENDS = ("auto", "eager", "sdpa")
-
-
-def require(ok: bool, name: str, value: Any, allowed: str) -> None:
-    """Raise the project's standard config error: the field, its bad value, and what is allowed."""
-    if not ok:
-        raise ValueError(f"{name}={value!r} is invalid: {allowed}")
-
-
-def is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -36,6 +24,18 @@ class ModelConfig:
     the full architecture. Every bad field raises ``ValueError`` naming the field, the value and what is
     allowed. ``dataclasses.replace`` derives a re-validated copy but keeps the resolved derived fields: set
     them back to ``None`` to re-derive them, e.g. ``replace(cfg, dim=512, head_dim=None, mlp_hidden_dim=None)``.
+
+    ``attn_backend`` picks the attention kernel (``attention/kernels.py``, where ``attend`` makes the choice):
+
+    * ``"eager"``: the reference everywhere, explicit fp32 scores and softmax;
+    * ``"sdpa"``: ``F.scaled_dot_product_attention`` for every attention call, so a mechanism that acts on the
+      scores (dcmha) is refused;
+    * ``"auto"`` (default): SDPA where it computes the mechanism exactly (mha, selective with τ_q folded into
+      the queries, diff, diff_v2), and the chunked eager kernel for a mechanism whose score hooks SDPA cannot
+      run (dcmha).
+
+    Recording attention maps (``model.attention_maps``) always takes the eager reference, the one kernel that
+    returns the probabilities.
     """
 
     vocab_size: int = 256
@@ -127,6 +127,13 @@ class ModelConfig:
             self._set(options_field, dataclasses.asdict(typed))
 
         attention_cls = ATTENTION.get(self.attention)
+        require(
+            self.attn_backend != "sdpa" or not attention_cls.needs_scores,
+            "attn_backend",
+            self.attn_backend,
+            f"{self.attention} acts on the attention scores, which SDPA cannot compute: "
+            "use 'auto' (its chunked eager kernel) or 'eager'",
+        )
         attention_cls.validate_config(self)
         POSITIONS.get(self.position).validate_config(self, attention_cls.qk_head_dim(self))
 

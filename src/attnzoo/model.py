@@ -128,13 +128,12 @@ class Transformer(nn.Module):
         end = start + seq_len
         self.position.check_length(end)
         positions = torch.arange(start, end, device=self.embed_tokens.weight.device)
-        backend = "eager" if self.config.attn_backend == "eager" else "sdpa"
         return AttentionContext(
             positions=positions,
             start=start,
             position=self.position,
             position_state=self.position.prepare(positions, end),
-            backend=backend,
+            backend=self.config.attn_backend,
             attention_maps=maps,
         )
 

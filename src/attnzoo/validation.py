@@ -1,4 +1,5 @@
-"""The project's standard checks and error message, in a leaf module that imports nothing from attnzoo."""
+"""The project's standard checks for configuration values. A leaf: it imports nothing from attnzoo, so any
+module (configs, mechanisms, positions, evals) can validate its options without an import cycle."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The attention interface every mechanism implements, and the attention kernels they share.
+"""The attention interface every mechanism implements: :class:`Attention`, its per-call
+:class:`AttentionContext`, and the registry of mechanisms. The kernels they share are in ``kernels.py``.
 
 A mechanism is one :class:`Attention` subclass in one file, registered under a name::
 
@@ -8,18 +9,17 @@ A mechanism is one :class:`Attention` subclass in one file, registered under a n
 The model calls ``attention(x, ctx, cache)`` with ``x`` the block's normalised input and never looks
 inside. A mechanism gets its layer index at construction, positions and the backend through the
 per-forward :class:`AttentionContext`, and owns its :class:`~attnzoo.cache.LayerCache` layout, so it can
-cache whatever per-token state it needs.
+cache whatever per-token state it needs. It computes attention with one call,
+:func:`~attnzoo.attention.kernels.attend`, which picks the kernel.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Set
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnzoo.cache import LayerCache
@@ -29,7 +29,15 @@ if TYPE_CHECKING:
     from attnzoo.config import ModelConfig
     from attnzoo.positions import PositionalEncoding
 
+OptionsT = TypeVar("OptionsT")
+
 ATTENTION: Registry[type[Attention]] = Registry("attention mechanism", "attention")
+
+
+def visible(q_positions: Tensor, k_positions: Tensor, window: int | None = None) -> Tensor:
+    """(T, S) bool: query t sees key s iff s <= t and, with a window, t − s < window (itself included)."""
+    distance = q_positions[:, None] - k_positions[None, :]
+    return distance >= 0 if window is None else (distance >= 0) & (distance < window)
 
 
 @dataclass
@@ -40,7 +48,7 @@ class AttentionContext:
     start: int  # positions already in the cache; 0 without one
     position: PositionalEncoding
     position_state: Any  # from position.prepare(): e.g. RoPE's cos/sin for these positions
-    backend: str  # "eager" or "sdpa"
+    backend: str  # the config's attn_backend, "auto", "eager" or "sdpa": kernels.attend interprets it
     attention_maps: list[Tensor] | None = None  # when a list, each layer appends its effective map
     # Biases and masks depend only on the call, not the layer: built by the first layer, reused by the rest.
     _memo: dict[tuple, Tensor | None] = field(default_factory=dict, repr=False)
@@ -48,10 +56,6 @@ class AttentionContext:
     @property
     def end(self) -> int:
         return self.start + self.positions.shape[0]
-
-    @property
-    def use_eager(self) -> bool:
-        return self.backend == "eager" or self.attention_maps is not None
 
     def rotate(self, x: Tensor) -> Tensor:
         """Apply the positional rotation (RoPE) to (B, heads, T, d) queries or keys; identity otherwise."""
@@ -65,20 +69,25 @@ class AttentionContext:
             self._memo[key] = build()
         return self._memo[key]
 
+    def position_bias(
+        self, n_heads: int, q_positions: Tensor, k_positions: Tensor, bias_repeat: int = 1
+    ) -> Tensor | None:
+        """The (n_heads, T, S) fp32 bias on scaled logits (ALiBi) between these positions, or None. Each run of
+        ``bias_repeat`` adjacent heads shares one bias head (the sub-heads of one differential head)."""
+        bias = self.position.bias(n_heads // bias_repeat, q_positions, k_positions)
+        return bias if bias is None or bias_repeat == 1 else bias.repeat_interleave(bias_repeat, dim=0)
+
     def score_bias(self, n_heads: int, key_len: int, bias_repeat: int = 1) -> Tensor | None:
-        """The (n_heads, T, key_len) fp32 bias on scaled logits (ALiBi), or None. Each run of ``bias_repeat``
-        adjacent heads shares one bias head (the sub-heads of one differential head)."""
-
-        def build() -> Tensor | None:
-            bias = self.position.bias(n_heads // bias_repeat, self.positions, self.key_positions(key_len))
-            return bias if bias is None or bias_repeat == 1 else bias.repeat_interleave(bias_repeat, dim=0)
-
-        return self._memoized(("bias", n_heads, key_len, bias_repeat), build)
-
-    def allowed(self, key_len: int) -> Tensor:
-        """(T, key_len) bool causal mask: query t may see key s iff s <= t."""
+        """:meth:`position_bias` of this call's queries against keys 0 .. key_len−1."""
         return self._memoized(
-            ("allowed", key_len), lambda: self.key_positions(key_len)[None, :] <= self.positions[:, None]
+            ("bias", n_heads, key_len, bias_repeat),
+            lambda: self.position_bias(n_heads, self.positions, self.key_positions(key_len), bias_repeat),
+        )
+
+    def allowed(self, key_len: int, window: int | None = None) -> Tensor:
+        """(T, key_len) bool causal mask of this call's queries, within ``window`` keys if given (:func:`visible`)."""
+        return self._memoized(
+            ("allowed", key_len, window), lambda: visible(self.positions, self.key_positions(key_len), window)
         )
 
     def sdpa_mask(self, n_heads: int, key_len: int, bias_repeat: int, dtype: torch.dtype) -> Tensor:
@@ -96,8 +105,8 @@ class AttentionContext:
             self.attention_maps.append(attention_map.detach())
 
 
-class Attention(nn.Module):
-    """Base class of attention mechanisms.
+class Attention(nn.Module, Generic[OptionsT]):
+    """Base class of attention mechanisms, generic in their ``Options`` dataclass.
 
     Subclasses implement ``forward(x, ctx, cache) -> (B, T, dim)`` and ``new_layer_cache``, may declare
     an ``Options`` dataclass (their ``attention_options``), refuse unsupported configurations in
@@ -107,8 +116,8 @@ class Attention(nn.Module):
     A mechanism that adds parameters to another names it in ``extends`` and starts them where the layer still
     computes what the other did in ``init_added_parameters_as_identity``, so it can be swapped into a
     pretrained model (``attnzoo train --init-from``).
-    When ``ctx.attention_maps`` is a list, a layer takes its eager path and records its effective
-    (B, heads, T, S) attention map with ``ctx.record``.
+    Attention itself goes through :func:`~attnzoo.attention.kernels.attend`, which picks the kernel and
+    records the effective (B, heads, T, S) attention map when ``ctx.attention_maps`` is a list.
     """
 
     Options: type = NoOptions
@@ -118,11 +127,14 @@ class Attention(nn.Module):
     # Mechanisms whose parameters this one holds under the same names, with the same shapes and meaning, and
     # adds its own to (selective and dcmha extend mha): their checkpoints initialise this mechanism.
     extends: tuple[str, ...] = ()
+    # True for a mechanism that acts on the scores or probabilities (kernel hooks), which SDPA cannot run:
+    # attn_backend="sdpa" refuses it and "auto" runs it on the chunked eager kernel.
+    needs_scores: bool = False
 
-    def __init__(self, cfg: ModelConfig, layer_idx: int):
+    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__()
         self.layer_idx = layer_idx
-        self.options = cfg.attention_opts
+        self.options: OptionsT = cfg.attention_opts
         self.dropout = cfg.dropout
 
     @classmethod
@@ -143,7 +155,7 @@ class Attention(nn.Module):
     def forward(self, x: Tensor, ctx: AttentionContext, cache: LayerCache | None = None) -> Tensor:
         raise NotImplementedError
 
-    def new_layer_cache(self, batch_size: int, max_len: int, *, device, dtype) -> LayerCache:
+    def new_layer_cache(self, batch_size: int, max_len: int, *, device: torch.device, dtype: torch.dtype) -> LayerCache:
         raise NotImplementedError
 
     def reset_mechanism_parameters(self) -> None:
@@ -173,84 +185,3 @@ def residual_linear(in_features: int, out_features: int, bias: bool) -> nn.Linea
     layer = nn.Linear(in_features, out_features, bias=bias)
     layer.is_residual_projection = True
     return layer
-
-
-def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
-    """(B, H_kv, S, d) → (B, H_kv·n_rep, S, d): query head h reads kv head h // n_rep, as in HF LLaMA."""
-    if n_rep == 1:
-        return x
-    b, h_kv, s, d = x.shape
-    return x[:, :, None].expand(b, h_kv, n_rep, s, d).reshape(b, h_kv * n_rep, s, d)
-
-
-def eager_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    ctx: AttentionContext,
-    *,
-    scale: float | None = None,
-    dropout_p: float = 0.0,
-    bias_repeat: int = 1,
-) -> tuple[Tensor, Tensor]:
-    """Reference attention with explicit fp32 logits and softmax. Returns (output, probabilities).
-
-    q: (B, H, T, d); k: (B, H_kv, S, d); v: (B, H_kv, S, d_v). ``bias_repeat`` lets adjacent query heads
-    share one positional-bias head (sub-heads of one differential head).
-    """
-    n_heads, key_len = q.shape[1], k.shape[2]
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    k, v = repeat_kv(k, n_heads // k.shape[1]), repeat_kv(v, n_heads // v.shape[1])
-    logits = torch.matmul(q, k.transpose(-2, -1)).float() * scale
-    bias = ctx.score_bias(n_heads, key_len, bias_repeat)
-    if bias is not None:
-        logits = logits + bias
-    logits = logits.masked_fill(~ctx.allowed(key_len), float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    dropped = F.dropout(probs, p=dropout_p) if dropout_p > 0 else probs
-    return torch.matmul(dropped.to(v.dtype), v), probs
-
-
-def sdpa_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    ctx: AttentionContext,
-    *,
-    scale: float | None = None,
-    dropout_p: float = 0.0,
-    bias_repeat: int = 1,
-) -> Tensor:
-    """``F.scaled_dot_product_attention`` with the same semantics as :func:`eager_attention`.
-
-    Plain causal attention over a fresh sequence uses ``is_causal`` (block skipping, no T×S mask). A
-    positional bias or a non-empty cache needs an explicit mask; the bias enters as one additive mask,
-    since SDPA refuses ``attn_mask`` together with ``is_causal``.
-    """
-    n_heads, query_len, key_len = q.shape[1], q.shape[2], k.shape[2]
-    k, v = repeat_kv(k, n_heads // k.shape[1]), repeat_kv(v, n_heads // v.shape[1])
-    if ctx.score_bias(n_heads, key_len, bias_repeat) is None and query_len in (1, key_len):
-        # A fresh sequence is plain causal; a single new token sees every cached key.
-        is_causal = query_len > 1
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
-    mask = ctx.sdpa_mask(n_heads, key_len, bias_repeat, q.dtype)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
-
-
-def attend(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    ctx: AttentionContext,
-    *,
-    scale: float | None = None,
-    dropout_p: float = 0.0,
-    bias_repeat: int = 1,
-) -> Tensor:
-    """Causal attention through the context's backend; records the map when the context asks for maps."""
-    kwargs = dict(scale=scale, dropout_p=dropout_p, bias_repeat=bias_repeat)
-    if not ctx.use_eager:
-        return sdpa_attention(q, k, v, ctx, **kwargs)
-    out, probs = eager_attention(q, k, v, ctx, **kwargs)
-    ctx.record(probs)
-    return out

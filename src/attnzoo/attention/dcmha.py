@@ -5,13 +5,14 @@ convert by renaming: ``dyn_w_proj.dw1`` (D, G, 4, K), ``dyn_w_proj.qkw`` (G, 4, 
 ``dyn_w_proj.dd`` (D, G, 4N/G), slots [pre_q, pre_k, post_q, post_k]. Heads are numbered group-major
 (head = g·N/G + m), as the official ``'B (G M) T S'`` layout.
 
-Three computations of the same attention, each tested against the others (and against the rank-R form of
-the official ``_cross_head_proj``, which the tests keep as a reference; on CPU it is slower than the merged
-form, see ``_attend_chunked``):
+One computation through the shared kernel (``kernels.attend``), whose score and probability hooks are
+the pre- and post-composition with merged per-token matrices QW[t] + KW[s], tested three ways against each
+other (and against the rank-R form of the official ``_cross_head_proj``, which the tests keep as a
+reference; on CPU it is slower than the merged form, see ``_block_hooks``):
 
 * the eager reference: the full (B, N, T, S) scores composed with explicit per-token N×N matrices;
-* the training path: queries in chunks, each against its key range or window, composed with the same
-  merged per-token matrices QW[t] and KW[s] (only the chunk's rows and keys), so memory grows with T·chunk;
+* the training path: the kernel's chunked form, queries in blocks each against its key range or window,
+  composed with the block's rows of QW and keys of KW, so memory grows with T·chunk;
 * cached decoding: merged key-side matrices KW[s] are cached per key position, and each step forms the
   query-side matrix once.
 """
@@ -22,15 +23,20 @@ import math
 from collections.abc import Set
 from dataclasses import dataclass
 from functools import partial
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnzoo.attention.base import ATTENTION, Attention, AttentionContext, residual_linear
-from attnzoo.cache import SEQ_DIM, LayerCache
-from attnzoo.config import ModelConfig, is_int, require
+from attnzoo.attention.base import ATTENTION, AttentionContext
+from attnzoo.attention.kernels import BlockHooks, Hooks, ScoreHook, attend
+from attnzoo.attention.mha import MultiHeadAttention
+from attnzoo.cache import LayerCache, WindowCache
+from attnzoo.validation import is_int, require
+
+if TYPE_CHECKING:
+    from attnzoo.config import ModelConfig
 
 PRE_Q, PRE_K, POST_Q, POST_K = range(4)  # the official slot order of the dynamic-weight parameters
 
@@ -49,7 +55,7 @@ class DCMHAOptions:
     window_type: str = "LG"  # layer i is local if window_type[i % len] is "L", global if "G"
     q_chunk_size: int = 128  # queries per block on the training path
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for name in ("pre_compose", "post_compose", "query_wise", "static_proj", "qk_norm"):
             require(isinstance(getattr(self, name), bool), name, getattr(self, name), "must be true or false")
         for name in ("num_groups", "rank", "window_size", "q_chunk_size"):
@@ -142,7 +148,7 @@ class DynamicWeightProjection(nn.Module):
     GELU is exact, as in the official PyTorch code (the JAX training code uses the tanh approximation).
     """
 
-    def __init__(self, dim: int, n_heads: int, num_groups: int, rank: int, hidden_dim: int):
+    def __init__(self, dim: int, n_heads: int, num_groups: int, rank: int, hidden_dim: int) -> None:
         super().__init__()
         self.rank = rank
         heads_per_group = n_heads // num_groups
@@ -171,54 +177,8 @@ class DynamicWeightProjection(nn.Module):
         return w1, w2, dd.transpose(1, 2)
 
 
-class WindowCache(LayerCache):
-    """Per-position buffers of a layer whose queries see at most ``window`` keys (None: all).
-
-    Position p lives in slot p % capacity. A global layer's capacity is max_len, so slots are positions; a
-    local layer keeps only its last ``window`` positions in a ring.
-    """
-
-    def __init__(self, window: int | None, **buffers: Tensor):
-        super().__init__(**buffers)
-        self.window = window
-        self.capacity = next(iter(buffers.values())).shape[SEQ_DIM]
-
-    def extend(self, start: int, **new: Tensor) -> tuple[Tensor, ...]:
-        """Store the chunk at positions start.. and return (key positions, *entries) the chunk's queries may see.
-
-        Entries come in slot order, with their positions; slots the window excludes are masked by position.
-        """
-        length = next(iter(new.values())).shape[SEQ_DIM]
-        end = start + length
-        first = 0 if self.window is None else max(0, start - self.window + 1)
-        device = self.buffers[next(iter(new))].device
-        if end - first <= self.capacity:
-            # All visible positions survive the write, so the buffers are read in place.
-            self._write(start, new)
-            filled = min(end, self.capacity)
-            slots = torch.arange(filled, device=device)
-            positions = end - 1 - (end - 1 - slots) % self.capacity
-            return positions, *(self.buffers[name][:, :, :filled] for name in new)
-        # A chunk longer than the ring: read the cached part of the window before the write overwrites it.
-        cached = torch.arange(first, start, device=device)
-        entries = [
-            torch.cat((self.buffers[name].index_select(SEQ_DIM, cached % self.capacity), value), dim=SEQ_DIM)
-            for name, value in new.items()
-        ]
-        self._write(start, new)
-        return torch.arange(first, end, device=device), *entries
-
-    def _write(self, start: int, new: dict[str, Tensor]) -> None:
-        for name, value in new.items():
-            kept = min(value.shape[SEQ_DIM], self.capacity)
-            end = start + value.shape[SEQ_DIM]
-            slots = torch.arange(end - kept, end, device=value.device) % self.capacity
-            buffer = self.buffers[name]
-            buffer.index_copy_(SEQ_DIM, slots, value[:, :, -kept:].to(buffer.dtype))
-
-
 @ATTENTION.register("dcmha")
-class DynamicallyComposableAttention(Attention):
+class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
     """DCMHA (Xiao et al., 2024, "Improving Transformers with Dynamically Composable Multi-Head Attention").
 
     Logits A = QKᵀ/√d + B (B the positional bias) are composed across heads before the softmax and the
@@ -231,24 +191,20 @@ class DynamicallyComposableAttention(Attention):
     Masked probabilities are exactly 0 after the softmax and composition mixes heads at the same (t, s),
     whose mask is shared, so they stay 0: the JAX code's re-zeroing after post-compose would be a no-op.
     Local layers (``window_type``) see ``window_size`` keys including the query itself, the JAX training
-    semantics. Projections are q/k/v/o_proj with grouped kv heads, as ``mha``.
+    semantics. Projections are MHA's (q/k/v/o_proj, grouped kv heads), inherited.
     """
 
     map_note = "the post-composition map that actually mixes the values; composing heads can make it signed"
 
     Options = DCMHAOptions
     extends = ("mha",)
+    needs_scores = True
 
-    def __init__(self, cfg, layer_idx):
+    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
         opts = self.options
-        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         self.num_groups = opts.num_groups
         self.window = opts.window(layer_idx)
-        self.q_proj = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=cfg.bias)
-        self.k_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=cfg.bias)
-        self.v_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=cfg.bias)
-        self.o_proj = residual_linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=cfg.bias)
         if opts.qk_norm:
             self.q_norm = nn.RMSNorm(cfg.head_dim, eps=1e-6)
             self.k_norm = nn.RMSNorm(cfg.head_dim, eps=1e-6)
@@ -263,7 +219,7 @@ class DynamicallyComposableAttention(Attention):
         )
 
     @classmethod
-    def validate_config(cls, cfg):
+    def validate_config(cls, cfg: ModelConfig) -> None:
         groups = cfg.attention_opts.num_groups
         require(
             cfg.n_heads % groups == 0,
@@ -302,19 +258,25 @@ class DynamicallyComposableAttention(Attention):
 
     def forward(self, x: Tensor, ctx: AttentionContext, cache: LayerCache | None = None) -> Tensor:
         batch, seq_len, _ = x.shape
-        q = self.q_proj(x).view(batch, seq_len, self.n_heads, self.head_dim)
-        k = self.k_proj(x).view(batch, seq_len, self.n_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(batch, seq_len, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k, v = self._project(x)
         if self.options.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = ctx.rotate(q.transpose(1, 2)), ctx.rotate(k.transpose(1, 2))
+        q, k = ctx.rotate(q), ctx.rotate(k)
         pre, post = self._mixings(x)
+        key_positions, cached_kw = None, None
         if cache is not None:
-            out = self._attend_cached(q, k, v, pre, post, ctx, cache)
-        elif ctx.use_eager:
-            out = self._attend_eager(q, k, v, pre, post, ctx)
-        else:
-            out = self._attend_chunked(q, k, v, pre, post, ctx)
+            key_positions, k, v, cached_kw = self._extend_cache(cache, ctx.start, k, v, pre, post)
+        out, _ = attend(
+            q,
+            k,
+            v,
+            ctx,
+            dropout_p=self.attn_dropout,
+            hooks=self._block_hooks(pre, post, cached_kw),
+            window=self.window,
+            key_positions=key_positions,
+            chunk=self.options.q_chunk_size,
+        )
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq_len, -1))
 
     def _mixings(self, x: Tensor) -> tuple[Mixing | None, Mixing | None]:
@@ -334,104 +296,54 @@ class DynamicallyComposableAttention(Attention):
             mixing(POST_Q, POST_K) if opts.post_compose else None,
         )
 
-    def _composers(self, pre: Mixing | None, post: Mixing | None, make) -> list:
-        """[pre, post] score → score functions, make(which, mixing, static_w) for each composition that is on."""
-        return [
-            None
-            if mixing is None
-            else make(which, mixing, None if self.static_w is None else self.static_w[which].float())
-            for which, mixing in enumerate((pre, post))
-        ]
+    def _block_hooks(self, pre: Mixing | None, post: Mixing | None, cached_kw: dict[int, Tensor] | None) -> BlockHooks:
+        """The kernel hooks of a block of queries ``rows`` × keys ``cols``: pre-compose the scores, post-compose
+        the probabilities (``compose_merged``).
 
-    def _attend_eager(self, q, k, v, pre, post, ctx) -> Tensor:
-        """The reference: full (B, N, T, T) scores, composed with explicit per-token N×N matrices."""
-
-        def make(which, mixing, static_w):
-            key_w = None if mixing.kw1 is None else key_matrices(mixing)
-            return partial(compose_merged, query_w=query_matrices(mixing, static_w), key_w=key_w)
-
-        composers = self._composers(pre, post, make)
-        out, probs = self._attend(q, k, v, ctx.positions, ctx.positions, ctx, *composers)
-        ctx.record(probs)
-        return out
-
-    def _attend_chunked(self, q, k, v, pre, post, ctx) -> Tensor:
-        """Queries in blocks of q_chunk_size, each against its key range or window: O(T·chunk) scores.
-
-        Each block is composed with the merged matrices QW[t] (B, G, chunk, M, M) and KW[s] (B, G, M, M, keys),
-        the eager reference's form (Eq. 5–7 with W = QW + KW). Both are memory-bound passes over the scores,
-        and at N = 8 the N×N form takes fewer of them (and fewer layout copies) than the rank-R factors:
-        fwd+bwd of one (8, 8, 128, 256) block took 61 ms against 105 ms for the rank-R form
-        (CPU, 1 thread), and the 4-layer training step 1.3–1.6× less time.
+        Each block is composed with the merged matrices QW[t] (B, G, rows, M, M) and KW[s] (B, G, M, M, cols), the
+        form of Eq. 5–7 with W = QW + KW, on the chunks of the training path as on the eager reference's full
+        scores. Both are memory-bound passes over the scores, and at N = 8 the N×N form takes fewer of them (and
+        fewer layout copies) than the rank-R factors: fwd+bwd of one (8, 8, 128, 256) block took 61 ms against
+        105 ms for the rank-R form (CPU, 1 thread), and the 4-layer training step 1.3–1.6× less time. KW comes
+        from the block's keys, or on a cached call from ``cached_kw`` (absent when query-wise).
         """
-        seq_len, chunk = q.shape[2], self.options.q_chunk_size
-        outs = []
-        for q_start in range(0, seq_len, chunk):
-            queries = slice(q_start, min(seq_len, q_start + chunk))
-            keys = slice(0 if self.window is None else max(0, q_start - self.window + 1), queries.stop)
 
-            def make(which, mixing, static_w, queries=queries, keys=keys):
-                block = mixing.block(queries, keys)
+        def compose(which: int, mixing: Mixing | None, rows: slice, cols: slice) -> ScoreHook | None:
+            if mixing is None:
+                return None
+            static_w = None if self.static_w is None else self.static_w[which].float()
+            block = mixing.block(rows, cols)
+            if cached_kw is not None:  # the cache holds every visible key's KW; the mixing only the new ones
+                key_w = cached_kw[which][..., cols] if which in cached_kw else None
+            else:
                 key_w = None if block.kw1 is None else key_matrices(block)
-                return partial(compose_merged, query_w=query_matrices(block, static_w), key_w=key_w)
+            return partial(compose_merged, query_w=query_matrices(block, static_w), key_w=key_w)
 
-            out, _ = self._attend(
-                q[:, :, queries],
-                k[:, :, keys],
-                v[:, :, keys],
-                ctx.positions[queries],
-                ctx.positions[keys],
-                ctx,
-                *self._composers(pre, post, make),
-            )
-            outs.append(out)
-        return torch.cat(outs, dim=2)
+        def hooks(rows: slice, cols: slice) -> Hooks:
+            return Hooks(scores=compose(0, pre, rows, cols), probs=compose(1, post, rows, cols))
 
-    def _attend_cached(self, q, k, v, pre, post, ctx, cache: WindowCache) -> Tensor:
-        """Attend over the cache, which holds each key's merged matrices KW[s]; QW is formed once per call."""
+        return hooks
+
+    def _extend_cache(
+        self, cache: WindowCache, start: int, k: Tensor, v: Tensor, pre: Mixing | None, post: Mixing | None
+    ) -> tuple[Tensor, Tensor, Tensor, dict[int, Tensor]]:
+        """Store keys, values and each key's merged KW; return the key positions, keys, values and
+        {composition: KW (B, G, M, M, S)} the new queries may see."""
         composed = [which for which, mixing in enumerate((pre, post)) if mixing is not None]
         new = {"k": k, "v": v}
         if composed and not self.options.query_wise:
             # One buffer for both compositions: (B, C, G, M, M, T) → (B, C·G·M·M, T), key positions last.
             new["kw"] = torch.stack([key_matrices(m) for m in (pre, post) if m is not None], dim=1).flatten(1, -2)
-        key_positions, k, v, *kw = cache.extend(ctx.start, **new)
+        key_positions, k, v, *kw = cache.extend(start, **new)
+        if not kw:
+            return key_positions, k, v, {}
         heads_per_group = self.n_heads // self.num_groups
-        key_ws = {}
-        if kw:
-            shape = (len(composed), self.num_groups, heads_per_group, heads_per_group)
-            key_ws = dict(zip(composed, kw[0].float().unflatten(1, shape).unbind(1), strict=True))
+        shape = (len(composed), self.num_groups, heads_per_group, heads_per_group)
+        return key_positions, k, v, dict(zip(composed, kw[0].float().unflatten(1, shape).unbind(1), strict=True))
 
-        def make(which, mixing, static_w):
-            return partial(compose_merged, query_w=query_matrices(mixing, static_w), key_w=key_ws.get(which))
-
-        out, _ = self._attend(q, k, v, ctx.positions, key_positions, ctx, *self._composers(pre, post, make))
-        return out
-
-    def _attend(self, q, k, v, q_positions, k_positions, ctx, pre_compose, post_compose) -> tuple[Tensor, Tensor]:
-        """Scores of queries at q_positions against keys at k_positions → (output (B, N, T, d), probabilities).
-
-        GQA without copies: the n_rep query heads of a kv head are stacked along the query axis.
-        """
-        batch, n_heads, query_len, head_dim = q.shape
-        n_kv_heads, key_len = k.shape[1], k.shape[2]
-        grouped_q = q.reshape(batch, n_kv_heads, -1, head_dim)
-        logits = (grouped_q @ k.transpose(-2, -1)).float().view(batch, n_heads, query_len, key_len)
-        logits = logits * (1.0 / math.sqrt(head_dim))
-        bias = ctx.position.bias(n_heads, q_positions, k_positions)
-        if bias is not None:
-            logits = logits + bias
-        if pre_compose is not None:
-            logits = pre_compose(logits)
-        distance = q_positions[:, None] - k_positions[None, :]
-        allowed = (distance >= 0) if self.window is None else (distance >= 0) & (distance < self.window)
-        probs = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
-        if post_compose is not None:
-            probs = post_compose(probs)
-        dropped = F.dropout(probs, p=self.attn_dropout) if self.attn_dropout > 0 else probs
-        weighted = dropped.to(v.dtype).reshape(batch, n_kv_heads, -1, key_len) @ v
-        return weighted.view(batch, n_heads, query_len, -1), probs
-
-    def new_layer_cache(self, batch_size, max_len, *, device, dtype):
+    def new_layer_cache(
+        self, batch_size: int, max_len: int, *, device: torch.device, dtype: torch.dtype
+    ) -> WindowCache:
         """Keys, values and, unless query-wise, the merged KW of each composition: (B, C·G·M·M, L), keys last."""
         capacity = max_len if self.window is None else min(self.window, max_len)
         shapes = {"k": (self.n_kv_heads, self.head_dim), "v": (self.n_kv_heads, self.head_dim)}

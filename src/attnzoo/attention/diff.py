@@ -4,48 +4,24 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnzoo.attention.base import (
-    ATTENTION,
-    Attention,
-    AttentionContext,
-    eager_attention,
-    residual_linear,
-    sdpa_attention,
-)
+from attnzoo.attention.base import ATTENTION, Attention, AttentionContext, residual_linear
+from attnzoo.attention.kernels import attend
 from attnzoo.cache import LayerCache
-from attnzoo.config import require
+from attnzoo.validation import require
+
+if TYPE_CHECKING:
+    from attnzoo.config import ModelConfig
 
 
 def lambda_init_fn(depth: int) -> float:
     """λ_init = 0.8 − 0.6·exp(−0.3·depth), with depth the 0-based layer index (the paper's l − 1)."""
     return 0.8 - 0.6 * math.exp(-0.3 * depth)
-
-
-def sdpa_pads_queries(device: torch.device) -> bool:
-    """Whether SDPA on ``device`` needs queries and keys zero-padded to the 2d width of the values.
-
-    CUDA's memory-efficient kernel takes a value head size different from the query/key size, so two calls
-    with 2d values (the official ``flashdiff_1``) suffice there. On CPU, unequal sizes silently fall back to
-    SDPA's math path, which materialises the T×S map. Padding q and k with d zeros leaves every logit
-    unchanged and lets the fused kernel run: on CPU it beat the official four calls on value halves
-    (``flashdiff_2``) by about 20% (fwd+bwd, T=1024, 2 threads), since both do twice MHA's QKᵀ work but
-    padding launches half the calls.
-    """
-    return device.type != "cuda"
-
-
-def sdpa_wide_values(q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, *, dropout_p: float) -> Tensor:
-    """softmax(qkᵀ/√d)·v through SDPA for values twice as wide as the queries; (B, H, T, 2d)."""
-    if not sdpa_pads_queries(q.device):
-        return sdpa_attention(q, k, v, ctx, dropout_p=dropout_p)
-    d = q.shape[-1]
-    q, k = F.pad(q, (0, d)), F.pad(k, (0, d))  # zeros add nothing to q·k; the scale stays 1/√d
-    return sdpa_attention(q, k, v, ctx, dropout_p=dropout_p, scale=1.0 / math.sqrt(d))
 
 
 @dataclass(frozen=True)
@@ -54,7 +30,7 @@ class DiffOptions:
     subln_affine: bool = True  # False reproduces the first release (and flashdiff.py, HF diffllama)
     subln_eps: float = 1e-5  # the official value; HF diffllama uses its rms_norm_eps
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.lambda_init is not None:
             require(
                 isinstance(self.lambda_init, (int, float))
@@ -74,7 +50,7 @@ class DiffOptions:
 
 
 @ATTENTION.register("diff")
-class DifferentialAttention(Attention):
+class DifferentialAttention(Attention[DiffOptions]):
     """Differential attention: the difference of two softmax maps cancels common-mode attention noise.
 
     For differential head i, with query/key sub-heads of size d and a value head of size 2d (Eq. 1–3)::
@@ -97,7 +73,7 @@ class DifferentialAttention(Attention):
 
     Options = DiffOptions
 
-    def __init__(self, cfg, layer_idx):
+    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
         self.n_heads, self.n_kv_heads = cfg.n_heads, cfg.n_kv_heads
         self.head_dim = cfg.head_dim // 2  # d: the official code's name for the sub-head size
@@ -116,7 +92,7 @@ class DifferentialAttention(Attention):
         self.reset_mechanism_parameters()
 
     @classmethod
-    def validate_config(cls, cfg):
+    def validate_config(cls, cfg: ModelConfig) -> None:
         require(
             cfg.head_dim % 2 == 0,
             "head_dim",
@@ -126,7 +102,7 @@ class DifferentialAttention(Attention):
         )
 
     @classmethod
-    def paired_overrides(cls, baseline):
+    def paired_overrides(cls, baseline: ModelConfig) -> dict[str, Any]:
         # The paper's pairing: half the heads, each of twice the size, so the sub-heads keep the baseline's
         # head size and the projections keep its parameter count.
         return {
@@ -136,7 +112,7 @@ class DifferentialAttention(Attention):
         }
 
     @classmethod
-    def qk_head_dim(cls, cfg):
+    def qk_head_dim(cls, cfg: ModelConfig) -> int:
         return cfg.head_dim // 2
 
     def reset_mechanism_parameters(self) -> None:
@@ -160,13 +136,11 @@ class DifferentialAttention(Attention):
             k, v = cache.update(ctx.start, k=k, v=v)
         q1, q2, k1, k2 = q[:, 0::2], q[:, 1::2], k[:, 0::2], k[:, 1::2]
         lam = self.lambda_full()
-        if ctx.use_eager:
-            attn1, probs1 = eager_attention(q1, k1, v, ctx, dropout_p=self.attn_dropout)
-            attn2, probs2 = eager_attention(q2, k2, v, ctx, dropout_p=self.attn_dropout)
+        # Wider values than queries: the SDPA kernel pads q and k where it must (sdpa_pads_queries).
+        attn1, probs1 = attend(q1, k1, v, ctx, dropout_p=self.attn_dropout, record=False)
+        attn2, probs2 = attend(q2, k2, v, ctx, dropout_p=self.attn_dropout, record=False)
+        if probs1 is not None and probs2 is not None:
             ctx.record(probs1 - lam * probs2)
-        else:
-            attn1 = sdpa_wide_values(q1, k1, v, ctx, dropout_p=self.attn_dropout)
-            attn2 = sdpa_wide_values(q2, k2, v, ctx, dropout_p=self.attn_dropout)
         # (A1 − λ·A2)·V = A1·V − λ·A2·V, so the fast path never forms the difference map.
         attn = attn1 - lam.to(attn1.dtype) * attn2
         attn = self.head_norm(attn) * (1 - self.lambda_init)
@@ -178,7 +152,7 @@ class DifferentialAttention(Attention):
         normed = F.rms_norm(attn.float(), self.subln.normalized_shape, eps=self.subln.eps).type_as(attn)
         return normed if self.subln.weight is None else normed * self.subln.weight
 
-    def new_layer_cache(self, batch_size, max_len, *, device, dtype):
+    def new_layer_cache(self, batch_size: int, max_len: int, *, device: torch.device, dtype: torch.dtype) -> LayerCache:
         d = self.head_dim
         return LayerCache.allocate(
             batch_size, max_len, device=device, dtype=dtype, k=(2 * self.n_kv_heads, d), v=(self.n_kv_heads, 2 * d)

@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor, nn
 
-from attnzoo.attention.base import (
-    ATTENTION,
-    Attention,
-    AttentionContext,
-    eager_attention,
-    residual_linear,
-    sdpa_attention,
-)
+from attnzoo.attention.base import ATTENTION, Attention, AttentionContext, residual_linear
+from attnzoo.attention.kernels import attend
 from attnzoo.cache import LayerCache
+from attnzoo.registry import NoOptions
+
+if TYPE_CHECKING:
+    from attnzoo.config import ModelConfig
 
 
 @ATTENTION.register("diff_v2")
-class DiffV2Attention(Attention):
+class DiffV2Attention(Attention[NoOptions]):
     """DIFF V2: one causal attention over 2h query heads, whose adjacent heads are subtracted.
 
     With a_m = softmax(Q_m K_mᵀ/√d + B)·V_m the output of query head m (m = 0 .. 2h−1, size d) and
@@ -36,7 +36,7 @@ class DiffV2Attention(Attention):
 
     map_note = "the differential map of each head pair, A1 − λ·A2 with a per-token λ, signed"
 
-    def __init__(self, cfg, layer_idx):
+    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         self.q_proj = nn.Linear(cfg.dim, 2 * cfg.n_heads * cfg.head_dim, bias=False)
@@ -54,14 +54,12 @@ class DiffV2Attention(Attention):
         if cache is not None:
             k, v = cache.update(ctx.start, k=k, v=v)
         lam = torch.sigmoid(self.lambda_proj(x)).transpose(1, 2)[..., None]  # (B, h, T, 1)
-        if ctx.use_eager:
-            attn, probs = eager_attention(q, k, v, ctx, dropout_p=self.attn_dropout, bias_repeat=2)
+        attn, probs = attend(q, k, v, ctx, dropout_p=self.attn_dropout, bias_repeat=2, record=False)
+        if probs is not None:
             ctx.record(probs[:, 0::2] - lam * probs[:, 1::2])
-        else:
-            attn = sdpa_attention(q, k, v, ctx, dropout_p=self.attn_dropout, bias_repeat=2)
         attn = attn[:, 0::2] - lam * attn[:, 1::2]
         return self.o_proj(attn.transpose(1, 2).reshape(batch, seq_len, -1))
 
-    def new_layer_cache(self, batch_size, max_len, *, device, dtype):
+    def new_layer_cache(self, batch_size: int, max_len: int, *, device: torch.device, dtype: torch.dtype) -> LayerCache:
         shape = (self.n_kv_heads, self.head_dim)
         return LayerCache.allocate(batch_size, max_len, device=device, dtype=dtype, k=shape, v=shape)

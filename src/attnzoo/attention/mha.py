@@ -2,21 +2,29 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+import torch
 from torch import Tensor, nn
 
-from attnzoo.attention.base import ATTENTION, Attention, AttentionContext, attend, residual_linear
+from attnzoo.attention.base import ATTENTION, Attention, AttentionContext, OptionsT, residual_linear
+from attnzoo.attention.kernels import attend
 from attnzoo.cache import LayerCache
+
+if TYPE_CHECKING:
+    from attnzoo.config import ModelConfig
 
 
 @ATTENTION.register("mha")
-class MultiHeadAttention(Attention):
+class MultiHeadAttention(Attention[OptionsT]):
     """softmax(QKᵀ/√d + B)·V per head (Vaswani et al., 2017, Eq. 1), with B the positional bias if any.
 
     Query head h reads kv head h // (n_heads / n_kv_heads) (GQA, Ainslie et al., 2023; MQA when
-    n_kv_heads = 1), as in HF LLaMA, whose projection names (q/k/v/o_proj) are used here.
+    n_kv_heads = 1), as in HF LLaMA, whose projection names (q/k/v/o_proj) are used here. MHA itself takes no
+    options; it stays generic in them for the mechanisms that extend it (selective, dcmha).
     """
 
-    def __init__(self, cfg, layer_idx):
+    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         self.q_proj = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=cfg.bias)
@@ -38,9 +46,9 @@ class MultiHeadAttention(Attention):
         q, k = ctx.rotate(q), ctx.rotate(k)
         if cache is not None:
             k, v = cache.update(ctx.start, k=k, v=v)
-        out = attend(q, k, v, ctx, dropout_p=self.attn_dropout)
+        out, _ = attend(q, k, v, ctx, dropout_p=self.attn_dropout)
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq_len, -1))
 
-    def new_layer_cache(self, batch_size, max_len, *, device, dtype):
+    def new_layer_cache(self, batch_size: int, max_len: int, *, device: torch.device, dtype: torch.dtype) -> LayerCache:
         shape = (self.n_kv_heads, self.head_dim)
         return LayerCache.allocate(batch_size, max_len, device=device, dtype=dtype, k=shape, v=shape)

@@ -10,15 +10,20 @@ from __future__ import annotations
 import math
 from collections.abc import Set
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnzoo.attention.base import ATTENTION, AttentionContext, attend, repeat_kv, sdpa_attention
+from attnzoo.attention.base import ATTENTION, AttentionContext
+from attnzoo.attention.kernels import attend
 from attnzoo.attention.mha import MultiHeadAttention
 from attnzoo.cache import LayerCache
-from attnzoo.config import ModelConfig, require
+from attnzoo.validation import require
+
+if TYPE_CHECKING:
+    from attnzoo.config import ModelConfig
 
 TEMPERATURE_FNS = ("shared", "mlp")
 POSITION_COEFFICIENTS = ("sigmoid", "pts", "linear")
@@ -40,7 +45,7 @@ class SelectiveOptions:
     position_coefficient: str = "sigmoid"  # c = σ(α) (paper), "pts": exp(−exp(β)) (official), "linear": c itself
     per_head_coefficient: bool = False  # one α (β, c) per head instead of one per layer
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for name in (
             "query_temperature",
             "value_temperature",
@@ -107,7 +112,7 @@ class Temperature(nn.Module):
     otherwise a separate MLP W2·GELU(W1·x) with one output per head.
     """
 
-    def __init__(self, options: SelectiveOptions, dim: int, n_heads: int, head_dim: int):
+    def __init__(self, options: SelectiveOptions, dim: int, n_heads: int, head_dim: int) -> None:
         super().__init__()
         self.n_heads = n_heads
         self.token = options.token_temperature
@@ -190,7 +195,7 @@ class Temperature(nn.Module):
 
 
 @ATTENTION.register("selective")
-class SelectiveAttention(MultiHeadAttention):
+class SelectiveAttention(MultiHeadAttention[SelectiveOptions]):
     """Selective self-attention (SSA; Zhang et al., NeurIPS 2024, §3):
 
         out = softmax((τ_q ⊙ Q)Kᵀ/√d + B) · (τ_v ⊙ V),    τ(x, n) = tanh(f(x)) + 1 + σ(α)·log n,
@@ -203,9 +208,9 @@ class SelectiveAttention(MultiHeadAttention):
     temperature parameters missing; with the token and position parts off, τ ≡ 1 and this is exactly MHA.
     Added to a pretrained MHA model, τ ≡ 1 at the start when f's last layer is zero (its init) and the
     position coefficient is linear with c = 0 (``init_added_parameters_as_identity``).
-    The token part reads the pre-RoPE projections, so f depends on the token alone. τ_q is folded into the
-    rotated queries (a per-row scalar commutes with the rotation); the eager path scales logit rows instead.
-    The cache stores rotated keys and τ_v-scaled values.
+    The token part reads the pre-RoPE projections, so f depends on the token alone. τ_q is the kernel's
+    ``query_scale``: SDPA folds it into the rotated queries (a per-row scalar commutes with the rotation), the
+    eager reference scales logit rows. The cache stores rotated keys and τ_v-scaled values.
     """
 
     map_note = "the softmax probabilities after the query-temperature scaling"
@@ -213,9 +218,9 @@ class SelectiveAttention(MultiHeadAttention):
     Options = SelectiveOptions
     extends = ("mha",)
 
-    def __init__(self, cfg, layer_idx):
+    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
-        options: SelectiveOptions = self.options
+        options = self.options
         has_temperature = options.token_temperature or options.position_temperature
         self.q_temperature = (
             Temperature(options, cfg.dim, cfg.n_heads, cfg.head_dim)
@@ -264,27 +269,5 @@ class SelectiveAttention(MultiHeadAttention):
         q, k = ctx.rotate(q), ctx.rotate(k)
         if cache is not None:
             k, v = cache.update(ctx.start, k=k, v=v)
-        if tau_q is None:
-            out = attend(q, k, v, ctx, dropout_p=self.attn_dropout)
-        elif ctx.use_eager:
-            out = self._eager_attention(q, k, v, tau_q, ctx)
-        else:
-            # Scaling query row t by τ_q scales logit row t by τ_q: one SDPA call, no T×S tensor.
-            out = sdpa_attention(q * tau_q[..., None].to(q.dtype), k, v, ctx, dropout_p=self.attn_dropout)
+        out, _ = attend(q, k, v, ctx, dropout_p=self.attn_dropout, query_scale=tau_q)
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq_len, -1))
-
-    def _eager_attention(self, q: Tensor, k: Tensor, v: Tensor, tau_q: Tensor, ctx: AttentionContext) -> Tensor:
-        """The reference: explicit fp32 logits whose rows are multiplied by τ_q, then masked softmax."""
-        key_len = k.shape[2]
-        n_rep = self.n_heads // self.n_kv_heads
-        k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
-        logits = torch.matmul(q, k.transpose(-2, -1)).float() / math.sqrt(self.head_dim)
-        logits = logits * tau_q[..., None]
-        bias = ctx.score_bias(self.n_heads, key_len)
-        if bias is not None:
-            logits = logits + bias
-        logits = logits.masked_fill(~ctx.allowed(key_len), float("-inf"))
-        probs = torch.softmax(logits, dim=-1)
-        ctx.record(probs)
-        dropped = F.dropout(probs, p=self.attn_dropout) if self.attn_dropout > 0 else probs
-        return torch.matmul(dropped.to(v.dtype), v)

@@ -7,8 +7,8 @@ import math
 import torch
 from torch import Tensor, nn
 
-from attnzoo.config import require
 from attnzoo.positions.base import POSITIONS, PositionalEncoding
+from attnzoo.validation import require
 
 
 @POSITIONS.register("none")

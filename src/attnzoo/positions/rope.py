@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from attnzoo.config import is_int, is_number, require
 from attnzoo.positions.base import POSITIONS, PositionalEncoding
+from attnzoo.validation import is_int, is_number, require
 
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
 

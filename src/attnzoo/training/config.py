@@ -27,8 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from attnzoo.config import ModelConfig, is_int, is_number, require
+from attnzoo.config import ModelConfig
 from attnzoo.data.tokenizers import TOKENIZER_CHOICES, is_tokenizer_name
+from attnzoo.validation import is_int, is_number, require
 
 if sys.version_info >= (3, 11):
     import tomllib

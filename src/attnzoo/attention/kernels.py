@@ -1,0 +1,240 @@
+"""The attention kernels mechanisms share, and :func:`attend`, the one entry point that picks between them.
+
+* :func:`eager_attention`, the reference: explicit fp32 scores and softmax. Hooks on the scores, the
+  probabilities and the mask let a mechanism that acts on them (DCMHA's composition) reuse it.
+* :func:`sdpa_attention`: ``F.scaled_dot_product_attention`` with the same semantics, for everything SDPA can
+  express: GQA, a positional bias, a per-row logit scale (selective's τ_q), values wider than queries (Diff).
+* :func:`chunked_attention`: the eager kernel over blocks of queries, each against only the keys it can see,
+  for hooks SDPA cannot run: O(T·chunk) scores instead of O(T·S).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from attnzoo.attention.base import AttentionContext, visible
+
+ScoreHook = Callable[[Tensor], Tensor]
+
+
+class Hooks(NamedTuple):
+    """A mechanism's changes inside the eager kernel, for one block of queries × keys; fp32 (B, H, T, S)."""
+
+    scores: ScoreHook | None = None  # on the scaled logits plus bias, before the mask
+    probs: ScoreHook | None = None  # on the softmax probabilities: the map that weighs V and is recorded
+    mask: Tensor | None = None  # (T, S) bool, True where query t may see key s: replaces the causal mask
+
+
+NO_HOOKS = Hooks()
+BlockHooks = Callable[[slice, slice], Hooks]  # (query rows, key columns) of a block → that block's hooks
+
+
+def no_hooks(rows: slice, cols: slice) -> Hooks:
+    return NO_HOOKS
+
+
+def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
+    """(B, H_kv, S, d) → (B, H_kv·n_rep, S, d): query head h reads kv head h // n_rep, as in HF LLaMA."""
+    if n_rep == 1:
+        return x
+    b, h_kv, s, d = x.shape
+    return x[:, :, None].expand(b, h_kv, n_rep, s, d).reshape(b, h_kv * n_rep, s, d)
+
+
+def sdpa_pads_queries(device: torch.device) -> bool:
+    """Whether SDPA on ``device`` needs queries and keys zero-padded to the width of wider values.
+
+    CUDA's memory-efficient kernel takes a value head size different from the query/key size, so Diff's 2d
+    values need no change there (the official ``flashdiff_1``). On CPU, unequal sizes silently fall back to
+    SDPA's math path, which materialises the T×S map. Padding q and k with zeros leaves every logit
+    unchanged and lets the fused kernel run: for Diff on CPU it beat the official four calls on value halves
+    (``flashdiff_2``) by about 20% (fwd+bwd, T=1024, 2 threads), since both do twice MHA's QKᵀ work but
+    padding launches half the calls.
+    """
+    return device.type != "cuda"
+
+
+def eager_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    ctx: AttentionContext,
+    *,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    bias_repeat: int = 1,
+    query_scale: Tensor | None = None,
+    hooks: Hooks = NO_HOOKS,
+    window: int | None = None,
+    positions: tuple[Tensor, Tensor] | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Reference attention with explicit fp32 logits and softmax. Returns (output, probabilities).
+
+    q: (B, H, T, d); k: (B, H_kv, S, d); v: (B, H_kv, S, d_v). In order: logits q·kᵀ·scale → × ``query_scale``
+    (B, H, T) per row → + positional bias → ``hooks.scores`` → mask → softmax → ``hooks.probs`` → dropout → ·V.
+    The mask is causal, within the last ``window`` keys if given, unless ``hooks.mask`` replaces it.
+    ``positions`` are the (query, key) absolute positions when they are not this call's queries against keys
+    0 .. S−1 (a block of a chunked call, a ring cache). ``bias_repeat`` adjacent query heads share one
+    positional-bias head (sub-heads of one differential head).
+    """
+    batch, n_heads, query_len, head_dim = q.shape
+    n_kv_heads, key_len = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
+    # GQA without copying k and v: the n_rep query heads of a kv head are stacked along the query axis.
+    logits = (q.reshape(batch, n_kv_heads, -1, head_dim) @ k.transpose(-2, -1)).float()
+    logits = logits.view(batch, n_heads, query_len, key_len) * scale
+    if query_scale is not None:
+        logits = logits * query_scale[..., None]
+    if positions is None:
+        bias = ctx.score_bias(n_heads, key_len, bias_repeat)
+    else:
+        bias = ctx.position_bias(n_heads, *positions, bias_repeat)
+    if bias is not None:
+        logits = logits + bias
+    if hooks.scores is not None:
+        logits = hooks.scores(logits)
+    if hooks.mask is not None:
+        allowed = hooks.mask
+    else:
+        allowed = ctx.allowed(key_len, window) if positions is None else visible(*positions, window)
+    probs = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
+    if hooks.probs is not None:
+        probs = hooks.probs(probs)
+    dropped = F.dropout(probs, p=dropout_p) if dropout_p > 0 else probs
+    out = dropped.to(v.dtype).reshape(batch, n_kv_heads, -1, key_len) @ v
+    return out.view(batch, n_heads, query_len, -1), probs
+
+
+def sdpa_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    ctx: AttentionContext,
+    *,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    bias_repeat: int = 1,
+    query_scale: Tensor | None = None,
+) -> Tensor:
+    """``F.scaled_dot_product_attention`` with the semantics of :func:`eager_attention` without hooks.
+
+    Plain causal attention over a fresh sequence uses ``is_causal`` (block skipping, no T×S mask). A
+    positional bias or a non-empty cache needs an explicit mask; the bias enters as one additive mask,
+    since SDPA refuses ``attn_mask`` together with ``is_causal``.
+    """
+    if query_scale is not None:
+        # Scaling query row t scales logit row t before the bias is added: the eager kernel's row scale.
+        q = q * query_scale[..., None].to(q.dtype)
+    if v.shape[-1] > q.shape[-1] and sdpa_pads_queries(q.device):
+        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale  # the scale of the true width
+        width = v.shape[-1] - q.shape[-1]
+        q, k = F.pad(q, (0, width)), F.pad(k, (0, width))  # zeros add nothing to q·k
+    n_heads, query_len, key_len = q.shape[1], q.shape[2], k.shape[2]
+    k, v = repeat_kv(k, n_heads // k.shape[1]), repeat_kv(v, n_heads // v.shape[1])
+    if ctx.score_bias(n_heads, key_len, bias_repeat) is None and query_len in (1, key_len):
+        # A fresh sequence is plain causal; a single new token sees every cached key.
+        is_causal = query_len > 1
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
+    mask = ctx.sdpa_mask(n_heads, key_len, bias_repeat, q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+
+
+def chunked_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    ctx: AttentionContext,
+    *,
+    hooks: BlockHooks,
+    chunk: int,
+    window: int | None = None,
+    key_positions: Tensor | None = None,
+    query_scale: Tensor | None = None,
+    **kernel: Any,
+) -> Tensor:
+    """:func:`eager_attention` over blocks of ``chunk`` queries, each against the keys it can see.
+
+    Keys at positions 0 .. S−1 are cut to each block's causal range, or its window; keys at explicit
+    ``key_positions`` (a ring cache, in slot order) are all kept and masked by position. ``kernel``: the
+    remaining arguments of :func:`eager_attention` (scale, dropout_p, bias_repeat).
+    """
+    query_len = q.shape[2]
+    k_positions = ctx.key_positions(k.shape[2]) if key_positions is None else key_positions
+    outs = []
+    for first in range(0, query_len, chunk):
+        rows = slice(first, min(query_len, first + chunk))
+        cols = slice(None)
+        if key_positions is None:
+            lowest = 0 if window is None else max(0, ctx.start + first - window + 1)
+            cols = slice(lowest, ctx.start + rows.stop)
+        out, _ = eager_attention(
+            q[:, :, rows],
+            k[:, :, cols],
+            v[:, :, cols],
+            ctx,
+            query_scale=None if query_scale is None else query_scale[:, :, rows],
+            hooks=hooks(rows, cols),
+            window=window,
+            positions=(ctx.positions[rows], k_positions[cols]),
+            **kernel,
+        )
+        outs.append(out)
+    return torch.cat(outs, dim=2)
+
+
+def attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    ctx: AttentionContext,
+    *,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    bias_repeat: int = 1,
+    query_scale: Tensor | None = None,
+    hooks: BlockHooks | None = None,
+    window: int | None = None,
+    key_positions: Tensor | None = None,
+    chunk: int | None = None,
+    record: bool = True,
+) -> tuple[Tensor, Tensor | None]:
+    """Causal attention of q (B, H, T, d) over k, v (B, H_kv, S, ·): the one place the kernel is chosen.
+
+    * ``eager_attention`` over all queries and keys when ``ctx.backend`` is "eager" or the context records
+      attention maps, which need the probabilities;
+    * ``sdpa_attention`` when nothing needs the scores: ``query_scale`` (B, H, T), a per-row logit scale
+      before the bias, and values wider than queries are expressed inside SDPA;
+    * otherwise ``chunked_attention`` over blocks of ``chunk`` queries, since hooks, a window or keys at
+      explicit positions cannot run inside SDPA; the "sdpa" backend refuses that.
+
+    ``hooks(rows, cols)`` gives the :class:`Hooks` of the block of queries ``rows`` × keys ``cols``; with
+    ``window`` a query sees its last ``window`` keys, itself included; ``key_positions`` (S,) are the keys'
+    absolute positions when they are not 0 .. S−1. Returns the output (B, H, T, d_v) and, when the context
+    records maps, the probabilities after ``hooks.probs``, which are recorded as this layer's map unless
+    ``record`` is false (a mechanism whose map combines several calls records the combination).
+    """
+    kernel = dict(scale=scale, dropout_p=dropout_p, bias_repeat=bias_repeat, query_scale=query_scale)
+    if ctx.backend == "eager" or ctx.attention_maps is not None:
+        block_hooks = (hooks or no_hooks)(slice(None), slice(None))
+        positions = None if key_positions is None else (ctx.positions, key_positions)
+        out, probs = eager_attention(q, k, v, ctx, hooks=block_hooks, window=window, positions=positions, **kernel)
+        if ctx.attention_maps is None:
+            return out, None
+        if record:
+            ctx.record(probs)
+        return out, probs
+    if hooks is None and window is None and key_positions is None:
+        return sdpa_attention(q, k, v, ctx, **kernel), None
+    if ctx.backend == "sdpa":
+        raise ValueError("attn_backend='sdpa' cannot run score hooks or windows; use 'auto' or 'eager'")
+    chunk = chunk or q.shape[2]
+    out = chunked_attention(
+        q, k, v, ctx, hooks=hooks or no_hooks, chunk=chunk, window=window, key_positions=key_positions, **kernel
+    )
+    return out, None

@@ -1,0 +1,355 @@
+"""The attention kernels (``attention/kernels.py``): the eager reference's hooks, the chunked and SDPA forms
+against it, the backend choice ``attend`` makes, and the seams around it (cache, options, validation).
+
+All comparisons are in fp32; each tolerance is stated where it is asserted.
+"""
+
+import ast
+import dataclasses
+import inspect
+import math
+import pathlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import attnzoo
+from attnzoo import ModelConfig, Transformer
+from attnzoo.attention import ATTENTION, AttentionContext, kernels
+from attnzoo.attention.kernels import Hooks, attend, chunked_attention, eager_attention, sdpa_attention
+from attnzoo.cache import WindowCache
+from attnzoo.positions import POSITIONS, alibi_slopes
+
+B, H, H_KV, T, D = 2, 4, 2, 7, 8
+SRC = pathlib.Path(attnzoo.__file__).parent
+
+
+def context(position="alibi", length=T, start=0, backend="eager", maps=None) -> AttentionContext:
+    cfg = ModelConfig(vocab_size=8, dim=H * D, n_heads=H, n_layers=1, position=position)
+    scheme = POSITIONS.get(position)(cfg, D)
+    positions = torch.arange(start, start + length)
+    return AttentionContext(positions, start, scheme, scheme.prepare(positions, start + length), backend, maps)
+
+
+def qkv(query_len=T, key_len=T, value_dim=D):
+    return (
+        torch.randn(B, H, query_len, D),
+        torch.randn(B, H_KV, key_len, D),
+        torch.randn(B, H_KV, key_len, value_dim),
+    )
+
+
+def reference(q, k, v, *, start=0, scores=None, probs=None, allowed=None, row_scale=None, window=None):
+    """The eager kernel written out per head: GQA by repeat_interleave, the ALiBi bias, a causal mask."""
+    k, v = k.repeat_interleave(H // H_KV, dim=1), v.repeat_interleave(H // H_KV, dim=1)
+    logits = q @ k.transpose(-1, -2) / math.sqrt(D)
+    if row_scale is not None:
+        logits = logits * row_scale[..., None]
+    t = torch.arange(start, start + q.shape[2])[:, None]
+    s = torch.arange(k.shape[2])[None, :]
+    logits = logits - torch.tensor(alibi_slopes(H))[:, None, None] * (t - s)
+    if scores is not None:
+        logits = scores(logits)
+    if allowed is None:
+        allowed = (s <= t) if window is None else (s <= t) & (t - s < window)
+    p = logits.masked_fill(~allowed, -torch.inf).softmax(-1)
+    if probs is not None:
+        p = probs(p)
+    return p @ v, p
+
+
+# ---------------------------------------------------------------------------------------------------
+# The eager reference and its hooks
+
+
+def test_score_hook_acts_on_biased_logits_before_the_mask():
+    q, k, v = qkv()
+    hook = lambda logits: logits.flip(1) * 1.5 + 0.25  # noqa: E731  (mixes heads: the order of steps matters)
+    out, probs = eager_attention(q, k, v, context(), hooks=Hooks(scores=hook))
+    expected_out, expected_probs = reference(q, k, v, scores=hook)
+    torch.testing.assert_close(out, expected_out, atol=1e-6, rtol=0)
+    torch.testing.assert_close(probs, expected_probs, atol=1e-6, rtol=0)
+    assert (out - eager_attention(q, k, v, context())[0]).abs().max() > 1e-2  # the hook changed something
+
+
+def test_probability_hook_weighs_the_values_and_is_what_is_returned():
+    q, k, v = qkv()
+    hook = lambda p: p - 0.5 * p.roll(1, dims=1)  # noqa: E731  (a differential-style mix of heads)
+    out, probs = eager_attention(q, k, v, context(), hooks=Hooks(probs=hook))
+    expected_out, expected_probs = reference(q, k, v, probs=hook)
+    torch.testing.assert_close(out, expected_out, atol=1e-6, rtol=0)
+    torch.testing.assert_close(probs, expected_probs, atol=1e-6, rtol=0)
+    assert probs.sum(-1).sub(1).abs().max() > 0.1  # the returned map is the hooked one, not the softmax
+
+
+def test_mask_override_replaces_the_causal_mask():
+    q, k, v = qkv()
+    diagonal = torch.eye(T, dtype=torch.bool)
+    out, _ = eager_attention(q, k, v, context(), hooks=Hooks(mask=diagonal))
+    # Each query sees only its own key, so it returns that key's value exactly.
+    torch.testing.assert_close(out, v.repeat_interleave(H // H_KV, dim=1), atol=1e-6, rtol=0)
+    everything = torch.ones(T, T, dtype=torch.bool)  # not causal: the future is visible
+    out, _ = eager_attention(q, k, v, context(), hooks=Hooks(mask=everything))
+    torch.testing.assert_close(out, reference(q, k, v, allowed=everything)[0], atol=1e-6, rtol=0)
+
+
+def test_window_and_query_scale():
+    q, k, v = qkv()
+    tau = torch.rand(B, H, T) + 0.5
+    out, _ = eager_attention(q, k, v, context(), query_scale=tau, window=3)
+    expected, _ = reference(q, k, v, row_scale=tau, window=3)
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("start", [0, 5])
+def test_sdpa_expresses_the_row_scale_exactly(start):
+    """SDPA folds query_scale into q; it equals the eager row scale before the bias (fp32, ≤ 1e-5)."""
+    q, k, v = qkv(key_len=start + T)
+    tau = torch.rand(B, H, T) + 0.5
+    ctx = context(start=start)
+    expected, _ = reference(q, k, v, start=start, row_scale=tau)
+    torch.testing.assert_close(eager_attention(q, k, v, ctx, query_scale=tau)[0], expected, atol=1e-6, rtol=0)
+    torch.testing.assert_close(sdpa_attention(q, k, v, ctx, query_scale=tau), expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("pad", [True, False])
+def test_sdpa_with_values_wider_than_queries(monkeypatch, pad):
+    monkeypatch.setattr(kernels, "sdpa_pads_queries", lambda device: pad)
+    q, k, v = qkv(value_dim=2 * D)
+    torch.testing.assert_close(sdpa_attention(q, k, v, context()), reference(q, k, v)[0], atol=1e-5, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The chunked form equals the full eager kernel
+
+
+def block_hooks(length):
+    """Hooks that depend on the block: a per-(t, s) term on the scores and a per-row factor on the probs."""
+    extra, factor = torch.randn(length, length), torch.rand(length) + 0.5
+
+    def hooks(rows, cols):
+        return Hooks(scores=lambda s: s + extra[rows, cols], probs=lambda p: p * factor[rows, None])
+
+    return hooks
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_chunked_equals_eager(window):
+    length = 11  # 3 blocks of 4 and a partial one
+    q, k, v = qkv(length, length)
+    ctx, hooks = context(length=length), block_hooks(length)
+    full, _ = eager_attention(q, k, v, ctx, hooks=hooks(slice(None), slice(None)), window=window)
+    seen = []
+
+    def spy(rows, cols):
+        seen.append((rows, cols))
+        return hooks(rows, cols)
+
+    chunked = chunked_attention(q, k, v, ctx, hooks=spy, chunk=4, window=window)
+    torch.testing.assert_close(chunked, full, atol=1e-6, rtol=0)
+    # Each block reads only the keys it can see: its causal range, or its window.
+    first_key = (lambda row: 0) if window is None else (lambda row: max(0, row - window + 1))
+    assert seen == [(slice(r, min(r + 4, length)), slice(first_key(r), min(r + 4, length))) for r in (0, 4, 8)]
+
+
+def test_chunked_keys_at_explicit_positions_are_masked_by_position():
+    """A ring cache hands keys over in slot order with their positions: the same attention as in order."""
+    start, length, window = 6, 3, 4
+    q, k, v = qkv(length, start + length)
+    ctx = context(length=length, start=start)
+    order = torch.randperm(start + length)
+    expected, _ = reference(q, k, v, start=start, window=window)
+    out, _ = attend(
+        q,
+        k[:, :, order],
+        v[:, :, order],
+        dataclasses.replace(ctx, backend="auto"),
+        window=window,
+        key_positions=order,
+        chunk=2,
+    )
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The backend choice
+
+
+class KernelSpy:
+    """Counts the kernels attend reaches: SDPA itself (the torch function), the chunked form and eager calls."""
+
+    def __init__(self, monkeypatch):
+        self.calls = {"sdpa": 0, "chunked": 0, "eager": 0}
+        for name, module, attr in (
+            ("sdpa", F, "scaled_dot_product_attention"),
+            ("chunked", kernels, "chunked_attention"),
+            ("eager", kernels, "eager_attention"),
+        ):
+            monkeypatch.setattr(module, attr, self.counting(name, getattr(module, attr)))
+
+    def counting(self, name, fn):
+        def wrapper(*args, **kwargs):
+            self.calls[name] += 1
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    def used(self) -> set[str]:
+        return {name for name, count in self.calls.items() if count}
+
+
+MECHANISMS = ["mha", "selective", "diff", "diff_v2", "dcmha"]
+# What the ModelConfig docstring and the README promise for each backend.
+EXPECTED = {
+    ("eager", "any"): {"eager"},
+    ("sdpa", "any"): {"sdpa"},
+    ("auto", "any"): {"sdpa"},
+    ("auto", "dcmha"): {"chunked", "eager"},  # the chunked form runs the eager kernel per block
+}
+
+
+def tiny_model(attention, backend):
+    options = {"window_size": 3, "q_chunk_size": 4} if attention == "dcmha" else {}
+    cfg = ModelConfig(
+        vocab_size=32,
+        dim=32,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        attention=attention,
+        attention_options=options,
+        position="alibi",
+        attn_backend=backend,
+    )
+    return Transformer(cfg).eval()
+
+
+@pytest.mark.parametrize("backend", ["eager", "sdpa", "auto"])
+@pytest.mark.parametrize("attention", MECHANISMS)
+def test_backend_picks_the_documented_kernel(monkeypatch, attention, backend):
+    if (backend, attention) == ("sdpa", "dcmha"):
+        with pytest.raises(ValueError, match="attn_backend='sdpa' is invalid: dcmha acts on the attention scores"):
+            tiny_model(attention, backend)
+        return
+    model = tiny_model(attention, backend)
+    idx = torch.randint(0, 32, (2, 10))
+    spy = KernelSpy(monkeypatch)
+    with torch.no_grad():
+        model(idx)
+    assert spy.used() == EXPECTED.get((backend, attention), EXPECTED[(backend, "any")])
+
+    # Recording maps always takes the eager reference over the full scores: one map per layer.
+    spy.calls = dict.fromkeys(spy.calls, 0)
+    maps = model.attention_maps(idx)
+    assert spy.used() == {"eager"} and len(maps) == 2 and maps[0].shape == (2, 4, 10, 10)
+
+
+def test_auto_and_sdpa_agree_where_both_apply():
+    sdpa = tiny_model("selective", "sdpa")
+    auto = Transformer(dataclasses.replace(sdpa.config, attn_backend="auto")).eval()
+    auto.load_state_dict(sdpa.state_dict())
+    idx = torch.randint(0, 32, (2, 10))
+    assert torch.equal(auto(idx), sdpa(idx))
+
+
+def test_the_kernel_refuses_hooks_on_sdpa():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="'sdpa' cannot run score hooks"):
+        attend(q, k, v, context(backend="sdpa"), hooks=lambda rows, cols: Hooks(), chunk=4)
+
+
+def test_old_configs_keep_loading():
+    for backend in ("auto", "eager", "sdpa"):
+        text = ModelConfig(attn_backend=backend).to_json()
+        assert ModelConfig.from_json(text).attn_backend == backend
+    dcmha = ModelConfig(attention="dcmha").to_json().replace('"auto"', '"sdpa"')
+    with pytest.raises(ValueError, match="use 'auto' \\(its chunked eager kernel\\) or 'eager'"):
+        ModelConfig.from_json(dcmha)
+
+
+def test_only_the_kernel_reads_the_backend():
+    """Mechanisms call attend and never choose a kernel themselves (the behaviour is tested above)."""
+    assert not hasattr(AttentionContext, "use_eager")
+    for path in (SRC / "attention").glob("*.py"):
+        if path.name not in ("kernels.py", "base.py"):
+            source = path.read_text()
+            assert "backend" not in source and "use_eager" not in source, path.name
+
+
+# ---------------------------------------------------------------------------------------------------
+# The seams: the window cache, typed mechanisms, the validation leaf
+
+
+def test_window_cache_lives_in_cache_and_keeps_a_ring_of_the_window():
+    assert WindowCache.__module__ == "attnzoo.cache"
+    values = torch.arange(10.0).view(1, 1, 10, 1)  # the value stored at position p is p
+    cache = WindowCache(3, k=torch.zeros(1, 1, 3, 1))
+
+    def extend(start, stop):
+        positions, entries = cache.extend(start, k=values[:, :, start:stop])
+        assert torch.equal(entries.flatten(), positions.float())  # every entry is its position's
+        return positions.tolist()
+
+    assert extend(0, 2) == [0, 1]
+    assert extend(2, 3) == [0, 1, 2]
+    assert extend(3, 4) == [3, 1, 2]  # slot order: position 3 overwrote position 0
+    assert extend(4, 9) == [2, 3, 4, 5, 6, 7, 8]  # longer than the ring: the window of its first query too
+    assert cache.buffers["k"].flatten().tolist() == [6, 7, 8]
+
+
+OVERRIDES = (
+    "__init__",
+    "forward",
+    "new_layer_cache",
+    "validate_config",
+    "paired_overrides",
+    "qk_head_dim",
+    "reset_mechanism_parameters",
+    "init_added_parameters_as_identity",
+)
+
+
+@pytest.mark.parametrize("name", MECHANISMS)
+def test_mechanism_overrides_are_annotated_and_options_typed(name):
+    cls = ATTENTION.get(name)
+    for method in OVERRIDES:
+        if method not in vars(cls):
+            continue
+        signature = inspect.signature(inspect.unwrap(getattr(cls, method)))
+        unannotated = [p for p in signature.parameters.values() if p.annotation is inspect.Parameter.empty]
+        assert [p.name for p in unannotated] in ([], ["self"], ["cls"]), f"{name}.{method}"
+        assert signature.return_annotation is not inspect.Signature.empty, f"{name}.{method}"
+    layer = cls(ModelConfig(attention=name), 0)
+    assert isinstance(layer.options, cls.Options)
+
+
+def test_dcmha_inherits_mhas_projections():
+    mha, dcmha = ATTENTION.get("mha"), ATTENTION.get("dcmha")
+    assert issubclass(dcmha, mha)
+    assert "_project" not in vars(dcmha)
+    layer = dcmha(ModelConfig(attention="dcmha"), 0)
+    mha_names = set(mha(ModelConfig(), 0).state_dict())
+    assert mha_names < set(layer.state_dict())
+
+
+def imports_of(path: pathlib.Path) -> list[tuple[str, list[str]]]:
+    return [
+        (node.module or "", [alias.name for alias in node.names])
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom)
+    ] + [
+        (alias.name, [])
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    ]
+
+
+def test_validation_is_a_leaf_and_the_only_source_of_its_helpers():
+    assert all(not module.startswith("attnzoo") for module, _ in imports_of(SRC / "validation.py"))
+    helpers = {"require", "is_int", "is_number"}
+    tests = pathlib.Path(__file__).parent
+    for path in [*SRC.rglob("*.py"), *tests.rglob("*.py")]:
+        for module, names in imports_of(path):
+            assert not (module == "attnzoo.config" and helpers & set(names)), path
