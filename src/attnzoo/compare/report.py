@@ -427,7 +427,7 @@ def _task_caption(task: dict[str, Any]) -> str:
 def _task_text(task: dict[str, Any]) -> str:
     spec = task["spec"]
     model = ", ".join(f"{k} {v}" for k, v in spec["model"].items())
-    options = ", ".join(f"{k}={v}" for k, v in spec["options"].items()) or "the §8.1 defaults"
+    options = ", ".join(f"{k}={v}" for k, v in spec["options"].items()) or "the task's defaults"
     stop = f", stopping early at {spec['stop_at']}" if spec["stop_at"] is not None else ""
     direction = "higher" if task["higher_is_better"] else "lower"
     seconds = sum(run["seconds"] for runs in task["runs"].values() for run in runs)

@@ -365,7 +365,7 @@ PRESETS: dict[str, CompareSpec] = {
         name="full",
         description=(
             "days on 2 CPU cores (estimated; meant for a GPU): a 3.3M-parameter model, 5 seeds × 4,000 steps × "
-            "32 × 128 tokens, and every task at the eval_protocols.md §8.1 budgets"
+            "32 × 128 tokens, and every task at its full CPU budget"
         ),
         model={"dim": 256, "n_layers": 4, "n_heads": 8},
         train=TrainConfig(
