@@ -163,3 +163,29 @@ def noise_probe(model: torch.nn.Module, cfg: Any, n_samples: int) -> dict[str, A
         "positive_part_mean": positive.mean(),
         "positive_part_last_layer": positive.last_layer(),
     }
+
+
+def run_task(
+    name: str,
+    variant: str,
+    *,
+    seed: int = 0,
+    steps: int | None = None,
+    device: torch.device | str = "auto",
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Train ``variant`` (a spec such as ``diff+rope``) from scratch on the synthetic task ``name`` with the
+    standard preset's budget (``steps`` overrides its length) and score it; the result is :func:`train_task`'s."""
+    # Imported here so that this entry point stands alone below the task loop it drives.
+    from attnzoo.compare.spec import PRESET_TASKS
+    from attnzoo.training.distributed import resolve_device
+
+    budgets = PRESET_TASKS["standard"]
+    if name not in budgets:
+        raise ValueError(f"task={name!r} is invalid: choose one of {sorted(budgets)}")
+    task = budgets[name]
+    if steps is not None:
+        task = replace(task, steps=steps, eval_interval=min(task.eval_interval, steps))
+    label = Variant.parse(variant).label
+    device = resolve_device(device) if isinstance(device, str) else device
+    return train_task(task, task_configs(task, [label])[label], seed, device, progress=progress, label=label)
