@@ -3,10 +3,12 @@ import importlib
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from training_helpers import TINY_FLAGS, write_text_corpus
@@ -77,6 +79,22 @@ def test_every_option_has_help_that_cites_nothing_outside_the_repository(name):
         assert action.help and action.help != argparse.SUPPRESS and action.help.strip(), action.option_strings
     text = parser.format_help()
     assert "eval_protocols" not in text and "§" not in text and not re.search(r"#\d", text), text
+
+
+def _readme_command_lines() -> list[str]:
+    """The ``attnzoo ...`` lines of the README's bash blocks, continuations joined and comments dropped."""
+    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```bash\n(.*?)```", readme, flags=re.DOTALL)
+    lines = [line.split("  #")[0].strip() for block in blocks for line in block.replace("\\\n", " ").splitlines()]
+    return [line for line in lines if re.search(r"(^|-m )attnzoo ", line) and "..." not in line]
+
+
+def test_every_readme_command_line_parses():
+    argvs = [shlex.split(line.split("attnzoo ", 1)[1]) for line in _readme_command_lines()]
+    assert {argv[0] for argv in argvs} == set(COMMAND_NAMES)  # every command has an example in the README
+    parser = build_parser()
+    for argv in argvs:
+        assert parser.parse_args(argv).command.name == argv[0]
 
 
 def test_train_then_info_generate_and_eval(text, tmp_path, capsys):
