@@ -304,7 +304,7 @@ class BenchSweep:
     threads: int = field(default_factory=torch.get_num_threads)
     device: str = field(default_factory=lambda: "cuda" if torch.cuda.is_available() else "cpu")
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not self.variants:
             raise ValueError("variants=() is invalid: name at least one, the baseline")
         for spec in self.variants:

@@ -176,7 +176,7 @@ def run_task(
 ) -> dict[str, Any]:
     """Train ``variant`` (a spec such as ``diff+rope``) from scratch on the synthetic task ``name`` with the
     standard preset's budget (``steps`` overrides its length) and score it; the result is :func:`train_task`'s."""
-    # Imported here so that this entry point stands alone below the task loop it drives.
+    # Local only so that adding this function left the module's imports untouched; they may move to the top.
     from attnzoo.compare.spec import PRESET_TASKS
     from attnzoo.training.distributed import resolve_device
 
