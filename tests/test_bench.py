@@ -1,4 +1,3 @@
-import argparse
 import json
 import os
 
@@ -6,7 +5,8 @@ import pytest
 import torch
 
 from attnzoo import ModelConfig, Transformer
-from attnzoo.bench import BenchCase, add_arguments, measure, ratio_table, run, sdpa_kernels
+from attnzoo.bench import BenchCase, BenchSweep, measure, ratio_table, sdpa_kernels
+from attnzoo.cli import main
 
 
 def test_measure_runs_each_mode_in_a_fresh_process_and_tables_ratios():
@@ -36,6 +36,31 @@ def test_bad_case_is_refused():
         BenchCase("x", cfg, 1, 8, dtype="float16")
 
 
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"variants": ()}, r"variants=\(\) is invalid"),
+        ({"variants": ("mha+nope",)}, "nope"),
+        ({"seq_lens": (256, 0)}, r"seq_lens=\[256, 0\] is invalid: each must be an integer >= 1"),
+        ({"modes": ("train", "backward")}, r"modes=\['train', 'backward'\] is invalid: choose among"),
+        ({"dtype": "float16"}, "dtype='float16' is invalid"),
+        ({"repeats": 0}, "repeats=0 is invalid: must be an integer >= 1"),
+        ({"tokens_per_step": 1.5}, "tokens_per_step=1.5 is invalid"),
+        ({"n_heads": 3}, "n_heads=3 is invalid"),
+    ],
+)
+def test_a_bad_sweep_is_refused_before_anything_is_measured(changes, message):
+    with pytest.raises(ValueError, match=message):
+        BenchSweep(**changes)
+
+
+def test_bench_command_gives_one_clear_line_for_a_bad_flag(tmp_path, capsys):
+    assert main(["bench", "--seq-lens", "0", "--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err == "attnzoo bench: error: seq_lens=[0] is invalid: each must be an integer >= 1\n"
+    assert not any(tmp_path.iterdir())
+
+
 def test_sdpa_kernel_is_read_from_the_profiler():
     idx = torch.randint(0, 32, (1, 16))
     kernels = {}
@@ -48,12 +73,9 @@ def test_sdpa_kernel_is_read_from_the_profiler():
 
 @pytest.mark.slow
 def test_bench_command_writes_markdown_and_json(tmp_path):
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
     argv = "--variants mha+rope diff+rope --seq-lens 16 --modes train decode --repeats 1 --dim 32 --n-layers 1"
     argv += " --n-heads 4 --decode-tokens 2 --threads 1"
-    args = parser.parse_args([*argv.split(), "--out", str(tmp_path)])
-    assert run(args) == 0
+    assert main(["bench", *argv.split(), "--out", str(tmp_path)]) == 0
     payload = json.loads((tmp_path / "bench.json").read_text())
     assert payload["baseline"] == "mha+rope"
     assert [(r["case"], r["mode"]) for r in payload["results"]] == [

@@ -1,18 +1,26 @@
+import argparse
+import importlib
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from training_helpers import TINY_FLAGS, write_text_corpus
 
 from attnzoo import ModelConfig, Transformer
 from attnzoo.attention import ATTENTION
-from attnzoo.cli import COMMANDS, main, parameters_by_component
+from attnzoo.cli import COMMANDS, build_parser, main
+from attnzoo.cli.info import parameters_by_component
+from attnzoo.compare import run_task
 from attnzoo.training import read_checkpoint
+
+COMMAND_NAMES = ("compare", "train", "generate", "eval", "info", "convert", "bench", "viz")
 
 
 @pytest.fixture
@@ -28,16 +36,65 @@ def _train(text, run_dir, *flags):
     return main(["train", "--data", str(text), "--out", str(run_dir), *TINY_FLAGS, *flags])
 
 
-def test_help_lists_every_command_and_each_command_shows_an_example(capsys):
+def test_help_lists_every_command(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["--help"])
     assert exit_info.value.code == 0
     top = capsys.readouterr().out
     for command in COMMANDS:
         assert command.name in top
-        with pytest.raises(SystemExit):
-            main([command.name, "--help"])
-        assert f"example:\n  attnzoo {command.name}" in capsys.readouterr().out
+
+
+def test_each_command_is_one_module_of_the_cli_package():
+    assert tuple(command.name for command in COMMANDS) == COMMAND_NAMES
+    for command in COMMANDS:
+        assert importlib.import_module(f"attnzoo.cli.{command.name}").COMMAND is command
+
+
+def _subparsers() -> dict[str, argparse.ArgumentParser]:
+    parser = build_parser()
+    (action,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(action.choices)
+
+
+@pytest.mark.parametrize("name", COMMAND_NAMES)
+def test_every_command_help_exits_0_with_its_usage_and_example(name, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([name, "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: attnzoo {name}") and f"example:\n  attnzoo {name}" in out
+
+
+def test_the_module_entry_point_runs_the_cli_package():
+    done = subprocess.run([sys.executable, "-m", "attnzoo", "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert all(f"    {name}" in done.stdout for name in COMMAND_NAMES), done.stdout
+
+
+@pytest.mark.parametrize("name", COMMAND_NAMES)
+def test_every_option_has_help_that_cites_nothing_outside_the_repository(name):
+    parser = _subparsers()[name]
+    for action in parser._actions:
+        assert action.help and action.help != argparse.SUPPRESS and action.help.strip(), action.option_strings
+    text = parser.format_help()
+    assert "eval_protocols" not in text and "§" not in text and not re.search(r"#\d", text), text
+
+
+def _readme_command_lines() -> list[str]:
+    """The ``attnzoo ...`` lines of the README's bash blocks, continuations joined and comments dropped."""
+    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```bash\n(.*?)```", readme, flags=re.DOTALL)
+    lines = [line.split("  #")[0].strip() for block in blocks for line in block.replace("\\\n", " ").splitlines()]
+    return [line for line in lines if re.search(r"(^|-m )attnzoo ", line) and "..." not in line]
+
+
+def test_every_readme_command_line_parses():
+    argvs = [shlex.split(line.split("attnzoo ", 1)[1]) for line in _readme_command_lines()]
+    assert {argv[0] for argv in argvs} == set(COMMAND_NAMES)  # every command has an example in the README
+    parser = build_parser()
+    for argv in argvs:
+        assert parser.parse_args(argv).command.name == argv[0]
 
 
 def test_train_then_info_generate_and_eval(text, tmp_path, capsys):
@@ -188,6 +245,10 @@ def test_eval_task_argument_errors(text, tmp_path, capsys):
     assert "give its run or checkpoint directory" in capsys.readouterr().err
     assert main(["eval", str(tmp_path), "--task", "mqar"]) == 1
     assert "takes no run directory" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"task='lm' is invalid: choose one of \[.*'mqar'"):
+        run_task("lm", "mha+rope")
+    with pytest.raises(ValueError, match="steps=0 is invalid"):
+        run_task("mqar", "mha+rope", steps=0)
 
 
 def test_eval_scores_in_the_trained_dtype_unless_told_otherwise(text, tmp_path, capsys):

@@ -18,6 +18,7 @@ import pytest
 import torch
 from training_helpers import write_text_corpus
 
+from attnzoo.cli.compare import add_arguments, run
 from attnzoo.compare import (
     NOISE_RULE,
     PRESETS,
@@ -27,11 +28,9 @@ from attnzoo.compare import (
     Summary,
     TaskBudget,
     TaskSpec,
-    add_arguments,
     difference,
     rank,
     resolve_spec,
-    run,
     run_compare,
 )
 from attnzoo.compare.report import write_report
@@ -334,13 +333,13 @@ def test_sigint_stops_a_compare_that_the_same_command_then_finishes(tmp_path):
     out = tmp_path / "out"
     flags = ["--preset", "micro", "--out", str(out), "--variants", "mha+rope", "--data", str(text)]
     flags += ["--steps", "400", "--tasks", "--no-progress"]
-    script = (
-        "import argparse, sys; from attnzoo.compare import add_arguments, run; "
-        "parser = argparse.ArgumentParser(); add_arguments(parser); sys.exit(run(parser.parse_args(sys.argv[1:])))"
-    )
     env = {**os.environ, "OMP_NUM_THREADS": "1", "ATTNZOO_CACHE_DIR": str(tmp_path / "cache")}
     process = subprocess.Popen(
-        [sys.executable, "-c", script, *flags], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        [sys.executable, "-m", "attnzoo", "compare", *flags],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
     )
     metrics = out / "runs/mha+rope/seed0/metrics.jsonl"
     deadline = time.monotonic() + 120

@@ -17,8 +17,9 @@ from hf_tokenizer_helpers import save_byte_level_tokenizer, save_sentencepiece_t
 from safetensors.torch import load_file
 from training_helpers import write_text_corpus
 
-from attnzoo import ModelConfig, Transformer, cli
+from attnzoo import ModelConfig, Transformer
 from attnzoo.cli import main
+from attnzoo.cli import train as train_command
 from attnzoo.data import HFTokenizer
 from attnzoo.training import TrainConfig, Trainer, read_checkpoint
 
@@ -89,7 +90,7 @@ def started(monkeypatch):
             states.append({name: tensor.clone() for name, tensor in self.raw_model.state_dict().items()})
             return super().fit()
 
-    monkeypatch.setattr(cli, "Trainer", RecordingTrainer)
+    monkeypatch.setattr(train_command, "Trainer", RecordingTrainer)
     return states
 
 

@@ -9,7 +9,6 @@ Throughput is the median over repeats, with min and max to show the spread; noth
 
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing
 import os
@@ -29,6 +28,7 @@ from attnzoo.config import ModelConfig
 from attnzoo.io import atomic_write_text
 from attnzoo.model import Transformer
 from attnzoo.tables import Table, memory_header, ratio, speed_header
+from attnzoo.variants import Variant, matched_configs
 
 MODES = ("train", "prefill", "decode", "decode-nocache")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -286,57 +286,77 @@ def ratio_table(results: list[BenchResult], baseline: str) -> Table:
 # ------------------------------------------------------------------------------------------ attnzoo bench
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--variants",
-        nargs="+",
-        default=["mha+rope", "diff+rope", "diff_v2+rope", "selective+rope", "dcmha+rope"],
-        help="variant specs ATTENTION[+POSITION][+kvN]; the first is the baseline every ratio refers to",
-    )
-    parser.add_argument("--seq-lens", type=int, nargs="+", default=[256, 1024], help="sequence lengths T")
-    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES, help="what to measure")
-    parser.add_argument("--tokens-per-step", type=int, default=4096, help="train/prefill batch = this // T")
-    parser.add_argument("--decode-tokens", type=int, default=32, help="new tokens timed per decode measurement")
-    parser.add_argument("--dim", type=int, default=256)
-    parser.add_argument("--n-layers", type=int, default=4)
-    parser.add_argument("--n-heads", type=int, default=8)
-    parser.add_argument("--dtype", choices=list(DTYPES), default="float32")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--out", type=Path, default=Path("bench"), help="writes bench.json and bench.md here")
+@dataclass(frozen=True)
+class BenchSweep:
+    """What ``attnzoo bench`` measures: every variant at every sequence length and mode, each variant matched to
+    the parameter count of plain MHA of ``dim`` × ``n_layers`` × ``n_heads``."""
+
+    variants: tuple[str, ...] = ("mha+rope", "diff+rope", "diff_v2+rope", "selective+rope", "dcmha+rope")
+    seq_lens: tuple[int, ...] = (256, 1024)
+    modes: tuple[str, ...] = MODES
+    tokens_per_step: int = 4096  # the train and prefill batch is this // T sequences (at least 1)
+    decode_tokens: int = 32
+    dim: int = 256
+    n_layers: int = 4
+    n_heads: int = 8
+    dtype: str = "float32"
+    repeats: int = 3
+    threads: int = field(default_factory=torch.get_num_threads)
+    device: str = field(default_factory=lambda: "cuda" if torch.cuda.is_available() else "cpu")
+
+    def __post_init__(self) -> None:
+        if not self.variants:
+            raise ValueError("variants=() is invalid: name at least one, the baseline")
+        for spec in self.variants:
+            Variant.parse(spec)
+        if not self.seq_lens or not all(_positive_int(t) for t in self.seq_lens):
+            raise ValueError(f"seq_lens={list(self.seq_lens)} is invalid: each must be an integer >= 1")
+        if not self.modes or not set(self.modes) <= set(MODES):
+            raise ValueError(f"modes={list(self.modes)} is invalid: choose among {list(MODES)}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype={self.dtype!r} is invalid: choose one of {list(DTYPES)}")
+        for name in ("tokens_per_step", "decode_tokens", "repeats", "threads"):
+            if not _positive_int(getattr(self, name)):
+                raise ValueError(f"{name}={getattr(self, name)!r} is invalid: must be an integer >= 1")
+        self.baseline(max(self.seq_lens))  # refuses a bad model size before anything is measured
+
+    def baseline(self, seq_len: int) -> ModelConfig:
+        """Plain MHA of this size, with room for the decoded tokens: what every variant is matched to."""
+        return ModelConfig(
+            vocab_size=256,
+            dim=self.dim,
+            n_layers=self.n_layers,
+            n_heads=self.n_heads,
+            max_seq_len=seq_len + self.decode_tokens,
+        )
 
 
-def run(args: argparse.Namespace) -> int:
-    from attnzoo.variants import Variant, matched_configs
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
-    variants = [Variant.parse(spec) for spec in args.variants]
+
+def run_bench(sweep: BenchSweep, out: Path) -> list[BenchResult]:
+    """Measure every case of ``sweep``, printing a line per case, then print the ratio table and write it to
+    ``out/bench.md`` with the raw results in ``out/bench.json``."""
+    variants = [Variant.parse(spec) for spec in sweep.variants]
     baseline_label = variants[0].label
     results = []
-    for seq_len in args.seq_lens:
-        # Every variant is matched to the parameter count of plain MHA of this size.
-        baseline = ModelConfig(
-            vocab_size=256,
-            dim=args.dim,
-            n_layers=args.n_layers,
-            n_heads=args.n_heads,
-            max_seq_len=seq_len + args.decode_tokens,
-        )
-        configs = matched_configs(variants, baseline)
-        for mode in args.modes:
-            batch = max(1, args.tokens_per_step // seq_len) if mode in ("train", "prefill") else 1
+    for seq_len in sweep.seq_lens:
+        configs = matched_configs(variants, sweep.baseline(seq_len))
+        for mode in sweep.modes:
+            batch = max(1, sweep.tokens_per_step // seq_len) if mode in ("train", "prefill") else 1
             for label, cfg in configs.items():
-                case = BenchCase(label, cfg, batch, seq_len, mode, args.decode_tokens, args.dtype)
-                result = measure(case, repeats=args.repeats, threads=args.threads, device=args.device)
+                case = BenchCase(label, cfg, batch, seq_len, mode, sweep.decode_tokens, sweep.dtype)
+                result = measure(case, repeats=sweep.repeats, threads=sweep.threads, device=sweep.device)
                 results.append(result)
                 print(
                     f"{label:20s} {mode:15s} T={seq_len:<6d} {result.tokens_per_s:>10,.0f} tok/s "
                     f"{result.peak_mem_mb:>8,.0f} MB",
                     flush=True,
                 )
-    header = f"Machine: {machine_description(args.threads)}; {args.dtype}; baseline {baseline_label}."
-    write_results(args.out / "bench.md", header, results, baseline_label)
-    return 0
+    header = f"Machine: {machine_description(sweep.threads)}; {sweep.dtype}; baseline {baseline_label}."
+    write_results(out / "bench.md", header, results, baseline_label)
+    return results
 
 
 def write_results(path: Path, header: str, results: list[BenchResult], baseline: str) -> None:

@@ -7,7 +7,6 @@ post-composition weights for DCMHA.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from matplotlib.figure import Figure  # the object API: no pyplot state, no disp
 from torch import Tensor
 
 from attnzoo.io import atomic_write
+from attnzoo.training.checkpoint import load_pretrained
 
 MAX_TICK_LABELS = 48  # past this many tokens, axis labels are unreadable
 HEADS_PER_ROW = 4
@@ -92,26 +92,16 @@ def _display(token: str) -> str:
     return {"\n": "↵", " ": "␣", "\t": "⇥"}.get(token, token)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("path", type=Path, help="run directory (its latest checkpoint) or checkpoint directory")
-    parser.add_argument("--prompt", default="ROMEO: But soft, what light through yonder window breaks?")
-    parser.add_argument("--out", type=Path, default=None, help="directory for the PNGs (default: PATH/attention)")
-    parser.add_argument("--device", default="cpu")
-
-
-def run(args: argparse.Namespace) -> int:
-    from attnzoo.training.checkpoint import load_pretrained
-
-    if not args.prompt:
+def draw_attention_maps(path: Path, prompt: str, out: Path | None = None, device: str = "cpu") -> list[Path]:
+    """Write ``layer{i}.png`` for each layer of the model in ``path`` (a run or checkpoint directory) reading
+    ``prompt`` into ``out`` (default: ``path/attention``); returns the paths."""
+    if not prompt:
         raise ValueError("--prompt is empty: the heatmaps need at least one token")
-    model, checkpoint = load_pretrained(args.path, args.device)
+    model, checkpoint = load_pretrained(path, device)
     tokenizer = checkpoint.require_tokenizer()
-    ids = torch.from_numpy(tokenizer.encode(args.prompt).astype("int64"))[None].to(args.device)
+    ids = torch.from_numpy(tokenizer.encode(prompt).astype("int64"))[None].to(device)
     maps = model.attention_maps(ids)
     tokens = [_display(tokenizer.decode([i])) for i in ids[0].tolist()]
     cfg = model.config
     name = f"{cfg.attention}+{cfg.position}"
-    paths = plot_attention_maps(maps, tokens, args.out or Path(args.path) / "attention", name)
-    for path in paths:
-        print(path)
-    return 0
+    return plot_attention_maps(maps, tokens, out or Path(path) / "attention", name)

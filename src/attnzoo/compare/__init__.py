@@ -1,14 +1,14 @@
 """``attnzoo compare``: attention variants trained side by side under one budget, with the evidence.
 
->>> from attnzoo.compare import run_compare
+>>> from attnzoo.compare import run_compare, run_task
 >>> run_compare("quick", "runs/compare-quick")                       # doctest: +SKIP
 >>> run_compare("micro", "out", variants=["mha+rope", "diff+alibi"])  # doctest: +SKIP
+>>> run_task("mqar", "diff+rope", steps=500)                          # doctest: +SKIP
 
 See :mod:`attnzoo.compare.spec` for the presets, :mod:`attnzoo.compare.runner` for the output directory and
 how a compare resumes, and :mod:`attnzoo.compare.stats` for the seed-noise rule every report states.
 """
 
-from attnzoo.compare.cli import add_arguments, run
 from attnzoo.compare.results import SCHEMA_VERSION, CompareResults, TaskResult, TaskRun
 from attnzoo.compare.runner import CompareResult, run_compare
 from attnzoo.compare.spec import DEFAULT_VARIANTS, PRESETS, CompareSpec, EvalSpec, resolve_spec
@@ -31,11 +31,9 @@ __all__ = [
     "TaskResult",
     "TaskRun",
     "TaskSpec",
-    "add_arguments",
     "difference",
     "rank",
     "resolve_spec",
-    "run",
     "run_compare",
     "run_task",
 ]

@@ -5,76 +5,17 @@
 ``Transformer``; ``to_hf(model)`` turns a LLaMA-shaped attnzoo model into ``LlamaForCausalLM``. Whatever a
 converter cannot reproduce exactly (a rope type, a sliding window, a bias layout, a leftover weight) raises
 ``ValueError`` naming it. Dropout settings, which change training only, are not carried over.
+``convert_model(source, out)`` (``attnzoo convert``) writes the converted model as an attnzoo model directory,
+with a copy of the source's tokenizer files.
 
 transformers is optional (``pip install 'attnzoo[hf]'``, version 5 or later); it is imported only when needed.
 """
 
-from __future__ import annotations
-
-import json
-import os
-from collections.abc import Callable, Mapping
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-from torch import Tensor
-
-from attnzoo.convert import bloom, dcformer, diffllama, gpt_neox, llama
-from attnzoo.convert.common import read_state_dict, require_transformers
+from attnzoo.convert import dcformer
+from attnzoo.convert.directory import Conversion, convert_model
+from attnzoo.convert.hf import CONVERTERS, from_hf
 from attnzoo.convert.llama import to_hf
-from attnzoo.model import Transformer
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedModel
-
-Converter = Callable[[Mapping[str, Any], Mapping[str, Tensor]], Transformer]
-
-# Model class name → converter of (config dict, state dict).
-CONVERTERS: dict[str, Converter] = {
-    "LlamaForCausalLM": llama.from_hf,
-    "MistralForCausalLM": llama.from_hf,
-    "GPTNeoXForCausalLM": gpt_neox.from_hf,
-    "BloomForCausalLM": bloom.from_hf,
-    "DiffLlamaForCausalLM": diffllama.from_hf,
-    "DCFormer": dcformer.from_official,  # the hub's remote-code class
-}
 
 from_dcformer = dcformer.from_official
 
-
-def from_hf(model_or_dir: PreTrainedModel | str | os.PathLike) -> Transformer:
-    """A transformers model object, or a local checkpoint directory, → an attnzoo ``Transformer``."""
-    if isinstance(model_or_dir, (str, os.PathLike)):
-        return _from_directory(Path(model_or_dir))
-    require_transformers()  # a 4.x model's config would lack rope_parameters
-    name = type(model_or_dir).__name__
-    if name not in CONVERTERS:
-        raise ValueError(f"cannot convert {name}: no converter; supported: {sorted(CONVERTERS)}")
-    return CONVERTERS[name](model_or_dir.config.to_dict(), model_or_dir.state_dict())
-
-
-def _from_directory(directory: Path) -> Transformer:
-    config_path = directory / "config.json"
-    if not config_path.is_file():
-        raise FileNotFoundError(f"{config_path} not found; pass a directory written by save_pretrained")
-    config = json.loads(config_path.read_text(encoding="utf-8"))
-    if config.get("model_type") == dcformer.MODEL_TYPE:
-        # Its hub class is remote code; the official layout is read directly instead of running it.
-        return dcformer.from_official(config, read_state_dict(directory))
-    unknown = [name for name in config.get("architectures") or [] if name not in CONVERTERS]
-    if unknown:
-        raise ValueError(
-            f"cannot convert {directory}: architectures {unknown} have no converter; supported: {sorted(CONVERTERS)}"
-        )
-    transformers = require_transformers()
-    model, info = transformers.AutoModelForCausalLM.from_pretrained(
-        directory, local_files_only=True, output_loading_info=True
-    )
-    # Weights the directory lacks would be freshly initialised: refuse rather than convert random ones.
-    absent = sorted(info["missing_keys"]) + sorted(str(key) for key in info["mismatched_keys"])
-    if absent:
-        raise ValueError(f"cannot convert {directory}: its weights lack or mismatch {absent[:8]}")
-    return from_hf(model)
-
-
-__all__ = ["CONVERTERS", "from_dcformer", "from_hf", "to_hf"]
+__all__ = ["CONVERTERS", "Conversion", "convert_model", "from_dcformer", "from_hf", "to_hf"]

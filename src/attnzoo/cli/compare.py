@@ -1,21 +1,14 @@
-"""The ``attnzoo compare`` subcommand: its arguments and what running it does."""
+"""``attnzoo compare``: the flags of :func:`attnzoo.compare.run_compare`."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from attnzoo.compare.runner import run_compare
-from attnzoo.compare.spec import DEFAULT_VARIANTS, PRESETS
+from attnzoo.cli.command import Command
+from attnzoo.compare import DEFAULT_VARIANTS, PRESETS, run_compare
 from attnzoo.evals import TASKS
 from attnzoo.variants import SPEC_FORMAT
-
-SUMMARY = "train attention variants side by side under one budget and write a report (quick: 5-8 min on 2 CPU cores)"
-EXAMPLE = (
-    "attnzoo compare\n"
-    "  attnzoo compare --preset standard --out runs/compare-standard\n"
-    "  attnzoo compare --variants mha+rope mha+rope+kv1 diff+alibi --seeds 3 --tasks mqar"
-)
 
 
 def _variant_list(values: list[str]) -> list[str]:
@@ -71,3 +64,16 @@ def run(args: argparse.Namespace) -> int:
     )
     # As `attnzoo train` does: a stop by signal is 128 + its number, so scripts can tell it from completion.
     return 128 + result.interrupted_by if result.interrupted_by is not None else 0
+
+
+COMMAND = Command(
+    name="compare",
+    summary="train attention variants side by side under one budget and write a report (quick: 5-8 min on 2 CPU cores)",
+    example=(
+        "attnzoo compare\n"
+        "  attnzoo compare --preset standard --out runs/compare-standard\n"
+        "  attnzoo compare --variants mha+rope mha+rope+kv1 diff+alibi --seeds 3 --tasks mqar"
+    ),
+    add_arguments=add_arguments,
+    run=run,
+)

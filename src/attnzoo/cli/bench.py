@@ -1,0 +1,112 @@
+"""``attnzoo bench``: the flags of :class:`attnzoo.bench.BenchSweep`, measured by :func:`attnzoo.bench.run_bench`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from attnzoo.bench import DTYPES, MODES, BenchSweep, run_bench
+from attnzoo.cli.command import Command
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    default = BenchSweep()
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        metavar="SPEC",
+        default=list(default.variants),
+        help="variant specs ATTENTION[+POSITION][+kvN]; the first is the baseline every ratio refers to "
+        f"(default: {' '.join(default.variants)})",
+    )
+    parser.add_argument(
+        "--seq-lens",
+        type=int,
+        nargs="+",
+        metavar="T",
+        default=list(default.seq_lens),
+        help=f"sequence lengths T (default: {' '.join(map(str, default.seq_lens))})",
+    )
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        default=list(default.modes),
+        choices=MODES,
+        help="train: forward and backward; prefill: forward; decode: new tokens one at a time after T tokens, "
+        "with a KV cache; decode-nocache: the same, recomputing the prefix (default: all)",
+    )
+    parser.add_argument(
+        "--tokens-per-step",
+        type=int,
+        metavar="N",
+        default=default.tokens_per_step,
+        help=f"train and prefill batch = N // T sequences (default: {default.tokens_per_step})",
+    )
+    parser.add_argument(
+        "--decode-tokens",
+        type=int,
+        metavar="N",
+        default=default.decode_tokens,
+        help=f"new tokens timed per decode measurement (default: {default.decode_tokens})",
+    )
+    parser.add_argument(
+        "--dim", type=int, default=default.dim, help=f"width of the baseline MHA model (default: {default.dim})"
+    )
+    parser.add_argument(
+        "--n-layers", type=int, default=default.n_layers, help=f"Transformer blocks (default: {default.n_layers})"
+    )
+    parser.add_argument(
+        "--n-heads", type=int, default=default.n_heads, help=f"query heads per layer (default: {default.n_heads})"
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=list(DTYPES),
+        default=default.dtype,
+        help=f"bfloat16 runs under autocast, as training does on CUDA (default: {default.dtype})",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=default.repeats,
+        help=f"timed repeats per case, after one warm-up; the median is reported (default: {default.repeats})",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=default.threads,
+        help=f"CPU threads per case (default: {default.threads}, torch's default here)",
+    )
+    parser.add_argument(
+        "--device", default=default.device, help="cpu, cuda or cuda:N (default: cuda where there is one, else cpu)"
+    )
+    parser.add_argument(
+        "--out", type=Path, metavar="DIR", default=Path("bench"), help="writes bench.json and bench.md here"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    sweep = BenchSweep(
+        variants=tuple(args.variants),
+        seq_lens=tuple(args.seq_lens),
+        modes=tuple(args.modes),
+        tokens_per_step=args.tokens_per_step,
+        decode_tokens=args.decode_tokens,
+        dim=args.dim,
+        n_layers=args.n_layers,
+        n_heads=args.n_heads,
+        dtype=args.dtype,
+        repeats=args.repeats,
+        threads=args.threads,
+        device=args.device,
+    )
+    run_bench(sweep, args.out)
+    return 0
+
+
+COMMAND = Command(
+    name="bench",
+    summary="measure training, prefill and decode throughput and peak memory as ratios to a baseline",
+    example="attnzoo bench --variants mha+rope diff+rope dcmha+rope --seq-lens 256 1024 --out bench",
+    add_arguments=add_arguments,
+    run=run,
+)

@@ -1,0 +1,37 @@
+"""``attnzoo viz``: the flags of :func:`attnzoo.viz.draw_attention_maps`, and the paths it wrote."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from attnzoo.cli.command import Command
+from attnzoo.viz import draw_attention_maps
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("path", type=Path, help="run directory (its latest checkpoint) or checkpoint directory")
+    parser.add_argument(
+        "--prompt",
+        default="ROMEO: But soft, what light through yonder window breaks?",
+        help="text the model reads; one row and one column per token (default: a line of Romeo and Juliet)",
+    )
+    parser.add_argument(
+        "--out", type=Path, metavar="DIR", default=None, help="directory for the PNGs (default: PATH/attention)"
+    )
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
+
+
+def run(args: argparse.Namespace) -> int:
+    for path in draw_attention_maps(args.path, args.prompt, args.out, args.device):
+        print(path)
+    return 0
+
+
+COMMAND = Command(
+    name="viz",
+    summary="attention heatmaps per layer and head for a prompt and a trained model (PNG)",
+    example='attnzoo viz runs/diff-rope-20250101-120000 --prompt "ROMEO: But soft" --out maps',
+    add_arguments=add_arguments,
+    run=run,
+)

@@ -1,0 +1,72 @@
+"""A local HF (or official DCFormer) directory → an attnzoo model directory, what ``attnzoo convert`` writes.
+
+The source's tokenizer files are copied beside the model, so the directory is self-contained:
+``attnzoo train --init-from`` reads its ``tokenizer.json`` as the model's tokenizer.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from attnzoo.convert.hf import from_hf
+from attnzoo.data.tokenizers import HF_TOKENIZER_FILE, HFTokenizer
+from attnzoo.model import CONFIG_NAME, WEIGHTS_NAME, Transformer
+
+# What save_pretrained writes for a tokenizer, besides the vocabulary files whose content tokenizer.json holds.
+TOKENIZER_FILES = (
+    HF_TOKENIZER_FILE,
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+)
+
+
+@dataclass(frozen=True)
+class Conversion:
+    """What :func:`convert_model` wrote to ``out``."""
+
+    source: Path
+    out: Path
+    model: Transformer
+    tokenizer: HFTokenizer | None  # None: the source has no tokenizer.json, so neither has ``out``
+    tokenizer_files: tuple[str, ...]  # copied from the source
+
+
+def convert_model(source: Path, out: Path) -> Conversion:
+    """Convert the model in ``source`` (read locally, nothing is downloaded) and write it to ``out`` in fp32,
+    with a copy of the source's tokenizer files. ``out`` must not hold a model already: nothing is overwritten."""
+    source, out = Path(source), Path(out)
+    existing = [name for name in (CONFIG_NAME, WEIGHTS_NAME) if (out / name).exists()]
+    if existing:
+        raise ValueError(f"--out {out} already holds {existing}: pick another directory, nothing is overwritten")
+    try:
+        model = from_hf(source)
+    except (ImportError, OSError) as err:
+        # A missing transformers, or a file transformers cannot read: the user's to fix, so one line, no traceback.
+        raise ValueError(f"cannot convert {source}: {err}") from None
+    tokenizer = _source_tokenizer(source, model.config.vocab_size)  # checked before anything is written
+    model.save_pretrained(out)
+    copied = tuple(name for name in TOKENIZER_FILES if (source / name).is_file()) if tokenizer else ()
+    for name in copied:
+        shutil.copyfile(source / name, out / name)
+    return Conversion(source, out, model, tokenizer, copied)
+
+
+def _source_tokenizer(directory: Path, vocab_size: int) -> HFTokenizer | None:
+    """The tokenizer of the model in ``directory`` (``None`` if it has none), checked to fit its vocabulary."""
+    file = directory / HF_TOKENIZER_FILE
+    if not file.is_file():
+        return None
+    try:
+        tokenizer = HFTokenizer.from_file(file)
+    except ValueError as err:
+        raise ValueError(f"cannot use {file} as the model's tokenizer: {err}") from None
+    if tokenizer.num_ids > vocab_size:
+        raise ValueError(
+            f"cannot use {file} as the model's tokenizer: it produces ids up to {tokenizer.num_ids - 1}, past the "
+            f"model's vocab_size {vocab_size}"
+        )
+    return tokenizer
