@@ -419,14 +419,16 @@ def echo_task():
 
 
 def test_a_registered_task_is_trained_and_reported_with_no_edit_to_compare(micro, copy_of, echo_task):
-    result, stdout = _compare(copy_of, micro["text"], tasks=["echo"])
+    result, stdout = _compare(copy_of, micro["text"])  # the micro preset runs every task with a micro budget
+    assert list(result.results.tasks) == [*_results(micro["out"]).tasks, "echo"]
     echo = result.results.tasks["echo"]
     assert (echo.metric, echo.measures, echo.budget.steps) == ("accuracy", "copying the token just read", 2)
     assert [run.steps for run in echo.runs["diff+rope"]] == [2, 2]
     assert all(0 < run.probe["confidence"] <= 1 for runs in echo.runs.values() for run in runs)
     markdown = (copy_of / "report.md").read_text()
     assert "## Task: echo" in markdown and "copying the token just read (from this test)" in markdown
-    header = next(line for line in markdown.splitlines() if line.startswith("| variant | seeds | accuracy"))
+    echo_section = markdown.split("## Task: echo")[1]
+    header = next(line for line in echo_section.splitlines() if line.startswith("| variant | seeds | accuracy"))
     assert header.endswith("| mean top probability |")
     assert (copy_of / "plots" / "task_echo.png").read_bytes().startswith(PNG)
     assert "echo mha+rope seed 1: accuracy" in stdout

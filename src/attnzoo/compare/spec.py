@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from attnzoo.config import ModelConfig
-from attnzoo.evals.task import SCALES, TASKS, TaskSpec, check_model_settings
+from attnzoo.evals.task import SCALES, TaskSpec, check_model_settings, tasks_at_scale
 from attnzoo.training.config import TrainConfig
 from attnzoo.validation import is_int, require
 from attnzoo.variants import Variant
@@ -113,7 +113,7 @@ class CompareSpec:
 
 # ----------------------------------------------------------------------------------------------------- presets
 #
-# A preset's tasks run at the preset's scale of each task's own budget (attnzoo.evals.task).
+# A preset runs every registered task that declares a budget at the preset's scale (attnzoo.evals.task).
 
 _TRAIN_DEFAULTS = {"lr": 2e-3, "keep_checkpoints": 1}
 
@@ -142,7 +142,7 @@ PRESETS: dict[str, CompareSpec] = {
             bench_repeats=2,
             bench_warmup=0,
         ),
-        tasks=tuple(TaskSpec.at_scale(name, "micro") for name in TASKS),
+        tasks=tasks_at_scale("micro"),
     ),
     "quick": CompareSpec(
         name="quick",
@@ -163,7 +163,7 @@ PRESETS: dict[str, CompareSpec] = {
             **_TRAIN_DEFAULTS,
         ),
         seeds=(0, 1),
-        tasks=(TaskSpec.at_scale("random_walk", "quick"),),
+        tasks=tasks_at_scale("quick"),
     ),
     "standard": CompareSpec(
         name="standard",
@@ -184,7 +184,7 @@ PRESETS: dict[str, CompareSpec] = {
         ),
         seeds=(0, 1, 2),
         evals=EvalSpec(extrapolation_blocks=8, bench_cases=(("train", 1), ("train", 8), ("prefill", 8))),
-        tasks=tuple(TaskSpec.at_scale(name, "standard") for name in ("mqar", "random_walk", "passkey")),
+        tasks=tasks_at_scale("standard"),
     ),
     "full": CompareSpec(
         name="full",
@@ -210,9 +210,7 @@ PRESETS: dict[str, CompareSpec] = {
             bench_cases=(("train", 1), ("train", 8), ("prefill", 16)),
             bench_repeats=7,
         ),
-        tasks=tuple(
-            TaskSpec.at_scale(name, "full") for name in ("mqar", "random_walk", "passkey", "needles", "composition")
-        ),
+        tasks=tasks_at_scale("full"),
     ),
 }
 
@@ -254,6 +252,8 @@ def resolve_spec(
         train_changes["device"] = device
     if train_changes:
         changes["train"] = dataclasses.replace(spec.train, **train_changes)
+    if tasks is None and spec.name in SCALES and spec.tasks != tasks_at_scale(spec.name):
+        changes["tasks"] = tasks_at_scale(spec.name)  # a task registered after this module was imported
     if tasks is not None:
         if spec.name in SCALES:
             changes["tasks"] = tuple(TaskSpec.at_scale(name, spec.name) for name in tasks)

@@ -237,6 +237,7 @@ _QUICK = TaskBudget(
     eval_interval=50,
     eval_samples=256,
 )
+_STANDARD = dataclasses.replace(_QUICK, options={}, steps=1000, eval_interval=100, eval_samples=512)
 register_task(
     Task(
         name="random_walk",
@@ -251,7 +252,8 @@ register_task(
         budgets={
             "micro": TaskBudget(options={"n_nodes": 8, "degrees": (1, 2, 4), "walk_len": 16}, **TINY_LOOP),
             "quick": _QUICK,
-            "standard": dataclasses.replace(_QUICK, options={}, steps=1000, eval_interval=100, eval_samples=512),
+            "standard": _STANDARD,
+            "full": _STANDARD,
         },
     )
 )

@@ -6,7 +6,8 @@ Each task module ends with one :func:`register_task` call that declares everythi
 * the metric it is judged by and its direction;
 * optionally a ``sweep`` over context length × needle depth, and a ``probe`` of the trained model whose values
   the report shows as the columns ``probe_columns`` names;
-* a training budget per scale (:data:`SCALES`), which compare's presets and ``attnzoo eval --task`` use.
+* a training budget per scale (:data:`SCALES`): a compare preset runs every task with a budget at its scale,
+  and ``--tasks`` or ``attnzoo eval --task`` take any other at the nearest larger one.
 
 ``compare`` and its report read only these fields, so adding a task is one file and its registration.
 """
@@ -138,6 +139,11 @@ def register_task(task: Task) -> Task:
         raise ValueError(f"task {task.name!r} is already registered")
     TASKS[task.name] = task
     return task
+
+
+def tasks_at_scale(scale: str) -> tuple[TaskSpec, ...]:
+    """The tasks a preset of this scale runs: every registered task that declares a budget at exactly it."""
+    return tuple(TaskSpec(name, task.budgets[scale]) for name, task in TASKS.items() if scale in task.budgets)
 
 
 def get_task(name: str) -> Task:
