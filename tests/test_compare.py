@@ -34,6 +34,7 @@ from attnzoo.compare import (
     run_compare,
 )
 from attnzoo.compare.report import write_report
+from attnzoo.compare.runner import Schedule
 from attnzoo.compare.tasks import task_configs
 from attnzoo.evals import TASKS, Task, TaskBatch, greedy_predictions, register_task, scored_accuracy
 from attnzoo.evals.base import as_generator
@@ -151,7 +152,7 @@ def test_ranking_needs_two_seeds_and_marks_ties_with_the_best():
     [
         (
             {"preset_or_spec": "huge"},
-            r"preset 'huge' is unknown; choose one of \['micro', 'quick', 'standard', 'full'\]",
+            r"preset 'huge' is unknown; choose one of \['micro', 'quick', 'claims', 'standard', 'full'\]",
         ),
         ({"variants": ["mha+bogus"]}, "variant 'mha\\+bogus': 'bogus' is not a known positional scheme"),
         ({"variants": ["diff+alibi+kvx"]}, "bad kv-head count 'x'"),
@@ -266,6 +267,7 @@ def test_micro_compare_writes_results_report_and_plots(micro):
     assert all((out / "plots" / name).read_bytes().startswith(PNG) for name in plots)
 
     markdown = (out / "report.md").read_text()
+    assert markdown.startswith("# attnzoo compare: micro\n\n## What this run says")  # the claims table first
     assert NOISE_RULE in markdown
     assert "| variant | params | val loss (nats/token) | val bits/byte | Δ val loss vs baseline |" in markdown
     for label in VARIANTS:
@@ -283,7 +285,21 @@ def test_micro_compare_writes_results_report_and_plots(micro):
 
     stdout = micro["stdout"]
     assert stdout.count("Δ loss vs baseline") == 4  # the table after each of the 4 runs, as they finish
+    assert "diff.lm_loss" in stdout and "inconclusive" in stdout  # the verdicts close the terminal output
+    assert re.search(r"estimated time: about \d+(m\d\ds|s) for the training left", stdout)
+    assert re.search(r"── \[2/4\] diff\+rope · seed 0 · \d+s elapsed · about \d+(m\d\ds|s) left ──", stdout)
     assert re.search(r"diff\+rope\s+2\s+\d\.\d{4} ± \d\.\d{4}", stdout)  # mean ± std once both seeds are in
+
+
+def test_the_schedule_scales_what_is_left_by_how_the_estimates_held():
+    schedule = Schedule({"a": 10.0, "b": 20.0, "c": 30.0})
+    assert schedule.remaining() == 60.0
+    schedule.finish("a", None)  # reused: no work, so it says nothing about the estimates
+    assert schedule.remaining() == 50.0
+    schedule.finish("b", 40.0)  # twice as slow as estimated
+    assert schedule.remaining() == 60.0
+    schedule.finish("c", 30.0)
+    assert schedule.remaining() == 0.0
 
 
 def test_a_second_invocation_reuses_every_finished_run(micro, copy_of):
@@ -436,7 +452,7 @@ def test_a_registered_task_is_trained_and_reported_with_no_edit_to_compare(micro
 
 def test_a_task_budget_is_taken_at_the_nearest_larger_scale():
     passkey = TASKS["passkey"]
-    assert passkey.budget("quick") is passkey.budgets["standard"]  # passkey has no quick budget
+    assert passkey.budget("quick") is passkey.budgets["claims"]  # passkey has no quick budget
     assert TASKS["random_walk"].budget("full") is TASKS["random_walk"].budgets["standard"]  # none larger: the largest
     assert [t.name for t in resolve_spec("quick", tasks=["passkey"]).tasks] == ["passkey"]
     with pytest.raises(ValueError, match="scale='huge' is invalid"):

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from attnzoo.compare.claims import INTERVAL_METHOD, Verdict, judge_all
 from attnzoo.compare.results import ATTENTION_MAPS, BenchRatio, CompareResults, TaskResult
 from attnzoo.compare.stats import NOISE_RULE, Difference, Summary, difference, rank
 from attnzoo.io import atomic_write, atomic_write_text
@@ -260,6 +261,57 @@ def _task_table(results: CompareResults, task: TaskResult) -> Table:
     return Table(header, rows)
 
 
+def claims_table(verdicts: list[Verdict]) -> Table:
+    """The papers' claims and this run's verdict on each: the report's first table."""
+    rows = []
+    for v in verdicts:
+        if v.effect is None:
+            effect = "—"
+        elif v.low is None or v.high is None:
+            effect = f"{v.effect:+.4g}"
+        elif v.claim.rule == "ratio":
+            effect = f"{v.effect:g}× (exact)"
+        else:
+            effect = f"{v.effect:+.4g} [{v.low:+.4g}, {v.high:+.4g}]"
+        rows.append(
+            [
+                v.claim.paper,
+                v.claim.statement,
+                f"**{v.outcome}**: {v.reason}",
+                f"{v.claim.variant} − {v.claim.baseline}: {v.claim.measure.label}",
+                effect,
+                v.scale,
+                v.would_change,
+            ]
+        )
+    header = ["paper", "claim", "verdict", "measured (variant − baseline)", "effect [95% interval]", "scale"]
+    return Table([*header, "what would change it"], rows)
+
+
+def _claims_caveats(results: CompareResults, verdicts: list[Verdict]) -> list[str]:
+    counts = {
+        o: sum(v.outcome == o for v in verdicts) for o in ("supported", "contradicted", "inconclusive", "not run")
+    }
+    caveats = [
+        ", ".join(f"{n} {outcome}" for outcome, n in counts.items()) + f" of {len(verdicts)} claims.",
+        f"Intervals: {INTERVAL_METHOD}. A verdict needs at least 3 seeds; this run has {len(results.seeds)}.",
+        f"Scale: {results.budget.tokens_per_run:,} tokens per language-model run and models of about "
+        f"{results.variants[results.baseline].parameters / 1e6:.2f}M parameters, orders of magnitude below the "
+        "papers' (each claim names its own); a verdict here says what holds at this scale, not at the paper's.",
+    ]
+    if counts["not run"]:
+        caveats.append(
+            "Not run: the claim needs a variant or task this comparison did not include; `--preset claims` runs "
+            "every claim's experiment."
+        )
+    for v in verdicts:
+        if v.outcome == "contradicted" and v.claim.checks:
+            caveats.append(
+                f"Before reading `{v.claim.id}` as a contradiction, these were checked: " + "; ".join(v.claim.checks)
+            )
+    return caveats
+
+
 # ----------------------------------------------------------------------------------------------- the report
 
 
@@ -267,13 +319,18 @@ def build_report(results: CompareResults, plots: dict[str, str]) -> Report:
     budget, machine, corpus, evals = results.budget, results.machine, results.corpus, results.evals
     seeds, baseline = results.seeds, results.baseline
     report = Report(f"attnzoo compare: {results.preset}")
+    verdicts = judge_all(results)
     report.add(
+        Heading(2, "What this run says"),
+        Paragraph("Each paper's claims, the experiment here that tests it, and the verdict of this run's seeds."),
+        claims_table(verdicts),
+        Bullets(_claims_caveats(results, verdicts)),
+        Heading(2, "Setup"),
         Paragraph(
             f"{len(results.variants)} variants × {len(seeds)} seed(s) {seeds}, trained on the same data in the "
             f"same order under the same budget; **{baseline}** is the baseline. Parameters are matched to the "
             f"baseline within 2% by the MLP width."
         ),
-        Heading(2, "Setup"),
         Bullets(
             [
                 f"corpus `{corpus.name}` ({corpus.tokenizer} tokenizer): "

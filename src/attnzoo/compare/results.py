@@ -55,6 +55,7 @@ class LMRun:
     val_curve: list[tuple[int, float]]  # (step, validation loss)
     evals: dict[str, Any]  # the evaluation settings; a stored run is reused only under the same ones
     has_maps: bool = False  # attention_maps.npy beside the run
+    probes: dict[str, float] = field(default_factory=dict)  # of the trained model: outliers, spikiness
 
     @property
     def train_tokens_per_s(self) -> float:
@@ -69,6 +70,7 @@ class LMRun:
 class VariantResult:
     config: dict[str, Any]  # the ModelConfig
     parameters: int
+    kv_cache_bytes_per_token: int  # over all layers, as the model's new_cache allocates it
     map_note: str  # how the mechanism's effective attention map is read off it
     runs: list[LMRun]  # one per seed, in seed order
 

@@ -38,6 +38,7 @@ from tqdm import tqdm
 from attnzoo import __version__
 from attnzoo.attention import ATTENTION
 from attnzoo.bench import BenchCase, machine_description, measure
+from attnzoo.compare.claims import judge_all
 from attnzoo.compare.report import summary_table, write_report
 from attnzoo.compare.results import (
     ATTENTION_MAPS,
@@ -56,7 +57,7 @@ from attnzoo.compare.results import (
 )
 from attnzoo.compare.spec import CompareSpec, resolve_spec
 from attnzoo.compare.stats import Summary, difference
-from attnzoo.compare.tasks import context_len, task_configs, train_task
+from attnzoo.compare.tasks import context_len, step_seconds, task_configs, train_task
 from attnzoo.config import ModelConfig
 from attnzoo.data.corpora import Corpus
 from attnzoo.evals.lm import LMEvalConfig, evaluate_lm, length_extrapolation
@@ -138,15 +139,25 @@ class Comparison:
         )
         # Every variant's speed and memory in one sitting, back to back, so the ratios share machine conditions.
         bench = self.bench(configs)
-        lm_runs: dict[str, dict[int, LMRun]] = {label: {} for label in self.labels}
         jobs = list(product(spec.seeds, self.labels))
+        self.schedule = Schedule(
+            {("lm", label, seed): self.lm_estimate(bench, label) for seed, label in jobs}
+            | {key: seconds for task in spec.tasks for key, seconds in self.task_estimates(task).items()}
+        )
+        self.say(
+            f"estimated time: about {_duration(self.schedule.remaining())} for the training left (from the token "
+            "budget and the step times just measured; evaluations come on top)"
+        )
+        lm_runs: dict[str, dict[int, LMRun]] = {label: {} for label in self.labels}
         for i, (seed, label) in enumerate(jobs, start=1):
-            self.say(f"\n── [{i}/{len(jobs)}] {label} · seed {seed} · {self._elapsed()} elapsed ──")
-            record, interrupted_by = self.lm_run(label, configs[label], seed, corpus)
+            self.say(f"\n── [{i}/{len(jobs)}] {label} · seed {seed} · {self._elapsed()} elapsed{self._left()} ──")
+            started = time.perf_counter()
+            record, interrupted_by, reused = self.lm_run(label, configs[label], seed, corpus)
             if interrupted_by is not None:
                 self.say(f"compare interrupted; run the same command again to continue from {self.out_dir}")
                 return CompareResult(self.out_dir, None, interrupted_by)
             assert record is not None
+            self.schedule.finish(("lm", label, seed), None if reused else time.perf_counter() - started)
             lm_runs[label][seed] = record
             self.say(progress_table(lm_runs, self.baseline))
 
@@ -160,10 +171,41 @@ class Comparison:
     def _elapsed(self) -> str:
         return _duration(time.perf_counter() - self.started)
 
+    def _left(self) -> str:
+        return f" · about {_duration(self.schedule.remaining())} left" if self.schedule.remaining() else ""
+
+    def lm_estimate(self, bench: BenchRecord, label: str) -> float:
+        """Training seconds of one run from its token budget and the throughput just measured at its length."""
+        train = self.spec.train
+        rates = [
+            m.tokens_per_s
+            for m in bench.measurements
+            if m.variant == label and m.mode == "train" and m.seq_len == train.seq_len and m.tokens_per_s
+        ]
+        return train.steps * train.tokens_per_step / rates[0] if rates else 0.0
+
+    def task_estimates(self, spec: TaskSpec) -> dict[tuple, float]:
+        """Training seconds of each task run still to do, from a few timed steps of each variant's model."""
+        labels = self.spec.task_variants(spec)
+        configs = task_configs(spec, labels)
+        estimates = {}
+        for label in labels:
+            todo = [s for s in self.spec.seeds if not self._task_path(spec, label, s).is_file()]
+            if todo:
+                per_step = step_seconds(spec, configs[label], self.env.device)
+                estimates |= {("task", spec.name, label, s): per_step * spec.budget.steps for s in todo}
+        return estimates
+
+    def _task_path(self, spec: TaskSpec, label: str, seed: int) -> Path:
+        return self.out_dir / "tasks" / spec.name / label / f"seed{seed}" / "result.json"
+
     # ------------------------------------------------------------------------------------ language model
 
-    def lm_run(self, label: str, config: ModelConfig, seed: int, corpus: Corpus) -> tuple[LMRun | None, int | None]:
-        """Train (or reuse, or resume) one run and evaluate it: (its record, or the stopping signal)."""
+    def lm_run(
+        self, label: str, config: ModelConfig, seed: int, corpus: Corpus
+    ) -> tuple[LMRun | None, int | None, bool]:
+        """Train (or reuse, or resume) one run and evaluate it: its record or the stopping signal, and whether
+        the record was reused as it was."""
         spec = self.spec
         run_dir = self.out_dir / "runs" / label / f"seed{seed}"
         train_config = dataclasses.replace(spec.train, seed=seed)
@@ -182,7 +224,7 @@ class Comparison:
         record = _read_record(LMRun, run_dir / RUN_RECORD)
         if finished and record is not None and record.evals == evals:
             self.say(f"reusing {run_dir} (finished earlier)")
-            return record, None
+            return record, None, True
         if checkpoint is None and run_dir.exists():
             shutil.rmtree(run_dir)  # stopped before its first checkpoint: nothing in it can be continued
 
@@ -192,14 +234,14 @@ class Comparison:
             )
             result = trainer.fit()
             if result.interrupted_by is not None:
-                return None, result.interrupted_by
+                return None, result.interrupted_by, False
             model = trainer.raw_model
         else:
             self.say(f"{run_dir} finished training earlier; evaluating it")
             model, _ = load_pretrained(run_dir, self.env.device)
         record = self.evaluate_lm_run(model, label, seed, train_config, corpus, run_dir, evals)
         _write_record(record, run_dir / RUN_RECORD)
-        return record, None
+        return record, None, False
 
     def extrapolation_tokens(self, corpus: Corpus) -> np.ndarray:
         """The start of the validation split that every length is scored on: whole blocks of the longest."""
@@ -326,14 +368,15 @@ class Comparison:
     # -------------------------------------------------------------------------------------------- tasks
 
     def task(self, spec: TaskSpec) -> TaskResult:
-        configs = task_configs(spec, list(self.spec.variants))
-        runs: dict[str, dict[int, TaskRun]] = {label: {} for label in self.labels}
+        labels = self.spec.task_variants(spec)
+        configs = task_configs(spec, labels)
+        runs: dict[str, dict[int, TaskRun]] = {label: {} for label in labels}
         task, budget = spec.task, spec.budget
         self.say(
             f"\n── task {task.name}: {budget.steps} steps × {budget.batch_size} samples · {self._elapsed()} elapsed ──"
         )
-        for seed, label in product(self.spec.seeds, self.labels):
-            path = self.out_dir / "tasks" / task.name / label / f"seed{seed}" / "result.json"
+        for seed, label in product(self.spec.seeds, labels):
+            path = self._task_path(spec, label, seed)
             identity = _jsonable({"budget": asdict(budget), "model": configs[label].to_dict()})
             stored = _read_record(TaskRun, path)
             if stored is not None:
@@ -344,12 +387,14 @@ class Comparison:
                     )
                 runs[label][seed] = stored
                 continue
+            started = time.perf_counter()
             result = dataclasses.replace(
                 train_task(spec, configs[label], seed, self.env.device, self.progress, label), identity=identity
             )
             _write_record(result, path)
             runs[label][seed] = result
-            self.say(f"{task.name} {label} seed {seed}: {task.metric} {result.final[task.metric]:.4f}")
+            self.schedule.finish(("task", task.name, label, seed), time.perf_counter() - started)
+            self.say(f"{task.name} {label} seed {seed}: {task.metric} {result.final[task.metric]:.4f}{self._left()}")
         return TaskResult(
             name=task.name,
             measures=task.measures,
@@ -412,6 +457,7 @@ class Comparison:
                 label: VariantResult(
                     config=configs[label].to_dict(),
                     parameters=runs[label][0].parameters,
+                    kv_cache_bytes_per_token=kv_cache_bytes_per_token(configs[label]),
                     map_note=ATTENTION.get(configs[label].attention).map_note,
                     runs=runs[label],
                 )
@@ -422,7 +468,35 @@ class Comparison:
         )
 
 
+class Schedule:
+    """The training left, estimated per job and corrected by how the estimates of the finished jobs compared
+    with their real time (which includes their evaluations)."""
+
+    def __init__(self, estimates: dict[tuple, float]):
+        self.left = dict(estimates)
+        self.estimated_done = self.actual_done = 0.0
+
+    def finish(self, job: tuple, seconds: float | None) -> None:
+        """``job`` is done, in ``seconds``; None when it was reused and took no work."""
+        estimate = self.left.pop(job, 0.0)
+        if seconds is not None and estimate > 0:
+            self.estimated_done += estimate
+            self.actual_done += seconds
+
+    def remaining(self) -> float:
+        factor = self.actual_done / self.estimated_done if self.estimated_done else 1.0
+        return factor * sum(self.left.values())
+
+
 # --------------------------------------------------------------------------------------------------- summaries
+
+
+def kv_cache_bytes_per_token(config: ModelConfig) -> int:
+    """What the model's static cache allocates per position, over all layers, at its parameters' dtype."""
+    with torch.device("meta"):
+        cache = Transformer(config).new_cache(1, config.max_seq_len)
+    total = sum(b.numel() * b.element_size() for layer in cache.layers for b in layer.buffers.values())
+    return total // config.max_seq_len
 
 
 def progress_table(lm_runs: dict[str, dict[int, LMRun]], baseline: str) -> str:
@@ -444,9 +518,15 @@ def progress_table(lm_runs: dict[str, dict[int, LMRun]], baseline: str) -> str:
 
 def final_summary(results: CompareResults, paths: dict[str, Path]) -> str:
     budget = results.budget
+    verdicts = [
+        [v.claim.id, v.outcome, f"{v.effect:+.4g}" if v.effect is not None else "—", v.reason]
+        for v in judge_all(results)
+    ]
     lines = [
         "",
         summary_table(results).to_text(),
+        "",
+        Table(["claim", "verdict", "effect", "why"], verdicts).to_text(),
         "",
         f"{len(results.seeds)} seed(s) × {budget.steps} steps × {budget.tokens_per_run:,} tokens per run; "
         f"training {_duration(budget.train_seconds_total)} in all, "

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from attnzoo.compare.claims import claim_tasks, claim_variants
 from attnzoo.config import ModelConfig
 from attnzoo.evals.task import SCALES, TaskSpec, check_model_settings, tasks_at_scale
 from attnzoo.training.config import TrainConfig
@@ -98,6 +99,14 @@ class CompareSpec:
         check_model_settings(self.model, "model")
         names = [task.name for task in self.tasks]
         require(len(set(names)) == len(names), "tasks", names, "must name each task at most once")
+        for task in self.tasks:
+            unknown = sorted(set(task.variants) - set(labels))
+            require(not unknown, f"task {task.name!r} variants", unknown, f"must be among the variants {labels}")
+
+    def task_variants(self, task: TaskSpec) -> list[str]:
+        """The variants that train ``task``: its own subset, always with the baseline, or every variant."""
+        labels = self.variant_labels
+        return [label for label in labels if not task.variants or label == labels[0] or label in task.variants]
 
     @property
     def variant_labels(self) -> list[str]:
@@ -164,6 +173,30 @@ PRESETS: dict[str, CompareSpec] = {
         ),
         seeds=(0, 1),
         tasks=tasks_at_scale("quick"),
+    ),
+    "claims": CompareSpec(
+        name="claims",
+        description=(
+            "every paper claim's experiment with 3 seeds: 8 variants × 300 steps × 16 × 64 tokens of language "
+            "modelling with extrapolation to 16×, and the needles, passkey and composition tasks for the variants "
+            "whose claims use them"
+        ),
+        model={"dim": 128, "n_layers": 4, "n_heads": 4},
+        train=TrainConfig(
+            seq_len=64,
+            batch_size=16,
+            steps=300,
+            warmup_steps=30,
+            eval_interval=100,
+            eval_windows=256,
+            log_interval=10,
+            checkpoint_interval=100,
+            **_TRAIN_DEFAULTS,
+        ),
+        seeds=(0, 1, 2),
+        variants=claim_variants(),
+        evals=EvalSpec(bench_repeats=3),
+        tasks=claim_tasks("claims"),
     ),
     "standard": CompareSpec(
         name="standard",
@@ -241,6 +274,11 @@ def resolve_spec(
     changes: dict[str, Any] = {}
     if variants is not None:
         changes["variants"] = tuple(variants)
+        labels = {Variant.parse(v).label for v in variants}
+        # A task trained on a subset keeps the part of it that is still compared.
+        changes["tasks"] = tuple(
+            TaskSpec(task.name, task.budget, tuple(v for v in task.variants if v in labels)) for task in spec.tasks
+        )
     if seeds is not None:
         changes["seeds"] = tuple(seeds)
     train_changes: dict[str, Any] = {}
@@ -252,8 +290,12 @@ def resolve_spec(
         train_changes["device"] = device
     if train_changes:
         changes["train"] = dataclasses.replace(spec.train, **train_changes)
-    if tasks is None and spec.name in SCALES and spec.tasks != tasks_at_scale(spec.name):
-        changes["tasks"] = tasks_at_scale(spec.name)  # a task registered after this module was imported
+    if tasks is None and spec.name in SCALES:
+        # A task registered after this module was imported joins the preset of its scale.
+        known = {task.name for task in spec.tasks}
+        added = tuple(task for task in tasks_at_scale(spec.name) if task.name not in known)
+        if added:
+            changes["tasks"] = spec.tasks + added
     if tasks is not None:
         if spec.name in SCALES:
             changes["tasks"] = tuple(TaskSpec.at_scale(name, spec.name) for name in tasks)

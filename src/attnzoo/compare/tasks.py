@@ -62,6 +62,24 @@ def _optimisation(spec: TaskSpec, seed: int) -> TrainConfig:
     )
 
 
+def step_seconds(spec: TaskSpec, model_config: ModelConfig, device: torch.device, steps: int = 3) -> float:
+    """Seconds one training step of this task takes here: the fastest of ``steps`` after a warm-up step."""
+    torch.manual_seed(0)
+    model = Transformer(model_config).to(device)
+    optimizer = build_optimizer(model, _optimisation(spec, 0))
+    generator = torch.Generator().manual_seed(0)
+    times = []
+    for _ in range(steps + 1):
+        batch = spec.task.make_batch(spec.config(), spec.budget.batch_size, generator)
+        started = time.perf_counter()
+        _, loss = model(batch.inputs.to(device), batch.targets.to(device))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - started)
+    return min(times[1:])
+
+
 def train_task(
     spec: TaskSpec, model_config: ModelConfig, seed: int, device: torch.device, progress: bool, label: str
 ) -> TaskRun:

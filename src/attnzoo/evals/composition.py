@@ -167,6 +167,15 @@ register_task(
         paper="DCFormer (Xiao et al., 2024)",
         budgets={
             "micro": TaskBudget(options={"n_facts": 2, "n_bindings": 2, "n_heldout_objects": 4}, **TINY_LOOP),
+            "claims": TaskBudget(
+                model={"dim": 64, "n_layers": 2, "n_heads": 2},
+                steps=600,
+                batch_size=32,
+                lr=3e-3,
+                warmup_steps=50,
+                eval_interval=200,
+                eval_samples=200,
+            ),
             "full": TaskBudget(
                 model={"dim": 128, "n_layers": 4, "n_heads": 4},
                 steps=4000,

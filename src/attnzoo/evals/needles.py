@@ -328,6 +328,17 @@ register_task(
                 sweep_samples=2,
                 probe_samples=4,
             ),
+            "claims": TaskBudget(
+                options={"context_len": 96, "n_needles": 4, "n_queries": 1, "n_digits": 2, "n_keys": 16},
+                model={"dim": 64, "n_layers": 2, "n_heads": 2},
+                steps=600,
+                batch_size=32,
+                lr=3e-3,
+                warmup_steps=50,
+                eval_interval=200,
+                eval_samples=200,
+                probe_samples=64,
+            ),
             "full": TaskBudget(
                 model={"dim": 128, "n_layers": 4, "n_heads": 4},
                 steps=4000,

@@ -26,7 +26,7 @@ from attnzoo.evals.base import LengthDepthSweep, TaskBatch
 from attnzoo.validation import is_int, is_number, require
 
 # From a smoke test to a GPU-sized budget; a task without a budget at a scale uses the nearest larger one.
-SCALES = ("micro", "quick", "standard", "full")
+SCALES = ("micro", "quick", "claims", "standard", "full")
 MODEL_FIELDS_SET_PER_RUN = ("vocab_size", "attention", "position", "max_seq_len")
 
 
@@ -157,6 +157,7 @@ class TaskSpec:
 
     name: str
     budget: TaskBudget = field(default_factory=TaskBudget)
+    variants: tuple[str, ...] = ()  # the variants a comparison trains on it (the baseline always); empty: all
 
     def __post_init__(self) -> None:
         self.task.check(self.budget)
@@ -175,4 +176,4 @@ class TaskSpec:
 
     def replace(self, **changes: Any) -> TaskSpec:
         """This task with some budget fields changed."""
-        return TaskSpec(self.name, dataclasses.replace(self.budget, **changes))
+        return TaskSpec(self.name, dataclasses.replace(self.budget, **changes), self.variants)
