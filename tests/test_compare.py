@@ -263,6 +263,7 @@ def test_micro_compare_writes_results_report_and_plots(micro):
 
     plots = sorted(p.name for p in (out / "plots").iterdir())
     expected = ["attention_maps", "extrapolation", "loss_curves", "throughput_memory"]
+    expected += [f"attention_heads_{label}" for label in VARIANTS]
     assert plots == sorted(f"{name}.png" for name in [*expected, *(f"task_{t}" for t in tasks)])
     assert all((out / "plots" / name).read_bytes().startswith(PNG) for name in plots)
 

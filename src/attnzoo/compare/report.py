@@ -392,6 +392,15 @@ def build_report(results: CompareResults, plots: dict[str, str]) -> Report:
     )
     if "attention_maps" in plots:
         report.add(Image(plots["attention_maps"], "Attention maps by variant (rows) and layer (columns)."))
+        report.add(
+            Paragraph(
+                "Per head, since per-head structure is what Diff and DCMHA change (rows: layers, columns: heads):"
+            ),
+            *[
+                Image(plots[f"attention_heads_{label}"], f"{label}: every head of every layer.")
+                for label in results.variants
+            ],
+        )
     else:
         report.add(Paragraph("The stored attention maps were not found beside the runs, so no figure is drawn."))
     for name, task in results.tasks.items():
@@ -436,7 +445,12 @@ def _ranking_text(results: CompareResults) -> str:
     if ranked is None:
         return "**No ranking**: it needs at least 2 seeds per variant and at least 2 variants."
     parts = [f"{ranked[0].label} (best mean)"]
-    parts += [f"{e.label} ({e.versus_best.delta:+.4f} vs the best, {e.versus_best.verdict})" for e in ranked[1:]]
+    parts += [
+        f"{e.label} ({e.versus_best.delta:+.4f} vs the best; pooled std {e.versus_best.pooled_std:.4f}, threshold "
+        f"{2 * e.versus_best.pooled_std:.4f}; ranges {'overlap' if e.versus_best.ranges_overlap else 'apart'}; "
+        f"{e.versus_best.verdict})"
+        for e in ranked[1:]
+    ]
     tied = [e.label for e in ranked[1:] if e.versus_best.within_noise]
     conclusion = (
         f"{', '.join(tied)} {'is' if len(tied) == 1 else 'are'} within seed noise of the best, so these seeds "
@@ -463,9 +477,16 @@ def _task_text(task: TaskResult) -> str:
         f"**What it measures:** {task.measures} (from {task.paper}). Trained from scratch for every variant × "
         f"seed on fresh batches ({options}); model {model}, parameter matched; up to {budget.steps} steps × "
         f"{budget.batch_size} samples, lr {budget.lr:g}{stop}. Scored by `{task.metric}` ({direction} is better) "
-        f"on one fixed set of {budget.eval_samples} samples. Training and evaluation took {seconds:.0f} s over all "
-        "runs."
+        f"on one fixed set of {budget.eval_samples} samples{_levels(task)}. Training and evaluation took "
+        f"{seconds:.0f} s over all runs."
     )
+
+
+def _levels(task: TaskResult) -> str:
+    levels = [
+        f"{name} {value:.4g}" for name, value in (("chance", task.chance), ("solved", task.solved)) if value is not None
+    ]
+    return f" ({', '.join(levels)})" if levels else ""
 
 
 # ------------------------------------------------------------------------------------------------ the plots
@@ -575,6 +596,15 @@ def plot_throughput_memory(results: CompareResults, path: Path) -> None:
     _save(figure, path)
 
 
+def plot_attention_heads(results: CompareResults, label: str, out_dir: Path, path: Path) -> None:
+    """One variant's first-seed map: layers (rows) × heads (columns), each layer on its own colour scale."""
+    from attnzoo.viz import plot_attention_grid
+
+    maps = np.load(out_dir / results.variants[label].runs[0].run_dir / ATTENTION_MAPS)  # (layers, heads, T, T)
+    titles = [[f"layer {layer} · head {head}" for head in range(maps.shape[1])] for layer in range(maps.shape[0])]
+    plot_attention_grid([list(layer) for layer in maps], titles, path, suptitle=label, clip_quantile=0.99)
+
+
 def plot_attention_maps(results: CompareResults, out_dir: Path, path: Path) -> None:
     """Variants (rows) × layers (columns), each the head average of the first seed's effective map."""
     from attnzoo.viz import plot_attention_grid
@@ -636,12 +666,15 @@ def write_report(results: CompareResults, out_dir: Path) -> dict[str, Path]:
     }
     if all((out_dir / variant.runs[0].run_dir / ATTENTION_MAPS).is_file() for variant in results.variants.values()):
         plots["attention_maps"] = f"{PLOTS}/attention_maps.png"
+        plots |= {f"attention_heads_{label}": f"{PLOTS}/attention_heads_{label}.png" for label in results.variants}
     (out_dir / PLOTS).mkdir(parents=True, exist_ok=True)
     plot_loss_curves(results, out_dir / plots["loss_curves"])
     plot_extrapolation(results, out_dir / plots["extrapolation"])
     plot_throughput_memory(results, out_dir / plots["throughput_memory"])
     if "attention_maps" in plots:
         plot_attention_maps(results, out_dir, out_dir / plots["attention_maps"])
+        for label in results.variants:
+            plot_attention_heads(results, label, out_dir, out_dir / plots[f"attention_heads_{label}"])
     for name, task in results.tasks.items():
         plot_task(task, out_dir / plots[f"task_{name}"])
     report = build_report(results, plots)

@@ -205,6 +205,8 @@ class TaskResult:
     budget: TaskBudget
     context_len: int
     runs: dict[str, list[TaskRun]]  # by variant, one per seed
+    chance: float | None = None  # the metric of a uniform guess at this budget's config
+    solved: float | None = None
 
     def summary(self, variant: str) -> Summary:
         return Summary.of([run.final[self.metric] for run in self.runs[variant]])

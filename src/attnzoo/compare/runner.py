@@ -405,6 +405,8 @@ class Comparison:
             budget=budget,
             context_len=context_len(spec),
             runs={label: list(by_seed.values()) for label, by_seed in runs.items()},
+            chance=task.chance(spec.config()) if task.chance else None,
+            solved=task.solved,
         )
 
     # ------------------------------------------------------------------------------------------ results

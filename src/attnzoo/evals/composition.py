@@ -165,6 +165,8 @@ register_task(
         vocab_size=vocab_size,
         measures="two-hop composition: an answer that needs two facts from the context chained",
         paper="DCFormer (Xiao et al., 2024)",
+        chance=lambda cfg: 1 / cfg.n_categories,
+        solved=1.0,
         budgets={
             "micro": TaskBudget(options={"n_facts": 2, "n_bindings": 2, "n_heldout_objects": 4}, **TINY_LOOP),
             "claims": TaskBudget(

@@ -118,6 +118,8 @@ register_task(
         vocab_size=vocab_size,
         measures="associative recall: the value bound to each of K keys, queried later in the sequence",
         paper="Zoology (Arora et al., 2023)",
+        chance=lambda cfg: 2 / cfg.vocab_size,  # values are drawn from the upper half of the vocabulary
+        solved=1.0,
         budgets={
             "micro": TaskBudget(
                 options={"vocab_size": 64, "seq_len": 16, "num_kv_pairs": 2}, **TINY_LOOP, stop_at=0.99

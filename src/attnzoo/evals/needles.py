@@ -309,6 +309,8 @@ register_task(
         measures="multi-needle retrieval among distractors, by context length and depth, with the attention-noise "
         "probe: the attention share on the answer and on the context",
         paper="Diff Transformer (Ye et al., 2024)",
+        chance=lambda cfg: 1 / (9 * 10 ** (cfg.n_digits - 1)),  # a uniform number of n_digits digits
+        solved=1.0,
         sweep=needles_sweep,
         probe=noise_probe,
         probe_columns={"mean/answer": "attention to answer", "mean/noise": "attention noise"},

@@ -163,6 +163,8 @@ register_task(
         vocab_size=vocab_size,
         measures="retrieval: a number stated once in filler text, recalled at the end, by context length and depth",
         paper="Landmark attention (Mohtashami & Jaggi, 2023)",
+        chance=lambda cfg: 1 / (9 * 10 ** (cfg.n_digits - 1)),  # a uniform number of n_digits digits
+        solved=1.0,
         sweep=passkey_sweep,
         budgets={
             "micro": TaskBudget(

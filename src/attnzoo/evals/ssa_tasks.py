@@ -18,6 +18,7 @@ here are the notes' reconstructions [R], with these choices:
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import torch
@@ -248,6 +249,8 @@ register_task(
         measures="next-node prediction on random walks over nodes of unequal degree, scored above the entropy floor",
         paper="Selective attention (Zhang et al., 2024)",
         metric="excess_loss",
+        chance=lambda cfg: math.log(cfg.n_nodes) - entropy_floor(make_graph(cfg), cfg.walk_len).mean().item(),
+        solved=0.0,
         higher_is_better=False,
         budgets={
             "micro": TaskBudget(options={"n_nodes": 8, "degrees": (1, 2, 4), "walk_len": 16}, **TINY_LOOP),

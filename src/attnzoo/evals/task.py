@@ -3,7 +3,7 @@
 Each task module ends with one :func:`register_task` call that declares everything the harness needs:
 
 * the generator and evaluator (``make_batch``, ``evaluate``) and the vocabulary a model for it needs;
-* the metric it is judged by and its direction;
+* the metric it is judged by, its direction, and its chance and solved levels;
 * optionally a ``sweep`` over context length × needle depth, and a ``probe`` of the trained model whose values
   the report shows as the columns ``probe_columns`` names;
 * a training budget per scale (:data:`SCALES`): a compare preset runs every task with a budget at its scale,
@@ -91,6 +91,8 @@ class Task:
     sweep: Sweep | None = None
     probe: Probe | None = None
     probe_columns: Mapping[str, str] = field(default_factory=dict)  # probe value → report column header
+    chance: Callable[[Any], float] | None = None  # the metric of a uniform guess, for a config
+    solved: float | None = None  # the metric of a model that has solved it
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.budgets) - set(SCALES))
