@@ -139,3 +139,14 @@ def test_a_contradiction_lists_what_was_checked(results, tmp_path):
         "Before reading `test.claim` as a contradiction, these were checked: λ_init by depth; parameter matching"
         in (markdown)
     )
+
+
+def test_the_gpu_preset_refuses_without_cuda_and_says_what_it_needs(monkeypatch):
+    from attnzoo.compare import resolve_spec
+
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    with pytest.raises(ValueError, match=r"preset 'gpu' runs on a CUDA GPU \(device='cuda'\), and torch sees none"):
+        resolve_spec("gpu")
+    gpu = PRESETS["gpu"]
+    assert len(gpu.seeds) >= 3 and set(claim_variants()) <= set(gpu.variant_labels)
+    assert {task.name for task in gpu.tasks} == {c.measure.task for c in CLAIMS.values() if c.measure.task}

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 from scipy import stats
 
-from attnzoo.evals.task import TaskSpec, tasks_at_scale
+from attnzoo.evals.task import TaskSpec
 
 if TYPE_CHECKING:
     from attnzoo.compare.results import CompareResults
@@ -511,11 +511,11 @@ def claim_variants() -> tuple[str, ...]:
 
 
 def claim_tasks(scale: str) -> tuple[TaskSpec, ...]:
-    """The tasks some claim is measured on, at ``scale``, each trained only for the variants its claims compare."""
+    """The tasks some claim is measured on, each at ``scale`` of its budget (or the nearest larger) and trained
+    only for the variants its claims compare."""
     specs = []
-    for spec in tasks_at_scale(scale):
-        needed = [c for c in CLAIMS.values() if c.measure.task == spec.name]
-        if needed:
-            variants = dict.fromkeys([BASELINE, *(label for c in needed for label in (c.variant, c.baseline))])
-            specs.append(TaskSpec(spec.name, spec.budget, tuple(variants)))
+    for name in dict.fromkeys(c.measure.task for c in CLAIMS.values() if c.measure.task is not None):
+        needed = [c for c in CLAIMS.values() if c.measure.task == name]
+        variants = dict.fromkeys([BASELINE, *(label for c in needed for label in (c.variant, c.baseline))])
+        specs.append(TaskSpec(name, TaskSpec.at_scale(name, scale).budget, tuple(variants)))
     return tuple(specs)

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from attnzoo.compare.claims import claim_tasks, claim_variants
 from attnzoo.config import ModelConfig
 from attnzoo.evals.task import SCALES, TaskSpec, check_model_settings, tasks_at_scale
@@ -198,6 +200,31 @@ PRESETS: dict[str, CompareSpec] = {
         evals=EvalSpec(bench_repeats=3),
         tasks=claim_tasks("claims"),
     ),
+    "gpu": CompareSpec(
+        name="gpu",
+        description=(
+            "the claims on one CUDA GPU in under an hour (sized from its token budget; not yet timed on a GPU): "
+            "8 variants × 3 seeds × 2,000 steps × 64 × 256 tokens of an 11M-parameter model in bf16 autocast, "
+            "and the claims' tasks at their standard and full budgets"
+        ),
+        model={"dim": 384, "n_layers": 6, "n_heads": 6},
+        train=TrainConfig(
+            seq_len=256,
+            batch_size=64,
+            steps=2000,
+            warmup_steps=200,
+            eval_interval=250,
+            eval_windows=512,
+            checkpoint_interval=500,
+            lr=1e-3,
+            keep_checkpoints=1,
+            device="cuda",
+        ),
+        seeds=(0, 1, 2),
+        variants=claim_variants(),
+        evals=EvalSpec(extrapolation_blocks=8, bench_cases=(("train", 1), ("train", 8), ("prefill", 16))),
+        tasks=claim_tasks("standard"),
+    ),
     "standard": CompareSpec(
         name="standard",
         description=(
@@ -304,4 +331,11 @@ def resolve_spec(
             unknown = sorted(set(tasks) - set(own))
             require(not unknown, "tasks", unknown, f"spec {spec.name!r} has budgets for {sorted(own)} only")
             changes["tasks"] = tuple(own[name] for name in tasks)
-    return dataclasses.replace(spec, **changes) if changes else spec
+    resolved = dataclasses.replace(spec, **changes) if changes else spec
+    if resolved.train.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(
+            f"preset {resolved.name!r} runs on a CUDA GPU (device={resolved.train.device!r}), and torch sees none "
+            "here: run it where `python -c 'import torch; print(torch.cuda.is_available())'` prints True, or use "
+            "--preset claims on a CPU"
+        )
+    return resolved
