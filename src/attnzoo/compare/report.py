@@ -196,16 +196,16 @@ def _bench_table(results: CompareResults) -> Table:
     rows = []
     for r in results.bench.ratios(results.baseline):
         m = r.measurement
-        where = [m.variant, m.mode, str(m.seq_len), str(m.batch_size)]
-        if m.tokens_per_s is None:
+        where, t = [m.variant, m.mode, str(m.seq_len), str(m.batch_size)], m.timing
+        if t is None:
             rows.append([*where, "N/A", "N/A", "N/A", "N/A"])
             continue
         rows.append(
             [
                 *where,
-                f"{m.tokens_per_s:,.0f} ({m.tokens_per_s_min:,.0f}–{m.tokens_per_s_max:,.0f})",
+                f"{t.tokens_per_s:,.0f} ({t.tokens_per_s_min:,.0f}–{t.tokens_per_s_max:,.0f})",
                 ratio(r.speed),
-                f"{m.peak_mem_mb:,.1f}",
+                f"{t.peak_mem_mb:,.1f}",
                 ratio(r.memory),
             ]
         )

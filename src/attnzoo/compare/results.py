@@ -94,16 +94,21 @@ class VariantResult:
 
 
 @dataclass(frozen=True)
+class BenchTiming:
+    tokens_per_s: float  # median over repeats
+    tokens_per_s_min: float
+    tokens_per_s_max: float
+    peak_mem_mb: float
+
+
+@dataclass(frozen=True)
 class BenchMeasurement:
     variant: str
     mode: str
     seq_len: int
     batch_size: int
-    tokens_per_s: float | None = None  # median over repeats; None when unavailable
-    tokens_per_s_min: float | None = None
-    tokens_per_s_max: float | None = None
-    peak_mem_mb: float | None = None
-    unavailable: str | None = None
+    timing: BenchTiming | None  # None when unavailable
+    unavailable: str | None = None  # why
 
 
 @dataclass(frozen=True)
@@ -124,18 +129,21 @@ class BenchRecord:
     measurements: list[BenchMeasurement]
 
     def ratios(self, baseline: str) -> list[BenchRatio]:
-        base = {(m.mode, m.seq_len): m for m in self.measurements if m.variant == baseline and m.tokens_per_s}
+        base = {(m.mode, m.seq_len): m.timing for m in self.measurements if m.variant == baseline and m.timing}
         rows = []
         for m in self.measurements:
-            b = base.get((m.mode, m.seq_len))
-            if m.tokens_per_s is None or b is None:
+            ours, theirs = m.timing, base.get((m.mode, m.seq_len))
+            if ours is None or theirs is None:
                 rows.append(BenchRatio(m, None, None, None, None))
                 continue
-            assert b.tokens_per_s and m.tokens_per_s_min and m.tokens_per_s_max and m.peak_mem_mb is not None
-            memory = m.peak_mem_mb / b.peak_mem_mb if b.peak_mem_mb else None
-            speed = m.tokens_per_s / b.tokens_per_s
             rows.append(
-                BenchRatio(m, speed, m.tokens_per_s_min / b.tokens_per_s, m.tokens_per_s_max / b.tokens_per_s, memory)
+                BenchRatio(
+                    m,
+                    ours.tokens_per_s / theirs.tokens_per_s,
+                    ours.tokens_per_s_min / theirs.tokens_per_s,
+                    ours.tokens_per_s_max / theirs.tokens_per_s,
+                    ours.peak_mem_mb / theirs.peak_mem_mb if theirs.peak_mem_mb else None,
+                )
             )
         return rows
 

@@ -45,6 +45,7 @@ from attnzoo.compare.results import (
     SCHEMA_VERSION,
     BenchMeasurement,
     BenchRecord,
+    BenchTiming,
     Budget,
     CompareResults,
     CorpusInfo,
@@ -178,9 +179,9 @@ class Comparison:
         """Training seconds of one run from its token budget and the throughput just measured at its length."""
         train = self.spec.train
         rates = [
-            m.tokens_per_s
+            m.timing.tokens_per_s
             for m in bench.measurements
-            if m.variant == label and m.mode == "train" and m.seq_len == train.seq_len and m.tokens_per_s
+            if m.variant == label and m.mode == "train" and m.seq_len == train.seq_len and m.timing
         ]
         return train.steps * train.tokens_per_step / rates[0] if rates else 0.0
 
@@ -349,16 +350,13 @@ class Comparison:
                     device=str(self.env.device),
                 )
             except RuntimeError as err:  # e.g. learned positions past max_seq_len: N/A, with the reason
-                measurement = BenchMeasurement(**where, unavailable=str(err))
+                measurement = BenchMeasurement(**where, timing=None, unavailable=str(err))
                 self.say(f"{mode} T={case.seq_len} {label}: N/A")
             else:
-                measurement = BenchMeasurement(
-                    **where,
-                    tokens_per_s=result.tokens_per_s,
-                    tokens_per_s_min=result.tokens_per_s_min,
-                    tokens_per_s_max=result.tokens_per_s_max,
-                    peak_mem_mb=result.peak_mem_mb,
+                timing = BenchTiming(
+                    result.tokens_per_s, result.tokens_per_s_min, result.tokens_per_s_max, result.peak_mem_mb
                 )
+                measurement = BenchMeasurement(**where, timing=timing)
                 self.say(f"{mode} T={case.seq_len} {label}: {result.tokens_per_s:,.0f} tok/s")
             measurements.append(measurement)
         bench = BenchRecord(key, machine_description(threads), measurements)

@@ -23,6 +23,16 @@ IGNORE_INDEX = -100
 # The model and loop of every task's micro budget: a smoke test that trains for 3 steps.
 TINY_MODEL = {"dim": 32, "n_layers": 2, "n_heads": 2}
 TINY_LOOP = {"model": TINY_MODEL, "steps": 3, "batch_size": 4, "warmup_steps": 1, "eval_interval": 3, "eval_samples": 8}
+# The model and loop of the claims budgets: small enough for 3 seeds of every claim's task in minutes on a CPU.
+CLAIMS_LOOP = {
+    "model": {"dim": 64, "n_layers": 2, "n_heads": 2},
+    "steps": 600,
+    "batch_size": 32,
+    "lr": 3e-3,
+    "warmup_steps": 50,
+    "eval_interval": 200,
+    "eval_samples": 200,
+}
 
 
 @dataclass

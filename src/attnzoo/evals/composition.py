@@ -22,7 +22,16 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from attnzoo.evals.base import IGNORE_INDEX, TINY_LOOP, TaskBatch, WordVocab, as_generator, greedy_predictions, randint
+from attnzoo.evals.base import (
+    CLAIMS_LOOP,
+    IGNORE_INDEX,
+    TINY_LOOP,
+    TaskBatch,
+    WordVocab,
+    as_generator,
+    greedy_predictions,
+    randint,
+)
 from attnzoo.evals.task import Task, TaskBudget, register_task
 from attnzoo.validation import require
 
@@ -170,13 +179,7 @@ register_task(
         budgets={
             "micro": TaskBudget(options={"n_facts": 2, "n_bindings": 2, "n_heldout_objects": 4}, **TINY_LOOP),
             "claims": TaskBudget(
-                model={"dim": 64, "n_layers": 2, "n_heads": 2},
-                steps=600,
-                batch_size=32,
-                lr=3e-3,
-                warmup_steps=50,
-                eval_interval=200,
-                eval_samples=200,
+                **CLAIMS_LOOP,
             ),
             "full": TaskBudget(
                 model={"dim": 128, "n_layers": 4, "n_heads": 4},

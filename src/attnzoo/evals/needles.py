@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from attnzoo.evals.base import (
+    CLAIMS_LOOP,
     IGNORE_INDEX,
     TINY_LOOP,
     LengthDepthSweep,
@@ -332,13 +333,7 @@ register_task(
             ),
             "claims": TaskBudget(
                 options={"context_len": 96, "n_needles": 4, "n_queries": 1, "n_digits": 2, "n_keys": 16},
-                model={"dim": 64, "n_layers": 2, "n_heads": 2},
-                steps=600,
-                batch_size=32,
-                lr=3e-3,
-                warmup_steps=50,
-                eval_interval=200,
-                eval_samples=200,
+                **CLAIMS_LOOP,
                 probe_samples=64,
             ),
             "full": TaskBudget(

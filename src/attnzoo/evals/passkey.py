@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from attnzoo.evals.base import (
+    CLAIMS_LOOP,
     IGNORE_INDEX,
     TINY_LOOP,
     LengthDepthSweep,
@@ -176,13 +177,7 @@ register_task(
             ),
             "claims": TaskBudget(
                 options={"context_len": 96, "n_digits": 3},
-                model={"dim": 64, "n_layers": 2, "n_heads": 2},
-                steps=600,
-                batch_size=32,
-                lr=3e-3,
-                warmup_steps=50,
-                eval_interval=200,
-                eval_samples=200,
+                **CLAIMS_LOOP,
             ),
             "standard": _STANDARD,
             "full": dataclasses.replace(_STANDARD, steps=3000, sweep_lengths=(128, 256, 512, 1024, 2048)),
