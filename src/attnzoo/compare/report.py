@@ -167,8 +167,8 @@ def summary_table(results: CompareResults) -> Table:
 
 def _per_seed_table(results: CompareResults) -> Table:
     multiples = results.evals.extrapolation_multiples
-    header = ["variant", "seed", "train time", "train tok/s", "final train loss", "val loss", "val bits/byte"]
-    header += [f"loss {m}×" for m in multiples]
+    header = ["variant", "seed", "train time", "train tok/s", "final train loss (nats/token)", "val loss (nats/token)"]
+    header += ["val bits/byte", *[f"loss {m}× (nats/token)" for m in multiples]]
     rows = []
     for label, variant in results.variants.items():
         for run in variant.runs:
@@ -189,7 +189,8 @@ def _extrapolation_table(results: CompareResults) -> tuple[Table, list[str]]:
         if refused:
             lengths = ", ".join(str(p.block_len) for p in refused)
             reasons.append(f"{label} at {lengths} tokens: N/A — {refused[0].unavailable}")
-    return Table(["variant", *[f"{m}× ({m * seq_len})" for m in multiples]], rows), reasons
+    header = ["variant: val loss (nats/token) at", *[f"{m}× ({m * seq_len} tokens)" for m in multiples]]
+    return Table(header, rows), reasons
 
 
 def _bench_table(results: CompareResults) -> Table:
