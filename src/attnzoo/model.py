@@ -121,7 +121,9 @@ class Transformer(nn.Module):
         ]
         return KVCache(layers, batch_size, max_len)
 
-    def _context(self, batch: int, seq_len: int, cache: KVCache | None, maps: list | None) -> AttentionContext:
+    def _context(
+        self, batch: int, seq_len: int, cache: KVCache | None, maps: list | None, logits: dict | None = None
+    ) -> AttentionContext:
         if cache is not None:
             cache.check_fits(batch, seq_len)
         start = cache.length if cache is not None else 0
@@ -135,9 +137,12 @@ class Transformer(nn.Module):
             position_state=self.position.prepare(positions, end),
             backend=self.config.attn_backend,
             attention_maps=maps,
+            attention_logits=logits,
         )
 
-    def _hidden(self, idx: Tensor, cache: KVCache | None, maps: list | None = None) -> Tensor:
+    def _hidden(
+        self, idx: Tensor, cache: KVCache | None, maps: list | None = None, logits: dict | None = None
+    ) -> Tensor:
         if idx.dim() != 2:
             raise ValueError(f"idx must have shape (batch, seq_len); got {tuple(idx.shape)}")
         if idx.dtype.is_floating_point or idx.dtype.is_complex or idx.dtype == torch.bool:
@@ -150,7 +155,7 @@ class Transformer(nn.Module):
             if low < 0 or high >= self.config.vocab_size:
                 bad = low if low < 0 else high
                 raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.config.vocab_size})")
-        ctx = self._context(batch, seq_len, cache, maps)
+        ctx = self._context(batch, seq_len, cache, maps, logits)
         x = self.embed_tokens(idx)
         position_embedding = self.position.embed(ctx.positions)
         if position_embedding is not None:
@@ -180,10 +185,14 @@ class Transformer(nn.Module):
         return logits, loss
 
     @torch.no_grad()
-    def attention_maps(self, idx: Tensor) -> list[Tensor]:
-        """Each layer's effective attention map, (B, heads, T, T) in fp32, from the eager path."""
+    def attention_maps(self, idx: Tensor, *, logits: dict[int, list[Tensor]] | None = None) -> list[Tensor]:
+        """Each layer's effective attention map, (B, heads, T, T) in fp32, from the eager path.
+
+        With ``logits`` a dict, also files under each layer's index the fp32 logits (B, H, T, T) that enter the
+        softmax in each of its kernel calls, 0 where masked (``AttentionContext.record_logits``).
+        """
         maps: list[Tensor] = []
-        self._hidden(idx, cache=None, maps=maps)
+        self._hidden(idx, cache=None, maps=maps, logits=logits)
         return maps
 
     @torch.no_grad()

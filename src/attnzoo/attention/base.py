@@ -50,6 +50,8 @@ class AttentionContext:
     position_state: Any  # from position.prepare(): e.g. RoPE's cos/sin for these positions
     backend: str  # the config's attn_backend, "auto", "eager" or "sdpa": kernels.attend interprets it
     attention_maps: list[Tensor] | None = None  # when a list, each layer appends its effective map
+    # When a dict, the eager kernel records what enters the softmax (``record_logits``): the probes' top logit.
+    attention_logits: dict[int, list[Tensor]] | None = None
     # Biases and masks depend only on the call, not the layer: built by the first layer, reused by the rest.
     _memo: dict[tuple, Tensor | None] = field(default_factory=dict, repr=False)
 
@@ -104,6 +106,23 @@ class AttentionContext:
         if self.attention_maps is not None:
             self.attention_maps.append(attention_map.detach())
 
+    @property
+    def records_scores(self) -> bool:
+        """Whether a kernel must return the probabilities or logits: maps or logits are being recorded."""
+        return self.attention_maps is not None or self.attention_logits is not None
+
+    def record_logits(self, logits: Tensor, allowed: Tensor) -> None:
+        """Record fp32 ``logits`` (B, H, T, S) as they enter the softmax (scaled, biased, after a score hook),
+        0 where ``allowed`` (T, S) masks them.
+
+        Logits are filed under the layer whose map comes next, ``len(attention_maps)``: every layer records
+        exactly one map, after its kernel calls (Diff makes two: both maps' logits are filed together).
+        """
+        if self.attention_logits is None:
+            return
+        layer = len(self.attention_maps) if self.attention_maps is not None else 0
+        self.attention_logits.setdefault(layer, []).append(logits.detach().masked_fill(~allowed, 0))
+
 
 class Attention(nn.Module, Generic[OptionsT]):
     """Base class of attention mechanisms, generic in their ``Options`` dataclass.
@@ -151,6 +170,11 @@ class Attention(nn.Module, Generic[OptionsT]):
     def qk_head_dim(cls, cfg: ModelConfig) -> int:
         """The per-head query/key size, which is what RoPE rotates."""
         return cfg.head_dim
+
+    @classmethod
+    def key_window(cls, cfg: ModelConfig, layer_idx: int) -> int | None:
+        """How many keys a query of layer ``layer_idx`` sees, itself included: None for every earlier key."""
+        return None
 
     def forward(self, x: Tensor, ctx: AttentionContext, cache: LayerCache | None = None) -> Tensor:
         raise NotImplementedError

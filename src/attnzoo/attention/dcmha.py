@@ -204,7 +204,7 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
         super().__init__(cfg, layer_idx)
         opts = self.options
         self.num_groups = opts.num_groups
-        self.window = opts.window(layer_idx)
+        self.window = self.key_window(cfg, layer_idx)
         if opts.qk_norm:
             self.q_norm = nn.RMSNorm(cfg.head_dim, eps=1e-6)
             self.k_norm = nn.RMSNorm(cfg.head_dim, eps=1e-6)
@@ -227,6 +227,10 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
             groups,
             f"must divide n_heads={cfg.n_heads}: heads are composed within equal groups",
         )
+
+    @classmethod
+    def key_window(cls, cfg: ModelConfig, layer_idx: int) -> int | None:
+        return cfg.attention_opts.window(layer_idx)
 
     def reset_mechanism_parameters(self) -> None:
         self.dyn_w_proj.reset_parameters()

@@ -103,6 +103,7 @@ def eager_attention(
         allowed = hooks.mask
     else:
         allowed = ctx.allowed(key_len, window) if positions is None else visible(*positions, window)
+    ctx.record_logits(logits, allowed)
     probs = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
     if hooks.probs is not None:
         probs = hooks.probs(probs)
@@ -220,7 +221,7 @@ def attend(
     ``record`` is false (a mechanism whose map combines several calls records the combination).
     """
     kernel = dict(scale=scale, dropout_p=dropout_p, bias_repeat=bias_repeat, query_scale=query_scale)
-    if ctx.backend == "eager" or ctx.attention_maps is not None:
+    if ctx.backend == "eager" or ctx.records_scores:
         block_hooks = (hooks or no_hooks)(slice(None), slice(None))
         positions = None if key_positions is None else (ctx.positions, key_positions)
         out, probs = eager_attention(q, k, v, ctx, hooks=block_hooks, window=window, positions=positions, **kernel)
