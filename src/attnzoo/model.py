@@ -32,6 +32,13 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
     return nn.LayerNorm(cfg.dim, eps=cfg.norm_eps, bias=cfg.bias)
 
 
+def cache_bytes(cfg: ModelConfig, batch_size: int, max_len: int, dtype: torch.dtype) -> list[int]:
+    """The bytes each layer's cache takes for ``batch_size`` sequences of up to ``max_len`` positions at ``dtype``,
+    from the mechanism's formula (``Attention.cache_bytes``): what ``Transformer.new_cache`` allocates."""
+    attention = ATTENTION.get(cfg.attention)
+    return [attention.cache_bytes(cfg, i, batch_size, max_len, dtype) for i in range(cfg.n_layers)]
+
+
 class MLP(nn.Module):
     """SwiGLU, down(silu(gate(x)) ⊙ up(x)) (Shazeer, 2020), or GELU, down(gelu(up(x))), exact or tanh-approximated."""
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Set
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -124,6 +124,15 @@ class AttentionContext:
         self.attention_logits.setdefault(layer, []).append(logits.detach().masked_fill(~allowed, 0))
 
 
+class CacheBuffer(NamedTuple):
+    """One buffer of a layer's cache: its name in the :class:`LayerCache`, the numbers it holds per cached token,
+    and how that count is made, e.g. ``n_kv_heads·head_dim = 2·32``."""
+
+    name: str
+    numbers: int
+    formula: str
+
+
 class Attention(nn.Module, Generic[OptionsT]):
     """Base class of attention mechanisms, generic in their ``Options`` dataclass.
 
@@ -175,6 +184,25 @@ class Attention(nn.Module, Generic[OptionsT]):
     def key_window(cls, cfg: ModelConfig, layer_idx: int) -> int | None:
         """How many keys a query of layer ``layer_idx`` sees, itself included: None for every earlier key."""
         return None
+
+    @classmethod
+    def cache_layout(cls, cfg: ModelConfig) -> list[CacheBuffer]:
+        """The buffers ``new_layer_cache`` allocates, with the numbers each holds per cached token: the one
+        definition ``attnzoo info`` prints and the tests compare with the allocation."""
+        raise NotImplementedError
+
+    @classmethod
+    def cache_bytes_per_token(cls, cfg: ModelConfig, dtype: torch.dtype) -> int:
+        """Bytes one layer caches per token at ``dtype``."""
+        return sum(buffer.numbers for buffer in cls.cache_layout(cfg)) * dtype.itemsize
+
+    @classmethod
+    def cache_bytes(cls, cfg: ModelConfig, layer_idx: int, batch_size: int, max_len: int, dtype: torch.dtype) -> int:
+        """Bytes of layer ``layer_idx``'s cache for ``batch_size`` sequences of up to ``max_len`` positions: every
+        position, or a ring capped at the layer's window (``key_window``)."""
+        window = cls.key_window(cfg, layer_idx)
+        positions = max_len if window is None else min(window, max_len)
+        return batch_size * positions * cls.cache_bytes_per_token(cfg, dtype)
 
     def forward(self, x: Tensor, ctx: AttentionContext, cache: LayerCache | None = None) -> Tensor:
         raise NotImplementedError

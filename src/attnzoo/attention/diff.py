@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnzoo.attention.base import ATTENTION, Attention, AttentionContext, residual_linear
+from attnzoo.attention.base import ATTENTION, Attention, AttentionContext, CacheBuffer, residual_linear
 from attnzoo.attention.kernels import attend
 from attnzoo.cache import LayerCache
 from attnzoo.validation import require
@@ -151,6 +151,15 @@ class DifferentialAttention(Attention[DiffOptions]):
         it behaves the same under autocast and in a bf16 model."""
         normed = F.rms_norm(attn.float(), self.subln.normalized_shape, eps=self.subln.eps).type_as(attn)
         return normed if self.subln.weight is None else normed * self.subln.weight
+
+    @classmethod
+    def cache_layout(cls, cfg: ModelConfig) -> list[CacheBuffer]:
+        """Keys: two sub-heads of size d = head_dim/2 per kv head; values: one head of width 2d per kv head."""
+        kv, d = cfg.n_kv_heads, cfg.head_dim // 2
+        return [
+            CacheBuffer("k", 2 * kv * d, f"2·n_kv_heads·(head_dim/2) = 2·{kv}·{d}"),
+            CacheBuffer("v", kv * 2 * d, f"n_kv_heads·2·(head_dim/2) = {kv}·{2 * d}, the value width 2d"),
+        ]
 
     def new_layer_cache(self, batch_size: int, max_len: int, *, device: torch.device, dtype: torch.dtype) -> LayerCache:
         d = self.head_dim
