@@ -124,6 +124,16 @@ class AttentionContext:
         self.attention_logits.setdefault(layer, []).append(logits.detach().masked_fill(~allowed, 0))
 
 
+def mean_pool_heads(tensor: Tensor, n_heads: int, n_groups: int) -> Tensor:
+    """Mean of each run of ``n_heads / n_groups`` consecutive heads along dim 0, which holds ``n_heads`` equal
+    blocks of rows: (n_heads·rows, …) → (n_groups·rows, …). Ainslie et al.'s (2023, §2.1) conversion of a
+    multi-head checkpoint to grouped queries, applied to a key or value projection's weight or bias."""
+    if n_heads % n_groups or tensor.shape[0] % n_heads:
+        raise ValueError(f"cannot pool {n_heads} heads of a {tuple(tensor.shape)} tensor into {n_groups} groups")
+    grouped = tensor.reshape(n_groups, n_heads // n_groups, tensor.shape[0] // n_heads, *tensor.shape[1:])
+    return grouped.mean(dim=1).reshape(-1, *tensor.shape[1:])
+
+
 class CacheBuffer(NamedTuple):
     """One buffer of a layer's cache: its name in the :class:`LayerCache`, the numbers it holds per cached token,
     and how that count is made, e.g. ``n_kv_heads·head_dim = 2·32``."""
@@ -155,6 +165,8 @@ class Attention(nn.Module, Generic[OptionsT]):
     # Mechanisms whose parameters this one holds under the same names, with the same shapes and meaning, and
     # adds its own to (selective and dcmha extend mha): their checkpoints initialise this mechanism.
     extends: tuple[str, ...] = ()
+    # Projections whose output rows come in n_kv_heads blocks, one per kv head: what MHA → GQA pooling averages.
+    kv_projections: tuple[str, ...] = ()
     # True for a mechanism that acts on the scores or probabilities (kernel hooks), which SDPA cannot run:
     # attn_backend="sdpa" refuses it and "auto" runs it on the chunked eager kernel.
     needs_scores: bool = False
@@ -226,6 +238,23 @@ class Attention(nn.Module, Generic[OptionsT]):
         if not added:
             return []
         return [f"{self.registry_name} defines no identity start for {sorted(added)}: they keep their training init"]
+
+    def pooled_kv_state(self, n_kv_heads: int) -> dict[str, Tensor]:
+        """This layer's tensors that have a kv-head axis, with each group of kv heads mean-pooled into one of
+        ``n_kv_heads`` (:func:`mean_pool_heads`), keyed as in ``state_dict``: what loads into this mechanism at
+        ``n_kv_heads``. The default pools the weights and biases of ``kv_projections``; a mechanism without them
+        refuses, and one with other per-kv-head parameters adds them."""
+        if not self.kv_projections:
+            raise ValueError(
+                f"{self.registry_name} defines no kv-head pooling: it names no key/value projections grouped by "
+                "kv head (Attention.kv_projections)"
+            )
+        current = self.n_kv_heads
+        return {
+            name: mean_pool_heads(tensor, current, n_kv_heads)
+            for name, tensor in self.state_dict().items()
+            if name.split(".")[0] in self.kv_projections
+        }
 
     @property
     def attn_dropout(self) -> float:

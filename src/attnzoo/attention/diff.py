@@ -72,6 +72,10 @@ class DifferentialAttention(Attention[DiffOptions]):
     map_note = "the differential map softmax(A1) − λ·softmax(A2), signed (rows sum to 1 − λ)"
 
     Options = DiffOptions
+    # Kv head j owns rows [j·2d, (j+1)·2d) of both: key sub-heads 2j and 2j+1 (striped), and one value head of
+    # width 2d. Pooling whole kv heads keeps every A1 key with A1's and every A2 key with A2's, so the grouped
+    # model keeps the flash semantics (differential head i reads kv head i // (H / H_kv)).
+    kv_projections = ("k_proj", "v_proj")
 
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)

@@ -36,6 +36,8 @@ class DiffV2Attention(Attention[NoOptions]):
 
     map_note = "the differential map of each head pair, A1 − λ·A2 with a per-token λ, signed"
 
+    kv_projections = ("k_proj", "v_proj")
+
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim

@@ -24,6 +24,8 @@ class MultiHeadAttention(Attention[OptionsT]):
     options; it stays generic in them for the mechanisms that extend it (selective, dcmha).
     """
 
+    kv_projections = ("k_proj", "v_proj")
+
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
