@@ -76,7 +76,7 @@ def test_info_prints_the_formula_and_the_size_at_a_context(capsys):
     assert main(["info", *flags, "--context", "1000", "--cache-batch", "2"]) == 0
     out = capsys.readouterr().out
     cfg = ModelConfig(vocab_size=256, dim=64, n_heads=4, n_layers=2, attention="dcmha")
-    assert "kw  C·N²/G = 2·4²/1 = 32 numbers" in out
+    assert "kw  32 numbers = C·N²/G = 2·4²/1" in out
     assert "per token per layer: 160 numbers = 640 B float32, 320 B bfloat16" in out
     assert "local layers [0] keep a ring of their window (256 positions)" in out
     total = sum(cache_bytes(cfg, 2, 1000, torch.float32))

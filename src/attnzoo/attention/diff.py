@@ -161,8 +161,8 @@ class DifferentialAttention(Attention[DiffOptions]):
         """Keys: two sub-heads of size d = head_dim/2 per kv head; values: one head of width 2d per kv head."""
         kv, d = cfg.n_kv_heads, cfg.head_dim // 2
         return [
-            CacheBuffer("k", 2 * kv * d, f"2·n_kv_heads·(head_dim/2) = 2·{kv}·{d}"),
-            CacheBuffer("v", kv * 2 * d, f"n_kv_heads·2·(head_dim/2) = {kv}·{2 * d}, the value width 2d"),
+            CacheBuffer("k", 2 * kv * d, f"2·n_kv_heads·d = 2·{kv}·{d}: two key sub-heads, d = head_dim/2"),
+            CacheBuffer("v", kv * 2 * d, f"n_kv_heads·2d = {kv}·{2 * d}: values are 2d wide"),
         ]
 
     def new_layer_cache(self, batch_size: int, max_len: int, *, device: torch.device, dtype: torch.dtype) -> LayerCache:

@@ -61,7 +61,7 @@ def cache_lines(cfg: ModelConfig, context: int, batch_size: int) -> list[str]:
     at float32 (the weights' dtype, which ``generate`` allocates) and bfloat16; from ``Attention.cache_layout``."""
     attention = ATTENTION.get(cfg.attention)
     layout = attention.cache_layout(cfg)
-    lines = [f"{buffer.name:<3} {buffer.formula} = {buffer.numbers:,} numbers" for buffer in layout]
+    lines = [f"{buffer.name:<3} {buffer.numbers:,} numbers = {buffer.formula}" for buffer in layout]
     numbers = sum(buffer.numbers for buffer in layout)
     per_layer = {name: attention.cache_bytes_per_token(cfg, dtype) for name, dtype in CACHE_DTYPES.items()}
     lines.append(
