@@ -119,6 +119,7 @@ class Transformer(nn.Module):
         """A static cache for ``batch_size`` sequences of up to ``max_len`` positions."""
         if batch_size < 1 or max_len < 1:
             raise ValueError(f"batch_size={batch_size} and max_len={max_len} must both be >= 1")
+        self._require_causal("a KV cache")
         self.position.check_length(max_len)
         weight = self.embed_tokens.weight
         dtype = dtype or weight.dtype
@@ -143,6 +144,7 @@ class Transformer(nn.Module):
             position=self.position,
             position_state=self.position.prepare(positions, end),
             backend=self.config.attn_backend,
+            causal=self.config.causal,
             attention_maps=maps,
             attention_logits=logits,
         )
@@ -220,6 +222,7 @@ class Transformer(nn.Module):
         recomputes the whole prefix each step: the reference the cached path must reproduce.
         """
         check_sampling_args(temperature, top_k, top_p)
+        self._require_causal("generate")
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens={max_new_tokens} is invalid: must be >= 0")
         if idx.dim() != 2:
@@ -242,6 +245,14 @@ class Transformer(nn.Module):
             if eos_token_id is not None and bool(finished.all()):
                 break
         return idx
+
+    def _require_causal(self, what: str) -> None:
+        if not self.config.causal:
+            raise ValueError(
+                f"{what} needs a causal model, and this one has causal=False: its queries attend to later tokens, "
+                "so the output at a position changes when a token is appended, and neither cached keys nor "
+                "left-to-right sampling stay valid. Use it as an encoder: model(idx) over whole sequences"
+            )
 
     def save_pretrained(self, directory: str | os.PathLike) -> None:
         """Write ``config.json`` and ``model.safetensors`` (tied weights stored once); each atomically."""

@@ -34,9 +34,13 @@ OptionsT = TypeVar("OptionsT")
 ATTENTION: Registry[type[Attention]] = Registry("attention mechanism", "attention")
 
 
-def visible(q_positions: Tensor, k_positions: Tensor, window: int | None = None) -> Tensor:
-    """(T, S) bool: query t sees key s iff s <= t and, with a window, t − s < window (itself included)."""
+def visible(q_positions: Tensor, k_positions: Tensor, window: int | None = None, causal: bool = True) -> Tensor:
+    """(T, S) bool: query t sees key s iff s <= t and, with a window, t − s < window (itself included).
+
+    Not causal, every key is visible, and a window is symmetric: |t − s| < window, 2·window − 1 keys."""
     distance = q_positions[:, None] - k_positions[None, :]
+    if not causal:
+        return torch.ones_like(distance, dtype=torch.bool) if window is None else distance.abs() < window
     return distance >= 0 if window is None else (distance >= 0) & (distance < window)
 
 
@@ -49,6 +53,7 @@ class AttentionContext:
     position: PositionalEncoding
     position_state: Any  # from position.prepare(): e.g. RoPE's cos/sin for these positions
     backend: str  # the config's attn_backend, "auto", "eager" or "sdpa": kernels.attend interprets it
+    causal: bool = True  # False: queries see later keys too (the config's ``causal``)
     attention_maps: list[Tensor] | None = None  # when a list, each layer appends its effective map
     # When a dict, the eager kernel records what enters the softmax (``record_logits``): the probes' top logit.
     attention_logits: dict[int, list[Tensor]] | None = None
@@ -87,9 +92,11 @@ class AttentionContext:
         )
 
     def allowed(self, key_len: int, window: int | None = None) -> Tensor:
-        """(T, key_len) bool causal mask of this call's queries, within ``window`` keys if given (:func:`visible`)."""
+        """(T, key_len) bool mask of this call's queries, causal unless the context is not, within ``window``
+        keys if given (:func:`visible`)."""
         return self._memoized(
-            ("allowed", key_len, window), lambda: visible(self.positions, self.key_positions(key_len), window)
+            ("allowed", key_len, window),
+            lambda: visible(self.positions, self.key_positions(key_len), window, self.causal),
         )
 
     def sdpa_mask(self, n_heads: int, key_len: int, bias_repeat: int, dtype: torch.dtype) -> Tensor:

@@ -121,7 +121,7 @@ def _context_lengths(model: nn.Module, layer_idx: int, seq_len: int, device: tor
     cfg = model.config
     window = ATTENTION.get(cfg.attention).key_window(cfg, layer_idx)
     positions = torch.arange(seq_len, device=device)
-    return visible(positions, positions, window).sum(dim=-1)
+    return visible(positions, positions, window, cfg.causal).sum(dim=-1)
 
 
 def probe_model(model: nn.Module, tokens: Tensor) -> list[LayerProbe]:
