@@ -71,14 +71,18 @@ def test_alibi_bias_is_symmetric_minus_m_times_distance():
     cfg = ModelConfig(n_heads=4, dim=32, position="alibi")
     alibi = POSITIONS.get("alibi")(cfg, cfg.head_dim)
     positions = torch.arange(6)
-    bias = alibi.bias(4, positions, positions)
+    bias = alibi.bias(4, positions, positions, causal=False)
     slopes = torch.tensor(alibi_slopes(4))
     distance = (positions[:, None] - positions[None, :]).abs().float()
     torch.testing.assert_close(bias, -slopes[:, None, None] * distance)
     torch.testing.assert_close(bias, bias.transpose(1, 2))
-    # On the entries a causal query sees, it is the paper's −m·(i − j).
-    causal = visible(positions, positions)
-    torch.testing.assert_close(bias[:, causal], (-slopes[:, None, None] * (positions[:, None] - positions))[:, causal])
+    # The causal bias is the paper's −m·(i − j), and the two agree on every entry a causal query sees.
+    causal_bias = alibi.bias(4, positions, positions)
+    torch.testing.assert_close(causal_bias, -slopes[:, None, None] * (positions[:, None] - positions).float())
+    seen = visible(positions, positions)
+    torch.testing.assert_close(bias[:, seen], causal_bias[:, seen])
+    ctx = AttentionContext(positions, 0, alibi, None, "eager", causal=False)
+    torch.testing.assert_close(ctx.score_bias(4, 6), bias)
 
 
 def test_the_eager_kernel_adds_the_symmetric_bias_both_ways():

@@ -53,10 +53,10 @@ class AttentionContext:
     position: PositionalEncoding
     position_state: Any  # from position.prepare(): e.g. RoPE's cos/sin for these positions
     backend: str  # the config's attn_backend, "auto", "eager" or "sdpa": kernels.attend interprets it
-    causal: bool = True  # False: queries see later keys too (the config's ``causal``)
     attention_maps: list[Tensor] | None = None  # when a list, each layer appends its effective map
     # When a dict, the eager kernel records what enters the softmax (``record_logits``): the probes' top logit.
     attention_logits: dict[int, list[Tensor]] | None = None
+    causal: bool = True  # False: queries see later keys too (the config's ``causal``)
     # Biases and masks depend only on the call, not the layer: built by the first layer, reused by the rest.
     _memo: dict[tuple, Tensor | None] = field(default_factory=dict, repr=False)
 
@@ -81,7 +81,7 @@ class AttentionContext:
     ) -> Tensor | None:
         """The (n_heads, T, S) fp32 bias on scaled logits (ALiBi) between these positions, or None. Each run of
         ``bias_repeat`` adjacent heads shares one bias head (the sub-heads of one differential head)."""
-        bias = self.position.bias(n_heads // bias_repeat, q_positions, k_positions)
+        bias = self.position.bias(n_heads // bias_repeat, q_positions, k_positions, causal=self.causal)
         return bias if bias is None or bias_repeat == 1 else bias.repeat_interleave(bias_repeat, dim=0)
 
     def score_bias(self, n_heads: int, key_len: int, bias_repeat: int = 1) -> Tensor | None:

@@ -210,7 +210,8 @@ def attend(
     chunk: int | None = None,
     record: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
-    """Causal attention of q (B, H, T, d) over k, v (B, H_kv, S, ·): the one place the kernel is chosen.
+    """Attention of q (B, H, T, d) over k, v (B, H_kv, S, ·), causal unless ``ctx.causal`` is false: the one
+    place the kernel is chosen.
 
     * ``eager_attention`` over all queries and keys when ``ctx.backend`` is "eager" or the context records
       attention maps, which need the probabilities;

@@ -110,7 +110,9 @@ def run(args: argparse.Namespace) -> int:
     if context < 1 or args.cache_batch < 1:
         raise ValueError(f"--context={context} and --cache-batch={args.cache_batch} must both be >= 1")
     print("\nKV cache")
-    for line in cache_lines(model_config, context, args.cache_batch):
+    if not model_config.causal:
+        print("  none: a bidirectional model (causal=False) has no cache and does not generate")
+    for line in cache_lines(model_config, context, args.cache_batch) if model_config.causal else ():
         print(f"  {line}")
     print("\nmodel config\n" + model_config.to_json())
     if train_config is not None:

@@ -30,16 +30,17 @@ def alibi_slopes(n_heads: int) -> list[float]:
 
 @POSITIONS.register("alibi")
 class ALiBi(PositionalEncoding):
-    """Adds −m_h·|i − j| to the scaled logit of query i and key j (Press et al., 2022, Eq. in §3).
+    """Adds −m_h·(i − j) to the scaled logit of query i and key j ≤ i (Press et al., 2022, Eq. in §3).
 
-    Under the causal mask j ≤ i, so this is the paper's −m_h·(i − j). Without the mask (a bidirectional model)
-    the absolute value makes the bias symmetric: a key d positions ahead is penalised as one d positions behind.
+    In a bidirectional model (``causal`` false) the bias is symmetric, −m_h·|i − j|: a key d positions ahead
+    is penalised as one d positions behind. The two agree on every entry a causal query sees.
     The bias is relative, built from absolute query positions, so cached decoding sees exactly the rows
     of the full forward. It has no length limit.
     """
 
-    def bias(self, n_heads: int, q_positions: Tensor, k_positions: Tensor) -> Tensor:
+    def bias(self, n_heads: int, q_positions: Tensor, k_positions: Tensor, causal: bool = True) -> Tensor:
         slopes = torch.tensor(alibi_slopes(n_heads), dtype=torch.float32, device=q_positions.device)
         distance = (q_positions[:, None] - k_positions[None, :]).float()
-        distance = distance.abs()  # symmetric; equal to i − j wherever the causal mask lets a key be seen
+        if not causal:
+            distance = distance.abs()
         return -slopes[:, None, None] * distance
