@@ -201,7 +201,8 @@ class Attention(nn.Module, Generic[OptionsT]):
 
     @classmethod
     def key_window(cls, cfg: ModelConfig, layer_idx: int) -> int | None:
-        """How many keys a query of layer ``layer_idx`` sees, itself included: None for every earlier key."""
+        """How many keys a query of layer ``layer_idx`` sees, itself included (on each side when not causal);
+        None: no window."""
         return None
 
     @classmethod
