@@ -7,6 +7,7 @@ import torch
 from attnzoo import ModelConfig, Transformer
 from attnzoo.bench import BenchCase, BenchSweep, measure, ratio_table, sdpa_kernels
 from attnzoo.cli import main
+from attnzoo.model import cache_bytes
 
 
 def test_measure_runs_each_mode_in_a_fresh_process_and_tables_ratios():
@@ -21,10 +22,14 @@ def test_measure_runs_each_mode_in_a_fresh_process_and_tables_ratios():
         assert r.tokens_per_s_min <= r.tokens_per_s <= r.tokens_per_s_max and r.tokens_per_s > 0
         assert r.peak_mem_mb >= 0
     assert results[0].extra["params"] == results[1].extra["params"]
+    # Decode with a cache reports the bytes its buffers hold: the formula at T + decoded tokens positions.
+    assert results[2].extra["cache_bytes"] == sum(cache_bytes(cfg, 1, 8 + 4, torch.float32))
+    assert "cache_bytes" not in results[0].extra and "cache_bytes" not in results[3].extra
     table = ratio_table(results, baseline="base").to_markdown().splitlines()
     assert len(table) == 2 + 4
     assert "| base | train | 16 | 2 |" in table[2] and "| 1.00× |" in table[2]
     assert "| base | decode | 8 | 1 |" in table[4] and "| 1.00× |" in table[4]
+    assert f"| {results[2].extra['cache_bytes'] / 2**20:,.2f} |" in table[4] and "| – |" in table[2]
     assert "| base | decode-nocache | 8 | 1 |" in table[5]
 
 

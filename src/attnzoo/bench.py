@@ -143,6 +143,7 @@ def _run_case(case: BenchCase, repeats: int, warmup: int, threads: int, device: 
     on_cuda = device.startswith("cuda")
     dtype = DTYPES[case.dtype]
     autocast = torch.autocast(device_type=torch.device(device).type, dtype=dtype, enabled=dtype != torch.float32)
+    measured: dict[str, int] = {}
 
     def timed(fn) -> float:
         if on_cuda:
@@ -169,6 +170,7 @@ def _run_case(case: BenchCase, repeats: int, warmup: int, threads: int, device: 
     def decode() -> tuple[int, float]:
         # Only the new tokens are timed: single-token steps after an untimed prefill into the cache.
         cache = model.new_cache(case.batch_size, case.seq_len + case.decode_tokens, dtype=dtype)
+        measured["cache_bytes"] = cache.nbytes  # what the buffers hold, allocated up front
         with autocast:
             model(idx, cache=cache)
 
@@ -220,7 +222,7 @@ def _run_case(case: BenchCase, repeats: int, warmup: int, threads: int, device: 
         tokens_per_s_min=min(rates),
         tokens_per_s_max=max(rates),
         peak_mem_mb=peak,
-        extra={"params": model.num_parameters(), "dtype": case.dtype, "sdpa_kernels": kernels},
+        extra={"params": model.num_parameters(), "dtype": case.dtype, "sdpa_kernels": kernels, **measured},
     )
 
 
@@ -257,10 +259,11 @@ def measure(
 
 def ratio_table(results: list[BenchResult], baseline: str) -> Table:
     """Each case's throughput and peak memory, and their ratios to ``baseline`` at the same sequence length and
-    mode: speed is tok/s ÷ the baseline's (above 1 is faster), memory is peak ÷ the baseline's."""
+    mode: speed is tok/s ÷ the baseline's (above 1 is faster), memory is peak ÷ the baseline's. Decode with a
+    cache also shows the bytes its cache buffers hold (T + decoded tokens positions, measured on the allocation)."""
     base = {(r.mode, r.seq_len): r for r in results if r.case == baseline}
     header = ["case", "mode", "T", "batch", "tok/s (median)", "spread (min–max)", speed_header(baseline)]
-    header += ["peak MB", memory_header(baseline), "SDPA kernel"]
+    header += ["peak MB", memory_header(baseline), "KV cache MB", "SDPA kernel"]
     rows = []
     for r in results:
         b = base.get((r.mode, r.seq_len))
@@ -277,6 +280,7 @@ def ratio_table(results: list[BenchResult], baseline: str) -> Table:
                 ratio(speed),
                 f"{r.peak_mem_mb:,.0f}",
                 ratio(memory),
+                f"{r.extra['cache_bytes'] / 2**20:,.2f}" if "cache_bytes" in r.extra else "–",
                 ", ".join(r.extra.get("sdpa_kernels", [])) or "none",
             ]
         )

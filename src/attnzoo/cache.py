@@ -30,6 +30,11 @@ class LayerCache:
             }
         )
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes the buffers hold, allocated up front."""
+        return sum(buffer.nbytes for buffer in self.buffers.values())
+
     def update(self, start: int, **new: Tensor) -> tuple[Tensor, ...]:
         """Write ``new[name]`` at positions ``start ..`` and return every named buffer up to the last one written.
 
@@ -111,6 +116,11 @@ class KVCache:
                 f"cache holds {self.length} of max_len={self.max_len} positions; {new_tokens} more do not fit. "
                 "Create the cache with a larger max_len."
             )
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes every layer's buffers hold: the measured counterpart of ``Attention.cache_bytes``."""
+        return sum(layer.nbytes for layer in self.layers)
 
     def reset(self) -> None:
         """Forget the cached positions (buffers are overwritten, not cleared)."""

@@ -60,6 +60,9 @@ class ModelConfig:
     position_options: dict[str, Any] = field(default_factory=dict)
     attn_backend: str = "auto"
     init_std: float = 0.02
+    # False: every query sees every key (an encoder, DCFormer's DCViT); a local window becomes symmetric. Such a
+    # model has no cache and does not generate.
+    causal: bool = True
 
     def __post_init__(self) -> None:
         # Imported here: the registries import mechanism modules, which refer back to this class.
@@ -108,7 +111,7 @@ class ModelConfig:
         require(is_number(self.norm_eps) and self.norm_eps > 0, "norm_eps", self.norm_eps, "must be a number > 0")
         require(is_number(self.dropout) and 0 <= self.dropout < 1, "dropout", self.dropout, "must be in [0, 1)")
         require(is_number(self.init_std) and self.init_std > 0, "init_std", self.init_std, "must be a number > 0")
-        for name in ("bias", "tie_embeddings", "parallel_residual", "embedding_norm"):
+        for name in ("bias", "tie_embeddings", "parallel_residual", "embedding_norm", "causal"):
             require(isinstance(getattr(self, name), bool), name, getattr(self, name), "must be true or false")
         require(
             self.attn_backend in ATTN_BACKENDS,

@@ -32,6 +32,13 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
     return nn.LayerNorm(cfg.dim, eps=cfg.norm_eps, bias=cfg.bias)
 
 
+def cache_bytes(cfg: ModelConfig, batch_size: int, max_len: int, dtype: torch.dtype) -> list[int]:
+    """The bytes each layer's cache takes for ``batch_size`` sequences of up to ``max_len`` positions at ``dtype``,
+    from the mechanism's formula (``Attention.cache_bytes``): what ``Transformer.new_cache`` allocates."""
+    attention = ATTENTION.get(cfg.attention)
+    return [attention.cache_bytes(cfg, i, batch_size, max_len, dtype) for i in range(cfg.n_layers)]
+
+
 class MLP(nn.Module):
     """SwiGLU, down(silu(gate(x)) ⊙ up(x)) (Shazeer, 2020), or GELU, down(gelu(up(x))), exact or tanh-approximated."""
 
@@ -112,6 +119,7 @@ class Transformer(nn.Module):
         """A static cache for ``batch_size`` sequences of up to ``max_len`` positions."""
         if batch_size < 1 or max_len < 1:
             raise ValueError(f"batch_size={batch_size} and max_len={max_len} must both be >= 1")
+        self._require_causal("a KV cache")
         self.position.check_length(max_len)
         weight = self.embed_tokens.weight
         dtype = dtype or weight.dtype
@@ -121,7 +129,9 @@ class Transformer(nn.Module):
         ]
         return KVCache(layers, batch_size, max_len)
 
-    def _context(self, batch: int, seq_len: int, cache: KVCache | None, maps: list | None) -> AttentionContext:
+    def _context(
+        self, batch: int, seq_len: int, cache: KVCache | None, maps: list | None, logits: dict | None = None
+    ) -> AttentionContext:
         if cache is not None:
             cache.check_fits(batch, seq_len)
         start = cache.length if cache is not None else 0
@@ -134,10 +144,14 @@ class Transformer(nn.Module):
             position=self.position,
             position_state=self.position.prepare(positions, end),
             backend=self.config.attn_backend,
+            causal=self.config.causal,
             attention_maps=maps,
+            attention_logits=logits,
         )
 
-    def _hidden(self, idx: Tensor, cache: KVCache | None, maps: list | None = None) -> Tensor:
+    def _hidden(
+        self, idx: Tensor, cache: KVCache | None, maps: list | None = None, logits: dict | None = None
+    ) -> Tensor:
         if idx.dim() != 2:
             raise ValueError(f"idx must have shape (batch, seq_len); got {tuple(idx.shape)}")
         if idx.dtype.is_floating_point or idx.dtype.is_complex or idx.dtype == torch.bool:
@@ -150,7 +164,7 @@ class Transformer(nn.Module):
             if low < 0 or high >= self.config.vocab_size:
                 bad = low if low < 0 else high
                 raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.config.vocab_size})")
-        ctx = self._context(batch, seq_len, cache, maps)
+        ctx = self._context(batch, seq_len, cache, maps, logits)
         x = self.embed_tokens(idx)
         position_embedding = self.position.embed(ctx.positions)
         if position_embedding is not None:
@@ -180,10 +194,14 @@ class Transformer(nn.Module):
         return logits, loss
 
     @torch.no_grad()
-    def attention_maps(self, idx: Tensor) -> list[Tensor]:
-        """Each layer's effective attention map, (B, heads, T, T) in fp32, from the eager path."""
+    def attention_maps(self, idx: Tensor, *, logits: dict[int, list[Tensor]] | None = None) -> list[Tensor]:
+        """Each layer's effective attention map, (B, heads, T, T) in fp32, from the eager path.
+
+        With ``logits`` a dict, also files under each layer's index the fp32 logits (B, H, T, T) that enter the
+        softmax in each of its kernel calls, 0 where masked (``AttentionContext.record_logits``).
+        """
         maps: list[Tensor] = []
-        self._hidden(idx, cache=None, maps=maps)
+        self._hidden(idx, cache=None, maps=maps, logits=logits)
         return maps
 
     @torch.no_grad()
@@ -204,6 +222,7 @@ class Transformer(nn.Module):
         recomputes the whole prefix each step: the reference the cached path must reproduce.
         """
         check_sampling_args(temperature, top_k, top_p)
+        self._require_causal("generate")
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens={max_new_tokens} is invalid: must be >= 0")
         if idx.dim() != 2:
@@ -226,6 +245,14 @@ class Transformer(nn.Module):
             if eos_token_id is not None and bool(finished.all()):
                 break
         return idx
+
+    def _require_causal(self, what: str) -> None:
+        if not self.config.causal:
+            raise ValueError(
+                f"{what} needs a causal model, and this one has causal=False: its queries attend to later tokens, "
+                "so the output at a position changes when a token is appended, and neither cached keys nor "
+                "left-to-right sampling stay valid. Use it as an encoder: model(idx) over whole sequences"
+            )
 
     def save_pretrained(self, directory: str | os.PathLike) -> None:
         """Write ``config.json`` and ``model.safetensors`` (tied weights stored once); each atomically."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Set
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -34,9 +34,13 @@ OptionsT = TypeVar("OptionsT")
 ATTENTION: Registry[type[Attention]] = Registry("attention mechanism", "attention")
 
 
-def visible(q_positions: Tensor, k_positions: Tensor, window: int | None = None) -> Tensor:
-    """(T, S) bool: query t sees key s iff s <= t and, with a window, t − s < window (itself included)."""
+def visible(q_positions: Tensor, k_positions: Tensor, window: int | None = None, causal: bool = True) -> Tensor:
+    """(T, S) bool: query t sees key s iff s <= t and, with a window, t − s < window (itself included).
+
+    Not causal, every key is visible, and a window is symmetric: |t − s| < window, 2·window − 1 keys."""
     distance = q_positions[:, None] - k_positions[None, :]
+    if not causal:
+        return torch.ones_like(distance, dtype=torch.bool) if window is None else distance.abs() < window
     return distance >= 0 if window is None else (distance >= 0) & (distance < window)
 
 
@@ -50,6 +54,9 @@ class AttentionContext:
     position_state: Any  # from position.prepare(): e.g. RoPE's cos/sin for these positions
     backend: str  # the config's attn_backend, "auto", "eager" or "sdpa": kernels.attend interprets it
     attention_maps: list[Tensor] | None = None  # when a list, each layer appends its effective map
+    # When a dict, the eager kernel records what enters the softmax (``record_logits``): the probes' top logit.
+    attention_logits: dict[int, list[Tensor]] | None = None
+    causal: bool = True  # False: queries see later keys too (the config's ``causal``)
     # Biases and masks depend only on the call, not the layer: built by the first layer, reused by the rest.
     _memo: dict[tuple, Tensor | None] = field(default_factory=dict, repr=False)
 
@@ -74,7 +81,7 @@ class AttentionContext:
     ) -> Tensor | None:
         """The (n_heads, T, S) fp32 bias on scaled logits (ALiBi) between these positions, or None. Each run of
         ``bias_repeat`` adjacent heads shares one bias head (the sub-heads of one differential head)."""
-        bias = self.position.bias(n_heads // bias_repeat, q_positions, k_positions)
+        bias = self.position.bias(n_heads // bias_repeat, q_positions, k_positions, causal=self.causal)
         return bias if bias is None or bias_repeat == 1 else bias.repeat_interleave(bias_repeat, dim=0)
 
     def score_bias(self, n_heads: int, key_len: int, bias_repeat: int = 1) -> Tensor | None:
@@ -85,9 +92,11 @@ class AttentionContext:
         )
 
     def allowed(self, key_len: int, window: int | None = None) -> Tensor:
-        """(T, key_len) bool causal mask of this call's queries, within ``window`` keys if given (:func:`visible`)."""
+        """(T, key_len) bool mask of this call's queries, causal unless the context is not, within ``window``
+        keys if given (:func:`visible`)."""
         return self._memoized(
-            ("allowed", key_len, window), lambda: visible(self.positions, self.key_positions(key_len), window)
+            ("allowed", key_len, window),
+            lambda: visible(self.positions, self.key_positions(key_len), window, self.causal),
         )
 
     def sdpa_mask(self, n_heads: int, key_len: int, bias_repeat: int, dtype: torch.dtype) -> Tensor:
@@ -103,6 +112,42 @@ class AttentionContext:
     def record(self, attention_map: Tensor) -> None:
         if self.attention_maps is not None:
             self.attention_maps.append(attention_map.detach())
+
+    @property
+    def records_scores(self) -> bool:
+        """Whether a kernel must return the probabilities or logits: maps or logits are being recorded."""
+        return self.attention_maps is not None or self.attention_logits is not None
+
+    def record_logits(self, logits: Tensor, allowed: Tensor) -> None:
+        """Record fp32 ``logits`` (B, H, T, S) as they enter the softmax (scaled, biased, after a score hook),
+        0 where ``allowed`` (T, S) masks them.
+
+        Logits are filed under the layer whose map comes next, ``len(attention_maps)``: every layer records
+        exactly one map, after its kernel calls (Diff makes two: both maps' logits are filed together).
+        """
+        if self.attention_logits is None:
+            return
+        layer = len(self.attention_maps) if self.attention_maps is not None else 0
+        self.attention_logits.setdefault(layer, []).append(logits.detach().masked_fill(~allowed, 0))
+
+
+def mean_pool_heads(tensor: Tensor, n_heads: int, n_groups: int) -> Tensor:
+    """Mean of each run of ``n_heads / n_groups`` consecutive heads along dim 0, which holds ``n_heads`` equal
+    blocks of rows: (n_heads·rows, …) → (n_groups·rows, …). Ainslie et al.'s (2023, §2.1) conversion of a
+    multi-head checkpoint to grouped queries, applied to a key or value projection's weight or bias."""
+    if n_heads % n_groups or tensor.shape[0] % n_heads:
+        raise ValueError(f"cannot pool {n_heads} heads of a {tuple(tensor.shape)} tensor into {n_groups} groups")
+    grouped = tensor.reshape(n_groups, n_heads // n_groups, tensor.shape[0] // n_heads, *tensor.shape[1:])
+    return grouped.mean(dim=1).reshape(-1, *tensor.shape[1:])
+
+
+class CacheBuffer(NamedTuple):
+    """One buffer of a layer's cache: its name in the :class:`LayerCache`, the numbers it holds per cached token,
+    and how that count is made, e.g. ``n_kv_heads·head_dim = 2·32``."""
+
+    name: str
+    numbers: int
+    formula: str
 
 
 class Attention(nn.Module, Generic[OptionsT]):
@@ -127,6 +172,8 @@ class Attention(nn.Module, Generic[OptionsT]):
     # Mechanisms whose parameters this one holds under the same names, with the same shapes and meaning, and
     # adds its own to (selective and dcmha extend mha): their checkpoints initialise this mechanism.
     extends: tuple[str, ...] = ()
+    # Projections whose output rows come in n_kv_heads blocks, one per kv head: what MHA → GQA pooling averages.
+    kv_projections: tuple[str, ...] = ()
     # True for a mechanism that acts on the scores or probabilities (kernel hooks), which SDPA cannot run:
     # attn_backend="sdpa" refuses it and "auto" runs it on the chunked eager kernel.
     needs_scores: bool = False
@@ -152,6 +199,31 @@ class Attention(nn.Module, Generic[OptionsT]):
         """The per-head query/key size, which is what RoPE rotates."""
         return cfg.head_dim
 
+    @classmethod
+    def key_window(cls, cfg: ModelConfig, layer_idx: int) -> int | None:
+        """How many keys a query of layer ``layer_idx`` sees, itself included (on each side when not causal);
+        None: no window."""
+        return None
+
+    @classmethod
+    def cache_layout(cls, cfg: ModelConfig) -> list[CacheBuffer]:
+        """The buffers ``new_layer_cache`` allocates, with the numbers each holds per cached token: the one
+        definition ``attnzoo info`` prints and the tests compare with the allocation."""
+        raise NotImplementedError
+
+    @classmethod
+    def cache_bytes_per_token(cls, cfg: ModelConfig, dtype: torch.dtype) -> int:
+        """Bytes one layer caches per token at ``dtype``."""
+        return sum(buffer.numbers for buffer in cls.cache_layout(cfg)) * dtype.itemsize
+
+    @classmethod
+    def cache_bytes(cls, cfg: ModelConfig, layer_idx: int, batch_size: int, max_len: int, dtype: torch.dtype) -> int:
+        """Bytes of layer ``layer_idx``'s cache for ``batch_size`` sequences of up to ``max_len`` positions: every
+        position, or a ring capped at the layer's window (``key_window``)."""
+        window = cls.key_window(cfg, layer_idx)
+        positions = max_len if window is None else min(window, max_len)
+        return batch_size * positions * cls.cache_bytes_per_token(cfg, dtype)
+
     def forward(self, x: Tensor, ctx: AttentionContext, cache: LayerCache | None = None) -> Tensor:
         raise NotImplementedError
 
@@ -174,6 +246,23 @@ class Attention(nn.Module, Generic[OptionsT]):
         if not added:
             return []
         return [f"{self.registry_name} defines no identity start for {sorted(added)}: they keep their training init"]
+
+    def pooled_kv_state(self, n_kv_heads: int) -> dict[str, Tensor]:
+        """This layer's tensors that have a kv-head axis, with each group of kv heads mean-pooled into one of
+        ``n_kv_heads`` (:func:`mean_pool_heads`), keyed as in ``state_dict``: what loads into this mechanism at
+        ``n_kv_heads``. The default pools the weights and biases of ``kv_projections``; a mechanism without them
+        refuses, and one with other per-kv-head parameters adds them."""
+        if not self.kv_projections:
+            raise ValueError(
+                f"{self.registry_name} defines no kv-head pooling: it names no key/value projections grouped by "
+                "kv head (Attention.kv_projections)"
+            )
+        current = self.n_kv_heads
+        return {
+            name: mean_pool_heads(tensor, current, n_kv_heads)
+            for name, tensor in self.state_dict().items()
+            if name.split(".")[0] in self.kv_projections
+        }
 
     @property
     def attn_dropout(self) -> float:

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnzoo.attention.base import ATTENTION, AttentionContext
+from attnzoo.attention.base import ATTENTION, AttentionContext, CacheBuffer
 from attnzoo.attention.kernels import BlockHooks, Hooks, ScoreHook, attend
 from attnzoo.attention.mha import MultiHeadAttention
 from attnzoo.cache import LayerCache, WindowCache
@@ -204,7 +204,7 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
         super().__init__(cfg, layer_idx)
         opts = self.options
         self.num_groups = opts.num_groups
-        self.window = opts.window(layer_idx)
+        self.window = self.key_window(cfg, layer_idx)
         if opts.qk_norm:
             self.q_norm = nn.RMSNorm(cfg.head_dim, eps=1e-6)
             self.k_norm = nn.RMSNorm(cfg.head_dim, eps=1e-6)
@@ -227,6 +227,10 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
             groups,
             f"must divide n_heads={cfg.n_heads}: heads are composed within equal groups",
         )
+
+    @classmethod
+    def key_window(cls, cfg: ModelConfig, layer_idx: int) -> int | None:
+        return cfg.attention_opts.window(layer_idx)
 
     def reset_mechanism_parameters(self) -> None:
         self.dyn_w_proj.reset_parameters()
@@ -340,6 +344,18 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
         heads_per_group = self.n_heads // self.num_groups
         shape = (len(composed), self.num_groups, heads_per_group, heads_per_group)
         return key_positions, k, v, dict(zip(composed, kw[0].float().unflatten(1, shape).unbind(1), strict=True))
+
+    @classmethod
+    def cache_layout(cls, cfg: ModelConfig) -> list[CacheBuffer]:
+        """MHA's keys and values, plus unless query-wise the merged key-side matrices KW[s] of each of the C
+        compositions, G blocks of (N/G)², i.e. C·N²/G numbers per token."""
+        layout = super().cache_layout(cfg)
+        opts = cfg.attention_opts
+        composed = int(opts.pre_compose) + int(opts.post_compose)
+        if composed and not opts.query_wise:
+            n, g = cfg.n_heads, opts.num_groups
+            layout.append(CacheBuffer("kw", composed * n * n // g, f"C·N²/G = {composed}·{n}²/{g}"))
+        return layout
 
     def new_layer_cache(
         self, batch_size: int, max_len: int, *, device: torch.device, dtype: torch.dtype

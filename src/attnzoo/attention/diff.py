@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnzoo.attention.base import ATTENTION, Attention, AttentionContext, residual_linear
+from attnzoo.attention.base import ATTENTION, Attention, AttentionContext, CacheBuffer, residual_linear
 from attnzoo.attention.kernels import attend
 from attnzoo.cache import LayerCache
 from attnzoo.validation import require
@@ -72,6 +72,10 @@ class DifferentialAttention(Attention[DiffOptions]):
     map_note = "the differential map softmax(A1) − λ·softmax(A2), signed (rows sum to 1 − λ)"
 
     Options = DiffOptions
+    # Kv head j owns rows [j·2d, (j+1)·2d) of both: key sub-heads 2j and 2j+1 (striped), and one value head of
+    # width 2d. Pooling whole kv heads keeps every A1 key with A1's and every A2 key with A2's, so the grouped
+    # model keeps the flash semantics (differential head i reads kv head i // (H / H_kv)).
+    kv_projections = ("k_proj", "v_proj")
 
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
@@ -151,6 +155,15 @@ class DifferentialAttention(Attention[DiffOptions]):
         it behaves the same under autocast and in a bf16 model."""
         normed = F.rms_norm(attn.float(), self.subln.normalized_shape, eps=self.subln.eps).type_as(attn)
         return normed if self.subln.weight is None else normed * self.subln.weight
+
+    @classmethod
+    def cache_layout(cls, cfg: ModelConfig) -> list[CacheBuffer]:
+        """Keys: two sub-heads of size d = head_dim/2 per kv head; values: one head of width 2d per kv head."""
+        kv, d = cfg.n_kv_heads, cfg.head_dim // 2
+        return [
+            CacheBuffer("k", 2 * kv * d, f"2·n_kv_heads·d = 2·{kv}·{d}: two key sub-heads, d = head_dim/2"),
+            CacheBuffer("v", kv * 2 * d, f"n_kv_heads·2d = {kv}·{2 * d}: values are 2d wide"),
+        ]
 
     def new_layer_cache(self, batch_size: int, max_len: int, *, device: torch.device, dtype: torch.dtype) -> LayerCache:
         d = self.head_dim

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from attnzoo.attention.base import ATTENTION, Attention, AttentionContext, residual_linear
+from attnzoo.attention.base import ATTENTION, Attention, AttentionContext, CacheBuffer, residual_linear
 from attnzoo.attention.kernels import attend
 from attnzoo.cache import LayerCache
 from attnzoo.registry import NoOptions
@@ -36,6 +36,8 @@ class DiffV2Attention(Attention[NoOptions]):
 
     map_note = "the differential map of each head pair, A1 − λ·A2 with a per-token λ, signed"
 
+    kv_projections = ("k_proj", "v_proj")
+
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
@@ -59,6 +61,12 @@ class DiffV2Attention(Attention[NoOptions]):
             ctx.record(probs[:, 0::2] - lam * probs[:, 1::2])
         attn = attn[:, 0::2] - lam * attn[:, 1::2]
         return self.o_proj(attn.transpose(1, 2).reshape(batch, seq_len, -1))
+
+    @classmethod
+    def cache_layout(cls, cfg: ModelConfig) -> list[CacheBuffer]:
+        # The 2h query heads share h_kv kv heads of the baseline's size: MHA's cache at n_kv_heads.
+        numbers, formula = cfg.n_kv_heads * cfg.head_dim, f"n_kv_heads·head_dim = {cfg.n_kv_heads}·{cfg.head_dim}"
+        return [CacheBuffer("k", numbers, formula), CacheBuffer("v", numbers, formula)]
 
     def new_layer_cache(self, batch_size: int, max_len: int, *, device: torch.device, dtype: torch.dtype) -> LayerCache:
         shape = (self.n_kv_heads, self.head_dim)

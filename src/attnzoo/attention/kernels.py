@@ -102,7 +102,8 @@ def eager_attention(
     if hooks.mask is not None:
         allowed = hooks.mask
     else:
-        allowed = ctx.allowed(key_len, window) if positions is None else visible(*positions, window)
+        allowed = ctx.allowed(key_len, window) if positions is None else visible(*positions, window, ctx.causal)
+    ctx.record_logits(logits, allowed)
     probs = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
     if hooks.probs is not None:
         probs = hooks.probs(probs)
@@ -124,9 +125,10 @@ def sdpa_attention(
 ) -> Tensor:
     """``F.scaled_dot_product_attention`` with the semantics of :func:`eager_attention` without hooks.
 
-    Plain causal attention over a fresh sequence uses ``is_causal`` (block skipping, no T×S mask). A
-    positional bias or a non-empty cache needs an explicit mask; the bias enters as one additive mask,
-    since SDPA refuses ``attn_mask`` together with ``is_causal``.
+    Plain causal attention over a fresh sequence uses ``is_causal`` (block skipping, no T×S mask), and
+    bidirectional attention (``ctx.causal`` false) no mask at all. A positional bias or a non-empty cache needs an
+    explicit mask; the bias enters as one additive mask, since SDPA refuses ``attn_mask`` together with
+    ``is_causal``.
     """
     if query_scale is not None:
         # Scaling query row t scales logit row t before the bias is added: the eager kernel's row scale.
@@ -138,8 +140,8 @@ def sdpa_attention(
     n_heads, query_len, key_len = q.shape[1], q.shape[2], k.shape[2]
     k, v = repeat_kv(k, n_heads // k.shape[1]), repeat_kv(v, n_heads // v.shape[1])
     if ctx.score_bias(n_heads, key_len, bias_repeat) is None and query_len in (1, key_len):
-        # A fresh sequence is plain causal; a single new token sees every cached key.
-        is_causal = query_len > 1
+        # A fresh sequence is plain causal (or bidirectional); a single new token sees every cached key.
+        is_causal = query_len > 1 and ctx.causal
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
     mask = ctx.sdpa_mask(n_heads, key_len, bias_repeat, q.dtype)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
@@ -160,7 +162,8 @@ def chunked_attention(
 ) -> Tensor:
     """:func:`eager_attention` over blocks of ``chunk`` queries, each against the keys it can see.
 
-    Keys at positions 0 .. S−1 are cut to each block's causal range, or its window; keys at explicit
+    Keys at positions 0 .. S−1 are cut to each block's causal range, or its window (on both sides of the block
+    when the context is not causal: all keys, or a symmetric window); keys at explicit
     ``key_positions`` (a ring cache, in slot order) are all kept and masked by position. ``kernel``: the
     remaining arguments of :func:`eager_attention` (scale, dropout_p, bias_repeat).
     """
@@ -172,7 +175,10 @@ def chunked_attention(
         cols = slice(None)
         if key_positions is None:
             lowest = 0 if window is None else max(0, ctx.start + first - window + 1)
-            cols = slice(lowest, ctx.start + rows.stop)
+            if ctx.causal:
+                cols = slice(lowest, ctx.start + rows.stop)
+            else:
+                cols = slice(lowest, None if window is None else ctx.start + rows.stop - 1 + window)
         out, _ = eager_attention(
             q[:, :, rows],
             k[:, :, cols],
@@ -204,7 +210,8 @@ def attend(
     chunk: int | None = None,
     record: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
-    """Causal attention of q (B, H, T, d) over k, v (B, H_kv, S, ·): the one place the kernel is chosen.
+    """Attention of q (B, H, T, d) over k, v (B, H_kv, S, ·), causal unless ``ctx.causal`` is false: the one
+    place the kernel is chosen.
 
     * ``eager_attention`` over all queries and keys when ``ctx.backend`` is "eager" or the context records
       attention maps, which need the probabilities;
@@ -220,7 +227,7 @@ def attend(
     ``record`` is false (a mechanism whose map combines several calls records the combination).
     """
     kernel = dict(scale=scale, dropout_p=dropout_p, bias_repeat=bias_repeat, query_scale=query_scale)
-    if ctx.backend == "eager" or ctx.attention_maps is not None:
+    if ctx.backend == "eager" or ctx.records_scores:
         block_hooks = (hooks or no_hooks)(slice(None), slice(None))
         positions = None if key_positions is None else (ctx.positions, key_positions)
         out, probs = eager_attention(q, k, v, ctx, hooks=block_hooks, window=window, positions=positions, **kernel)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from attnzoo.attention.base import ATTENTION, Attention, AttentionContext, OptionsT, residual_linear
+from attnzoo.attention.base import ATTENTION, Attention, AttentionContext, CacheBuffer, OptionsT, residual_linear
 from attnzoo.attention.kernels import attend
 from attnzoo.cache import LayerCache
 
@@ -23,6 +23,8 @@ class MultiHeadAttention(Attention[OptionsT]):
     n_kv_heads = 1), as in HF LLaMA, whose projection names (q/k/v/o_proj) are used here. MHA itself takes no
     options; it stays generic in them for the mechanisms that extend it (selective, dcmha).
     """
+
+    kv_projections = ("k_proj", "v_proj")
 
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
@@ -48,6 +50,11 @@ class MultiHeadAttention(Attention[OptionsT]):
             k, v = cache.update(ctx.start, k=k, v=v)
         out, _ = attend(q, k, v, ctx, dropout_p=self.attn_dropout)
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq_len, -1))
+
+    @classmethod
+    def cache_layout(cls, cfg: ModelConfig) -> list[CacheBuffer]:
+        numbers, formula = cfg.n_kv_heads * cfg.head_dim, f"n_kv_heads·head_dim = {cfg.n_kv_heads}·{cfg.head_dim}"
+        return [CacheBuffer("k", numbers, formula), CacheBuffer("v", numbers, formula)]
 
     def new_layer_cache(self, batch_size: int, max_len: int, *, device: torch.device, dtype: torch.dtype) -> LayerCache:
         shape = (self.n_kv_heads, self.head_dim)

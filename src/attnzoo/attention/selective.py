@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnzoo.attention.base import ATTENTION, AttentionContext
+from attnzoo.attention.base import ATTENTION, AttentionContext, mean_pool_heads
 from attnzoo.attention.kernels import attend
 from attnzoo.attention.mha import MultiHeadAttention
 from attnzoo.cache import LayerCache
@@ -245,6 +245,20 @@ class SelectiveAttention(MultiHeadAttention[SelectiveOptions]):
             if names:
                 reasons += self.get_submodule(side).init_as_identity(names)
         return reasons
+
+    def pooled_kv_state(self, n_kv_heads: int) -> dict[str, Tensor]:
+        """MHA's pooled projections plus τ_v's per-kv-head parameters (its token weights, and its position
+        coefficient when per head), pooled alike. τ_v is not linear in them, so the pooled τ_v is the same kind of
+        starting point as the pooled projections: an average that uptraining adapts."""
+        state = super().pooled_kv_state(n_kv_heads)
+        if self.v_temperature is not None:
+            per_head = ["weight", "w2.weight"]
+            if self.options.per_head_coefficient:
+                per_head += ["alpha", "beta", "c"]
+            for name, tensor in self.v_temperature.state_dict().items():
+                if name in per_head:
+                    state[f"v_temperature.{name}"] = mean_pool_heads(tensor, self.n_kv_heads, n_kv_heads)
+        return state
 
     def _temperatures(self, x: Tensor, q: Tensor, v: Tensor, positions: Tensor) -> tuple[Tensor | None, ...]:
         tau_q = self.q_temperature(x, q, positions) if self.q_temperature is not None else None

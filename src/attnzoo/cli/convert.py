@@ -6,19 +6,35 @@ import argparse
 from pathlib import Path
 
 from attnzoo.cli.command import Command
-from attnzoo.convert import CONVERTERS, convert_model
+from attnzoo.convert import CONVERTERS, convert_model, group_kv_heads
 from attnzoo.data.tokenizers import HF_TOKENIZER_FILE
 from attnzoo.model import CONFIG_NAME, WEIGHTS_NAME
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument(
         "--from-hf",
         metavar="DIR",
         type=Path,
-        required=True,
         help=f"a directory written by transformers' save_pretrained ({', '.join(sorted(CONVERTERS))}) or an "
         "official DCFormer checkpoint; read locally, nothing is downloaded",
+    )
+    source.add_argument(
+        "--from",
+        dest="from_attnzoo",
+        metavar="DIR",
+        type=Path,
+        help="an attnzoo run directory (its latest checkpoint), checkpoint or model directory, to regroup with "
+        "--kv-heads",
+    )
+    parser.add_argument(
+        "--kv-heads",
+        metavar="G",
+        type=int,
+        help="mean-pool each group's key and value heads into G kv heads (GQA; 1 gives MQA), the GQA paper's "
+        "conversion of a multi-head model; G must divide the source's kv heads. Uptrain the result with "
+        "train --init-from (the paper: 5%% of the original training steps)",
     )
     parser.add_argument(
         "--out",
@@ -31,9 +47,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    done = convert_model(args.from_hf, args.out)
+    if args.from_attnzoo is not None:
+        if args.kv_heads is None:
+            raise ValueError("--from converts an attnzoo model to GQA/MQA: name the kv heads with --kv-heads G")
+        done = group_kv_heads(args.from_attnzoo, args.out, args.kv_heads)
+    else:
+        done = convert_model(args.from_hf, args.out, kv_heads=args.kv_heads)
     cfg = done.model.config
     kv = f" ({cfg.n_kv_heads} kv)" if cfg.n_kv_heads != cfg.n_heads else ""
+    if done.source_kv_heads is not None:
+        group = done.source_kv_heads // cfg.n_kv_heads
+        kv += f", each kv head the mean of {group} of the source's {done.source_kv_heads}"
+    if args.from_attnzoo is not None:
+        print(
+            f"converted {done.source} → {done.out}: {done.model.num_parameters():,} parameters, {cfg.attention} "
+            f"attention + {cfg.position} positions, {cfg.n_layers} layers, {cfg.n_heads} heads{kv}"
+        )
+        if done.tokenizer_files:
+            print(f"tokenizer: copied {', '.join(done.tokenizer_files)}")
+        print(f"uptrain it (the GQA paper: 5% of the original steps) with: attnzoo train --init-from {done.out} ...")
+        return 0
     print(
         f"converted {done.source} → {done.out}: {done.model.num_parameters():,} parameters, {cfg.attention} "
         f"attention + {cfg.position} positions, dim {cfg.dim}, {cfg.n_layers} layers, {cfg.n_heads} heads{kv}, "
@@ -54,9 +87,11 @@ def run(args: argparse.Namespace) -> int:
 
 COMMAND = Command(
     name="convert",
-    summary="convert a local Hugging Face or official DCFormer model directory into an attnzoo model directory",
+    summary="convert a local Hugging Face or official DCFormer model directory into an attnzoo model directory, "
+    "or an MHA model into GQA/MQA",
     example=(
         "attnzoo convert --from-hf ~/models/llama --out models/llama\n"
+        "  attnzoo convert --from runs/mha --out models/mha-gqa2 --kv-heads 2\n"
         "  attnzoo train --init-from models/llama --attention selective --attention-option "
         "position_coefficient=linear --train-only temperature"
     ),

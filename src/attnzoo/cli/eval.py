@@ -13,10 +13,12 @@ import torch
 
 from attnzoo.cli.command import Command
 from attnzoo.compare import run_task
+from attnzoo.data.batches import eval_window_starts, gather_windows
 from attnzoo.data.corpora import prepare_corpus
 from attnzoo.data.tokenizers import Tokenizer
 from attnzoo.evals import TASKS
 from attnzoo.evals.lm import LMEvalConfig, evaluate_lm, length_extrapolation
+from attnzoo.evals.probes import probe_model, probe_table
 from attnzoo.model import Transformer
 from attnzoo.records import to_dict
 from attnzoo.training.checkpoint import load_pretrained
@@ -24,7 +26,8 @@ from attnzoo.training.config import DTYPES, DataConfig
 from attnzoo.training.distributed import Distributed, resolve_device
 from attnzoo.training.trainer import resolve_dtype
 
-EVAL_TASKS = ("lm", "extrapolation", *sorted(TASKS))
+EVAL_TASKS = ("lm", "extrapolation", "probes", *sorted(TASKS))
+PROBE_WINDOWS = 8  # windows probed by default: every map of every layer is held at once
 EXTRAPOLATION_MULTIPLES = (1, 2, 4, 8, 16)
 
 
@@ -40,12 +43,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=EVAL_TASKS,
         default="lm",
         help="lm: loss, perplexity, bits/byte (default); extrapolation: lm at 1, 2, 4, 8, 16× the training length; "
+        "probes: per layer, the top attention logit, hidden-state outliers, attention entropy and spikiness; "
         "a synthetic task trains --variant from scratch on it (the standard preset's budget) and scores it",
     )
     parser.add_argument("--data", help="corpus to score (default: the one the model was trained on)")
     parser.add_argument("--split", choices=("val", "train"), default="val", help="split to score (default: val)")
     parser.add_argument("--seq-len", type=int, help="window length (default: the training seq_len)")
-    parser.add_argument("--max-windows", type=int, help="score at most this many windows, spread evenly")
+    parser.add_argument(
+        "--max-windows",
+        type=int,
+        help=f"score at most this many windows, spread evenly (probes: default {PROBE_WINDOWS}, in one batch)",
+    )
     parser.add_argument("--batch-size", type=int, default=16, help="windows per forward pass (default: 16)")
     parser.add_argument(
         "--dtype",
@@ -78,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
     corpus = prepare_corpus(data.corpus, tokenizer, data.val_fraction)
     if args.task == "extrapolation":
         return _print_extrapolation(args, model, tokenizer, getattr(corpus, args.split), seq_len, corpus.name)
+    if args.task == "probes":
+        return _print_probes(args, model, getattr(corpus, args.split), seq_len, corpus.name)
     trained_dtype = checkpoint.train_config.dtype if checkpoint.train_config else "auto"
     dtype = resolve_dtype(args.dtype or trained_dtype, device)
     autocast = None if dtype == torch.float32 else torch.autocast(device.type, dtype=dtype)
@@ -124,6 +134,22 @@ def _print_extrapolation(
     return 0
 
 
+def _print_probes(args: argparse.Namespace, model: Transformer, stream: np.ndarray, seq_len: int, corpus: str) -> int:
+    """The outlier, entropy and spikiness probes of every layer on evenly spread windows of the split."""
+    windows = args.max_windows or PROBE_WINDOWS
+    if windows < 1:
+        raise ValueError(f"--max-windows={windows} is invalid: must be >= 1")
+    inputs, _ = gather_windows(stream, eval_window_starts(len(stream), seq_len, windows), seq_len)
+    probes = probe_model(model, inputs)
+    where = {"corpus": corpus, "split": args.split, "seq_len": seq_len, "windows": inputs.shape[0]}
+    if args.json:
+        print(json.dumps({**where, "layers": to_dict(probes)}, indent=2))
+        return 0
+    print(f"{corpus} {args.split}: {inputs.shape[0]} windows of {seq_len} tokens")
+    print(probe_table(probes).to_text())
+    return 0
+
+
 def _run_task(args: argparse.Namespace, device: torch.device) -> int:
     """A synthetic task is a protocol for training from scratch: train --variant on it, then score it."""
     if args.path is not None:
@@ -144,6 +170,7 @@ COMMAND = Command(
     summary="score a trained model (loss, perplexity, bits per byte, length extrapolation) or a synthetic task",
     example="attnzoo eval runs/mha-rope-20250101-120000 --seq-len 512\n"
     "  attnzoo eval runs/mha-alibi-20250101-120000 --task extrapolation\n"
+    "  attnzoo eval runs/diff-rope-20250101-120000 --task probes --json\n"
     "  attnzoo eval --task mqar --variant diff+rope --steps 500",
     add_arguments=add_arguments,
     run=run,

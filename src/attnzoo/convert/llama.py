@@ -92,6 +92,7 @@ def to_hf(model: Transformer) -> LlamaForCausalLM:
             "is not supported: LLaMA rotates whole heads",
         )
     for field, value, llama in (
+        ("causal", cfg.causal, True),
         ("norm", cfg.norm, "rmsnorm"),
         ("mlp", cfg.mlp, "swiglu"),
         ("parallel_residual", cfg.parallel_residual, False),

@@ -32,11 +32,15 @@ def alibi_slopes(n_heads: int) -> list[float]:
 class ALiBi(PositionalEncoding):
     """Adds −m_h·(i − j) to the scaled logit of query i and key j ≤ i (Press et al., 2022, Eq. in §3).
 
+    In a bidirectional model (``causal`` false) the bias is symmetric, −m_h·|i − j|: a key d positions ahead
+    is penalised as one d positions behind. The two agree on every entry a causal query sees.
     The bias is relative, built from absolute query positions, so cached decoding sees exactly the rows
     of the full forward. It has no length limit.
     """
 
-    def bias(self, n_heads: int, q_positions: Tensor, k_positions: Tensor) -> Tensor:
+    def bias(self, n_heads: int, q_positions: Tensor, k_positions: Tensor, causal: bool = True) -> Tensor:
         slopes = torch.tensor(alibi_slopes(n_heads), dtype=torch.float32, device=q_positions.device)
         distance = (q_positions[:, None] - k_positions[None, :]).float()
+        if not causal:
+            distance = distance.abs()
         return -slopes[:, None, None] * distance

@@ -48,5 +48,6 @@ class PositionalEncoding(nn.Module):
     def rotate(self, x: Tensor, state: Any) -> Tensor:
         return x
 
-    def bias(self, n_heads: int, q_positions: Tensor, k_positions: Tensor) -> Tensor | None:
+    def bias(self, n_heads: int, q_positions: Tensor, k_positions: Tensor, causal: bool = True) -> Tensor | None:
+        """The (n_heads, T, S) bias between these positions; ``causal`` false for a bidirectional model."""
         return None

@@ -217,6 +217,12 @@ def check_model_for_training(model: ModelConfig, train: TrainConfig, vocab_size:
         model.max_seq_len,
         f"must be >= the training seq_len={train.seq_len}",
     )
+    require(
+        model.causal,
+        "causal",
+        model.causal,
+        "cannot train on next-token prediction: a bidirectional model sees the token it is asked to predict",
+    )
 
 
 TOML_TABLES = ("model", "data", "train")
