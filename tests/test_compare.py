@@ -249,6 +249,8 @@ def test_micro_compare_writes_results_report_and_plots(micro):
             assert last_val["step"] == 6 and last_val["val_loss"] == pytest.approx(record.val.loss, abs=1e-6)
             assert last_val["val_bits_per_byte"] == pytest.approx(record.val.bits_per_byte, abs=1e-6)
             assert [p.multiple for p in record.extrapolation] == [1, 2, 4]
+            assert record.probes["top1_attention_logit"] == max(record.probes[f"layer{i}/top_logit"] for i in (0, 1))
+            assert 0 < record.probes["spikiness_long"] <= 1
             assert all(math.isfinite(p.score.loss) for p in record.extrapolation)
     assert results.versus_baseline("diff+rope", "val_loss").verdict.endswith("seed noise")
     assert results.variants["diff+rope"].map_note.startswith("the differential map")

@@ -165,6 +165,25 @@ def summary_table(results: CompareResults) -> Table:
     return Table(header, rows)
 
 
+PROBE_COLUMNS = {
+    "top1_attention_logit": "largest |attention logit| (over layers)",
+    "hidden_outlier_ratio": "largest ÷ median |hidden state| (over layers)",
+    "spikiness_long": "spikiness of rows seeing ≥ T/2 keys (‖p‖₂/‖p‖₁)",
+}
+
+
+def _probe_table(results: CompareResults) -> Table:
+    """The trained models' outliers and spikiness (attnzoo.evals.probes), mean ± std over seeds."""
+    rows = []
+    for label, variant in results.variants.items():
+        cells = []
+        for key in PROBE_COLUMNS:
+            values = [run.probes[key] for run in variant.runs if key in run.probes]
+            cells.append(Summary.of(values).format(3) if len(values) == len(variant.runs) else "N/A")
+        rows.append([label, *cells])
+    return Table(["variant", *PROBE_COLUMNS.values()], rows)
+
+
 def _per_seed_table(results: CompareResults) -> Table:
     multiples = results.evals.extrapolation_multiples
     header = ["variant", "seed", "train time", "train tok/s", "final train loss (nats/token)", "val loss (nats/token)"]
@@ -413,6 +432,13 @@ def build_report(results: CompareResults, plots: dict[str, str]) -> Report:
                 report.add(Bullets(reasons))
         report.add(Image(plots[f"task_{name}"], f"{name}: {_task_caption(task)}"))
     report.add(
+        Heading(2, "Outliers and spikiness of the trained models"),
+        Paragraph(
+            f"On {evals.probe_windows} validation windows of {budget.seq_len} tokens (attnzoo.evals.probes): the "
+            "top-1 attention logit and the hidden-state outliers of the Diff Transformer paper, and the row "
+            "spikiness of the selective-attention paper; every layer's values are in `results.json`."
+        ),
+        _probe_table(results),
         Heading(2, "Every run"),
         _per_seed_table(results),
         Paragraph(

@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 import torch
+from torch import Tensor
 from tqdm import tqdm
 
 from attnzoo import __version__
@@ -62,6 +63,7 @@ from attnzoo.compare.tasks import context_len, step_seconds, task_configs, train
 from attnzoo.config import ModelConfig
 from attnzoo.data.corpora import Corpus
 from attnzoo.evals.lm import LMEvalConfig, evaluate_lm, length_extrapolation
+from attnzoo.evals.probes import probe_model
 from attnzoo.evals.task import TaskSpec
 from attnzoo.io import atomic_write_text
 from attnzoo.model import Transformer
@@ -282,6 +284,8 @@ class Comparison:
             extrapolation_config,
             spec.evals.extrapolation_multiples,
         )
+        windows = np.asarray(corpus.val[: spec.evals.probe_windows * train_config.seq_len], dtype=np.int64)
+        probes = lm_probes(model, torch.from_numpy(windows).view(-1, train_config.seq_len))
         has_maps = seed == spec.seeds[0]
         if has_maps:
             prompt = torch.from_numpy(np.asarray(corpus.val[: spec.evals.map_tokens], dtype=np.int64))[None]
@@ -309,6 +313,7 @@ class Comparison:
             val_curve=[(r["step"], r["val_loss"]) for r in metrics if "val_loss" in r],
             evals=evals,
             has_maps=has_maps,
+            probes=probes,
         )
 
     # -------------------------------------------------------------------------------------------- bench
@@ -466,6 +471,30 @@ class Comparison:
             bench=bench,
             tasks=task_results,
         )
+
+
+def lm_probes(model: Transformer, windows: Tensor) -> dict[str, float]:
+    """The trained model's probes (attnzoo.evals.probes) as flat values: each layer's, and the summaries the
+    claims read: the largest attention logit and hidden-state outlier ratio over layers, and the spikiness of
+    rows that see at least half the window, averaged over layers."""
+    layers = probe_model(model, windows)
+    values = {
+        f"layer{p.layer}/{name}": getattr(p, name)
+        for p in layers
+        for name in ("top_logit", "hidden_top", "hidden_ratio", "entropy", "spikiness")
+    }
+    half = windows.shape[1] // 2
+    long_rows = []
+    for p in layers:
+        # Buckets are lengths [low, 2·low − 1]; in a fresh causal window each length up to T has one row.
+        buckets = [(int(b.split("-")[0]), v) for b, v in p.spikiness_by_length.items() if b != "1"]
+        weighted = [(min(2 * low - 1, windows.shape[1]) - low + 1, v) for low, v in buckets if low >= half]
+        long_rows.append(sum(n * v for n, v in weighted) / sum(n for n, _ in weighted))
+    return values | {
+        "top1_attention_logit": max(p.top_logit for p in layers),
+        "hidden_outlier_ratio": max(p.hidden_ratio for p in layers),
+        "spikiness_long": sum(long_rows) / len(long_rows),
+    }
 
 
 class Schedule:

@@ -38,6 +38,8 @@ class EvalSpec:
     extrapolation_blocks: int = 4
     extrapolation_batch_size: int = 4
     map_tokens: int = 64  # attention maps are drawn on the first this-many validation tokens
+    # Outliers, entropy and spikiness of every trained model, on this many validation windows of the training length.
+    probe_windows: int = 8
     # Throughput and peak memory: (mode, multiple of the training length), each case in a fresh process and
     # with batch_size / multiple sequences, so every case processes as many tokens; the longer case shows how
     # memory grows with length.
@@ -53,7 +55,13 @@ class EvalSpec:
             multiples,
             "must be integers >= 1 that include 1 (the training length)",
         )
-        for name in ("extrapolation_blocks", "extrapolation_batch_size", "map_tokens", "bench_repeats"):
+        for name in (
+            "extrapolation_blocks",
+            "extrapolation_batch_size",
+            "map_tokens",
+            "probe_windows",
+            "bench_repeats",
+        ):
             value = getattr(self, name)
             require(is_int(value) and value >= 1, name, value, "must be an integer >= 1")
         require(is_int(self.bench_warmup) and self.bench_warmup >= 0, "bench_warmup", self.bench_warmup, "must be >= 0")
