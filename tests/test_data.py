@@ -9,6 +9,7 @@ import sys
 import tarfile
 import threading
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -118,6 +119,45 @@ def test_prepared_tokens_are_reused_until_the_text_changes(tmp_path, monkeypatch
     changed = prepare_corpus(str(path), "char")
     assert changed.info["cache"] != first.info["cache"]
     assert changed.tokenizer.decode(changed.tokens) == "different words entirely\n"
+
+
+def _zero_middle(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 16] = bytes(16)
+    path.write_bytes(bytes(data))
+
+
+def _halve_num_tokens(path):
+    meta = json.loads(path.read_text())
+    meta["num_tokens"] //= 2
+    path.write_text(json.dumps(meta, indent=2))
+
+
+def _drop_hashes(path):
+    meta = json.loads(path.read_text())
+    del meta["files_sha256"]
+    meta["self_sha256"] = corpora._meta_digest(meta)
+    path.write_text(json.dumps(meta, indent=2))
+
+
+@pytest.mark.parametrize(
+    ("name", "damage", "words"),
+    [
+        ("tokens.bin", _zero_middle, "tokens.bin does not match the sha256"),
+        ("tokens.bin", lambda p: p.write_bytes(p.read_bytes()[:-10]), "tokens.bin does not match the sha256"),
+        ("meta.json", _halve_num_tokens, "meta.json does not match its sha256"),
+        ("meta.json", _drop_hashes, "meta.json lacks its files' sha256"),
+        ("tokenizer.json", lambda p: p.write_text(p.read_text().replace("char", "byte")), "tokenizer.json does not"),
+    ],
+    ids=["zeroed-tokens", "truncated-tokens", "halved-num-tokens", "no-hashes", "edited-tokenizer"],
+)
+def test_a_damaged_data_cache_is_refused(tmp_path, name, damage, words):
+    """Defect #17.4: zeroed bytes in tokens.bin or a halved num_tokens trained silently on damaged data."""
+    path = write_text_corpus(tmp_path / "text.txt", n_words=600)
+    cache = Path(prepare_corpus(str(path), "char").info["cache"])
+    damage(cache / name)
+    with pytest.raises(CorpusError, match=rf"prepared corpus in .*{cache.name} is damaged.*{words}.*delete"):
+        prepare_corpus(str(path), "char")
 
 
 def test_a_given_tokenizer_encodes_the_corpus_as_it_is(tmp_path):

@@ -14,7 +14,8 @@ Prepared tokens live in ``$ATTNZOO_CACHE_DIR`` (default ``$XDG_CACHE_HOME/attnzo
 one directory per (text, tokenizer), so later runs need neither the network nor a second tokenization pass.
 Token files use the narrowest unsigned integer type that holds the vocabulary: uint8, uint16, or uint32
 beyond 65,536 ids (Llama 3, Qwen).
-The last ``val_fraction`` of the token stream is the validation split.
+The last ``val_fraction`` of the token stream is the validation split. ``meta.json``, written last, records
+the sha256 of the token and tokenizer files and of itself; a cache that no longer matches is refused.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ from attnzoo.io import atomic_path, atomic_write_text
 
 CORPORA = ("shakespeare", "pystdlib")
 # Bump when the preparation changes what tokens a given text yields, so stale caches are not reused.
-PREPARATION_VERSION = 1
+PREPARATION_VERSION = 2  # 2: meta.json hashes the token and tokenizer files and itself
+TOKENS, TOKENIZER_FILE, META = "tokens.bin", "tokenizer.json", "meta.json"
 OFFLINE_ALTERNATIVES = (
     "To train offline, use --data PATH (a text file or a directory of text files) or --data pystdlib "
     "(the Python standard library's sources)."
@@ -381,22 +383,57 @@ def _cache_key(source: TextSource, tokenizer_spec: Any) -> str:
     return hashlib.sha256(spec.encode()).hexdigest()[:16]
 
 
+def _meta_digest(meta: dict[str, Any]) -> str:
+    rest = {key: value for key, value in meta.items() if key != "self_sha256"}
+    return hashlib.sha256(json.dumps(rest, sort_keys=True).encode()).hexdigest()
+
+
 def _build(source: TextSource, tokenizer: Tokenizer | None, directory: Path) -> None:
-    """Write ``tokens.bin``, ``tokenizer.json`` and, last, ``meta.json``; ``None`` builds a char vocabulary."""
+    """Write ``tokens.bin``, ``tokenizer.json`` and, last, ``meta.json`` (which hashes them and itself);
+    ``None`` builds a char vocabulary."""
     if tokenizer is None:
         tokenizer = CharTokenizer.from_texts(source.read())
     num_tokens = 0
-    with atomic_path(directory / "tokens.bin") as tmp, open(tmp, "wb") as out:
+    digest = hashlib.sha256()
+    with atomic_path(directory / TOKENS) as tmp, open(tmp, "wb") as out:
         for text in source.read():  # streamed document by document: corpora may be larger than RAM
-            ids = tokenizer.encode(text)
-            out.write(ids.tobytes())
-            num_tokens += len(ids)
+            data = tokenizer.encode(text).tobytes()
+            out.write(data)
+            digest.update(data)
+            num_tokens += len(data) // tokenizer.dtype.itemsize
     if num_tokens == 0:
         raise CorpusError(f"corpus {source.name!r} holds no text")
-    atomic_write_text(directory / "tokenizer.json", json.dumps(tokenizer.to_dict()) + "\n")
-    meta = {"name": source.name, "num_tokens": num_tokens, "dtype": tokenizer.dtype.name, **source.info}
+    atomic_write_text(directory / TOKENIZER_FILE, json.dumps(tokenizer.to_dict()) + "\n")
+    meta = {
+        "name": source.name,
+        "num_tokens": num_tokens,
+        "dtype": tokenizer.dtype.name,
+        **source.info,
+        "files_sha256": {TOKENS: digest.hexdigest(), TOKENIZER_FILE: sha256_file(directory / TOKENIZER_FILE)},
+    }
+    meta["self_sha256"] = _meta_digest(meta)
     # Written last: its presence marks a complete preparation.
-    atomic_write_text(directory / "meta.json", json.dumps(meta, indent=2) + "\n")
+    atomic_write_text(directory / META, json.dumps(meta, indent=2) + "\n")
+
+
+def _verify_cache(directory: Path, meta: Any) -> None:
+    """Refuse a prepared corpus whose meta.json, tokens or tokenizer changed since it was written."""
+    advice = f"delete {directory} and it is prepared again"
+    if not isinstance(meta, dict) or meta.get("self_sha256") != _meta_digest(meta):
+        raise CorpusError(f"the prepared corpus in {directory} is damaged: {META} does not match its sha256; {advice}")
+    hashes = meta.get("files_sha256")
+    if not isinstance(hashes, dict) or set(hashes) != {TOKENS, TOKENIZER_FILE}:
+        raise CorpusError(f"the prepared corpus in {directory} is damaged: {META} lacks its files' sha256; {advice}")
+    for name, expected in hashes.items():
+        try:
+            actual = sha256_file(directory / name)
+        except OSError as err:
+            raise CorpusError(f"the prepared corpus in {directory} is damaged: {name}: {err}; {advice}") from None
+        if actual != expected:
+            raise CorpusError(
+                f"the prepared corpus in {directory} is damaged: {name} does not match the sha256 recorded when it "
+                f"was written (truncated, corrupted or edited); {advice}"
+            )
 
 
 def prepare_corpus(
@@ -414,14 +451,18 @@ def prepare_corpus(
     source = text_source(corpus)
     kind, spec = ("char", "char") if isinstance(tokenizer, str) else (tokenizer.kind, tokenizer.to_dict())
     directory = cache_dir() / "corpora" / f"{source.name}-{kind}-{_cache_key(source, spec)}"
-    if not (directory / "meta.json").is_file():
+    if not (directory / META).is_file():
         log.info("preparing corpus %r in %s (once)", source.name, directory)
         _build(source, None if isinstance(tokenizer, str) else tokenizer, directory)
     try:
-        meta = json.loads((directory / "meta.json").read_text(encoding="utf-8"))
-        stored = tokenizer_from_dict(json.loads((directory / "tokenizer.json").read_text(encoding="utf-8")))
-        shape = (meta["num_tokens"],)
-        tokens = np.memmap(directory / "tokens.bin", dtype=np.dtype(meta["dtype"]), mode="r", shape=shape)
+        meta = json.loads((directory / META).read_text(encoding="utf-8"))
+        _verify_cache(directory, meta)
+        stored = tokenizer_from_dict(json.loads((directory / TOKENIZER_FILE).read_text(encoding="utf-8")))
+        dtype = np.dtype(meta["dtype"])
+        shape = (int(meta["num_tokens"]),)
+        if (directory / TOKENS).stat().st_size != shape[0] * dtype.itemsize:
+            raise ValueError(f"{TOKENS} does not hold num_tokens = {shape[0]} tokens of {dtype}")
+        tokens = np.memmap(directory / TOKENS, dtype=dtype, mode="r", shape=shape)
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise CorpusError(f"the prepared corpus in {directory} is damaged ({err}); delete that directory") from None
     return Corpus(source.name, stored, tokens, val_fraction, {**meta, "cache": str(directory)})
