@@ -186,6 +186,36 @@ def test_resume_refuses_a_different_model_or_optimisation_but_allows_runtime_cha
     assert Trainer(tiny_model_config(), allowed, corpus, tmp_path / "run", resume=checkpoint).step == 3
 
 
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda t: t.replace("the", "thy", 1),  # same length, one word changed
+        lambda t: t[: len(t) // 2],
+    ],
+    ids=["one-word", "halved"],
+)
+def test_resume_refuses_changed_training_data(text, tmp_path, edit):
+    """Defect #17.3: the corpus edited between the interruption and the resume; the resume diverged silently."""
+    _train(text, tmp_path / "run", steps=3)
+    checkpoint = read_checkpoint(tmp_path / "run")
+    text.write_text(edit(text.read_text()))
+    corpus = prepare_corpus(str(text), "byte")
+    with pytest.raises(CheckpointError, match=r"training data changed since .*run started.*tokens.*restore the data"):
+        Trainer(tiny_model_config(), tiny_train_config(text, steps=3), corpus, tmp_path / "run", resume=checkpoint)
+
+
+def test_resume_accepts_the_same_data_touched_and_re_prepared(text, tmp_path, monkeypatch):
+    _train(text, tmp_path / "run", steps=3)
+    checkpoint = read_checkpoint(tmp_path / "run")
+    text.write_text(text.read_text())  # a new mtime, the same text
+    monkeypatch.setenv("ATTNZOO_CACHE_DIR", str(tmp_path / "other-cache"))
+    corpus = prepare_corpus(str(text), "byte")
+    trainer = Trainer(
+        tiny_model_config(), tiny_train_config(text, steps=3), corpus, tmp_path / "run", resume=checkpoint
+    )
+    assert trainer.step == 3
+
+
 def test_a_corpus_too_small_for_one_window_is_refused(tmp_path):
     short = tmp_path / "short.txt"
     short.write_text("x" * 200)

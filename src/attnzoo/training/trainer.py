@@ -118,6 +118,37 @@ def check_resumable(checkpoint: Checkpoint, model_config: ModelConfig, train_con
         )
 
 
+def _data_identity(corpus_info: dict) -> dict:
+    """What identifies a run's token stream in ``run.json``'s corpus record: its token count and, when the
+    cache recorded it, the sha256 of its tokens."""
+    identity = {"tokens": corpus_info.get("num_tokens")}
+    hashes = corpus_info.get("files_sha256")
+    if isinstance(hashes, dict) and "tokens.bin" in hashes:
+        identity["tokens sha256"] = hashes["tokens.bin"]
+    return identity
+
+
+def check_same_data(run_dir: Path, corpus: Corpus) -> None:
+    """Refuse to resume ``run_dir`` on a token stream other than the one its ``run.json`` records: a run
+    continued on edited text would silently diverge from the one it claims to continue."""
+    try:
+        recorded = json.loads((Path(run_dir) / "run.json").read_text(encoding="utf-8"))["corpus"]
+    except FileNotFoundError:
+        return  # a checkpoint copied out of its run: nothing recorded to compare with
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(
+            f"{Path(run_dir) / 'run.json'} is unreadable ({err}), so its data cannot be compared"
+        ) from None
+    then, now = _data_identity(recorded), _data_identity(corpus.info)
+    changed = {key: (then[key], now[key]) for key in then.keys() & now.keys() if then[key] != now[key]}
+    if changed:
+        raise CheckpointError(
+            f"the training data changed since {run_dir} started: corpus {recorded.get('name')!r} then, "
+            f"{corpus.name!r} now, differing in {changed} (then, now). Resuming on other data would not continue "
+            f"the same run: restore the data it was trained on, or start a new run with --init-from {run_dir}."
+        )
+
+
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     """A ``TrainConfig.dtype``: 'auto' is bfloat16 autocast on CUDA devices that support it, float32 elsewhere."""
     if name == "auto":
@@ -183,6 +214,7 @@ class Trainer:
             check_resumable(resume, self.model_config, self.cfg)
             if resume.tokenizer != self.corpus.tokenizer:
                 raise CheckpointError(f"{resume.directory} was trained with a different tokenizer than the corpus's")
+            check_same_data(self.run_dir, self.corpus)
 
     def _build_model(
         self, resume: Checkpoint | None, init_from: Checkpoint | None
