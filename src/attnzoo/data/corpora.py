@@ -26,6 +26,7 @@ import logging
 import os
 import re
 import ssl
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -325,10 +326,23 @@ def _visible_files(directory: Path) -> list[Path]:
     return sorted(files, key=lambda p: p.relative_to(directory).as_posix())
 
 
+def _file_kind(path: Path) -> str:
+    mode = path.stat().st_mode
+    for test, name in ((stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "character device")):
+        if test(mode):
+            return name
+    return "block device" if stat.S_ISBLK(mode) else "special file"
+
+
 def _path_source(path: Path) -> TextSource:
     if not path.exists():
         raise CorpusError(
             f"corpus {str(path)!r} is neither a known corpus ({', '.join(CORPORA)}) nor an existing file or directory"
+        )
+    if not (path.is_dir() or path.is_file()):  # a FIFO, socket or device would be read forever or not at all
+        raise CorpusError(
+            f"corpus {str(path)!r} is not a regular file or a directory (it is a {_file_kind(path)}): "
+            "name a text file or a directory of text files"
         )
     root = path if path.is_dir() else path.parent
     files = _visible_files(path) if path.is_dir() else [path]

@@ -227,6 +227,7 @@ def _device_of(model: nn.Module) -> torch.device:
 def load_pretrained(path: str | Path, device: str | torch.device = "cpu") -> tuple[Transformer, Checkpoint]:
     """A model ready for inference (eval mode) from a run, checkpoint or pretrained directory."""
     checkpoint = read_checkpoint(path)
+    Transformer.check_fits(checkpoint.model_config, device)
     model = Transformer(checkpoint.model_config).to(device)
     load_weights(checkpoint, model)
     return model.eval(), checkpoint

@@ -223,6 +223,7 @@ class Trainer:
         given the checkpoint's weights when resuming, or the pretrained model's (the parameters that one
         lacks keep the seed's init or start at identity)."""
         torch.manual_seed(self.cfg.seed)  # the same initial weights on every rank
+        Transformer.check_fits(self.model_config, self.env.device)
         model = Transformer(self.model_config).to(self.env.device)
         pretrained_init = None
         if resume is not None:
