@@ -31,6 +31,9 @@ class MetricsLog:
                 continue  # a crash mid-append cuts a line short; the complete ones are still good
         return records
 
+    def clear(self) -> None:
+        atomic_write_text(self.path, "")
+
     def truncate_after(self, step: int) -> None:
         """Forget records past ``step``: a resumed run logs those steps again."""
         kept = [r for r in self.read() if r["step"] <= step]

@@ -17,8 +17,10 @@ touches the weights, so the last checkpoint stays good.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
+import os
 import platform
 import signal
 import sys
@@ -344,17 +346,26 @@ class Trainer:
     def save(self) -> None:
         if self.last_checkpoint == step_directory(self.run_dir, self.step):
             return  # already saved at this step (e.g. resumed here, or interrupted right after a checkpoint)
-        self.last_checkpoint = save_checkpoint(
-            self.run_dir,
-            step=self.step,
-            model=self.model,
-            optimizer=self.optimizer,
-            model_config=self.model_config,
-            train_config=self.cfg,
-            tokenizer=self.corpus.tokenizer,
-            env=self.env,
-            tied_names=self.tied_names,
-        )
+        try:
+            self.last_checkpoint = save_checkpoint(
+                self.run_dir,
+                step=self.step,
+                model=self.model,
+                optimizer=self.optimizer,
+                model_config=self.model_config,
+                train_config=self.cfg,
+                tokenizer=self.corpus.tokenizer,
+                env=self.env,
+                tied_names=self.tied_names,
+            )
+        except OSError as err:  # disk full, quota, permissions: the run stops, its last checkpoint stays good
+            kept = latest_checkpoint(self.run_dir)
+            last = f"the last good checkpoint is {kept}" if kept else "no checkpoint had been written yet"
+            why = "the disk is full" if err.errno == errno.ENOSPC else err.strerror or str(err)
+            raise CheckpointError(
+                f"could not write the checkpoint of step {self.step} into {step_directory(self.run_dir, self.step)}: "
+                f"{why} ({err.filename or self.run_dir}, on the disk of {_mount_point(self.run_dir)}); {last}"
+            ) from None
 
     def fit(self) -> TrainResult:
         """Train to ``steps``, or until SIGINT/SIGTERM; evaluate, log and checkpoint along the way."""
@@ -362,6 +373,7 @@ class Trainer:
         if main:
             if self.last_checkpoint is None:
                 self._write_run_files()
+                self.metrics.clear()  # records of an earlier start that wrote no checkpoint are not this run's
             else:
                 self.metrics.truncate_after(self.step)
         say = _say if main else _silent
@@ -379,7 +391,8 @@ class Trainer:
                 meter.add_step(time.perf_counter() - tick)
                 bar.update(1)
                 done = self.step == cfg.steps
-                if self.step % cfg.log_interval == 0 or done or stop:
+                # Not at a stop: the resumed run would log that step again only if it were a logging step.
+                if self.step % cfg.log_interval == 0 or done:
                     tokens_per_s = meter.interval_rate()
                     bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
                     if main:
@@ -477,6 +490,16 @@ class _Throughput:
 
     def total_rate(self) -> float:
         return self.steps * self.tokens_per_step / self.seconds if self.seconds else math.nan
+
+
+def _mount_point(path: Path) -> Path:
+    """The mount point of the file system holding ``path``: what a full disk is named by."""
+    path = Path(path).resolve()
+    while not path.exists():
+        path = path.parent
+    while not os.path.ismount(path) and path != path.parent:
+        path = path.parent
+    return path
 
 
 def _prefixed(prefix: str, values: dict) -> dict:
