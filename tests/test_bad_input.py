@@ -243,3 +243,21 @@ def test_a_tiny_temperature_samples_the_argmax_instead_of_nan():
     prompt = torch.tensor([[1, 2, 3]])
     tiny = model.generate(prompt, 5, temperature=1e-45, generator=torch.Generator().manual_seed(0))
     assert torch.equal(tiny, model.generate(prompt, 5, temperature=0))
+
+
+class _Payload:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def test_a_pickled_weights_file_is_refused_without_advice_to_turn_safety_off(tmp_path):
+    from attnzoo.convert.common import read_state_dict
+
+    marker = tmp_path / "payload-ran"
+    torch.save({"w": _Payload(marker)}, tmp_path / "pytorch_model.bin")
+    with pytest.raises(ValueError, match=r"pytorch_model\.bin holds more than tensors .* not loaded") as refused:
+        read_state_dict(tmp_path)
+    assert "weights_only" not in str(refused.value) and not marker.exists()

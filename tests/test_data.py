@@ -5,6 +5,7 @@ import http.server
 import io
 import json
 import os
+import re
 import sys
 import tarfile
 import threading
@@ -158,6 +159,23 @@ def test_a_damaged_data_cache_is_refused(tmp_path, name, damage, words):
     damage(cache / name)
     with pytest.raises(CorpusError, match=rf"prepared corpus in .*{cache.name} is damaged.*{words}.*delete"):
         prepare_corpus(str(path), "char")
+
+
+def test_bytes_that_are_not_utf8_are_counted_in_a_warning(tmp_path, caplog):
+    """Defect #17.10: binary or non-UTF-8 --data was decoded with replacement characters, with no warning."""
+    path = tmp_path / "latin1.txt"
+    path.write_bytes("café crème\n".encode("latin-1") + b"\xff\xfe plain\n")
+    with caplog.at_level("WARNING", logger="attnzoo"):
+        corpus = prepare_corpus(str(path), "byte")
+    assert re.search(r"latin1\.txt: 4 of its 20 bytes are not UTF-8 and were read as U\+FFFD", caplog.text)
+    assert "\ufffd" in corpus.tokenizer.decode(corpus.tokens)
+
+
+def test_a_fifo_is_refused_instead_of_read_forever(tmp_path):
+    """Defect #17.8: --data naming a FIFO waited forever."""
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(CorpusError, match=r"fifo' is not a regular file or a directory \(it is a FIFO\)"):
+        prepare_corpus(str(tmp_path / "fifo"))
 
 
 def test_a_given_tokenizer_encodes_the_corpus_as_it_is(tmp_path):

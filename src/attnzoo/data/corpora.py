@@ -283,11 +283,27 @@ def _shakespeare_source() -> TextSource:
     )
 
 
+def decode_text(data: bytes, where: object) -> str:
+    """UTF-8 text; bytes that are not UTF-8 become U+FFFD, with a warning saying how many, so one odd file
+    cannot stop a long preparation and none is changed silently."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = data.decode("utf-8", errors="replace")
+        replaced = sum(0xDC80 <= ord(c) <= 0xDCFF for c in data.decode("utf-8", errors="surrogateescape"))
+        log.warning(
+            "%s: %d of its %d bytes are not UTF-8 and were read as U+FFFD (is it a binary file?)",
+            where,
+            replaced,
+            len(data),
+        )
+        return text
+
+
 def _read_files(files: list[Path]) -> Callable[[], Iterator[str]]:
     def read() -> Iterator[str]:
         for path in files:
-            # Decoding errors become U+FFFD so one odd file cannot stop a long preparation.
-            yield path.read_text(encoding="utf-8", errors="replace")
+            yield decode_text(path.read_bytes(), path)
 
     return read
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import pickle
 import shutil
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -300,6 +301,11 @@ def load_train_state(
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
         set_optimizer_state_dict(model, optimizer, state["optimizer"], options=StateDictOptions(full_state_dict=True))
+    except pickle.UnpicklingError:  # torch's message advises weights_only=False, running the file's code: not here
+        raise CheckpointError(
+            f"cannot restore the optimizer from {path}: it holds objects other than tensors and plain values, so it "
+            "is not loaded (a pickle may run code)"
+        ) from None
     except Exception as err:  # unpickling and state-dict mismatches raise many types; all mean "unusable"
         raise CheckpointError(f"cannot restore the optimizer from {path}: {err}") from None
     if len(state["rng"]) != env.world_size:
