@@ -32,7 +32,8 @@ class MetricsLog:
         return records
 
     def clear(self) -> None:
-        atomic_write_text(self.path, "")
+        """Forget every record; the file appears again with the first one (which watchers wait for)."""
+        self.path.unlink(missing_ok=True)
 
     def truncate_after(self, step: int) -> None:
         """Forget records past ``step``: a resumed run logs those steps again."""
