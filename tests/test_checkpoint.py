@@ -15,6 +15,7 @@ from attnzoo.training.checkpoint import (
     complete_checkpoints,
     latest_checkpoint,
     load_train_state,
+    manifest_digest,
 )
 from attnzoo.training.distributed import Distributed
 
@@ -87,15 +88,85 @@ def test_unreadable_json_is_reported_clearly(run, name):
 
 
 def test_a_config_that_does_not_match_the_weights_is_reported_clearly(run):
-    config_path = run / "checkpoints" / "step-0000006" / "config.json"
+    directory = run / "checkpoints" / "step-0000006"
+    (directory / MANIFEST).unlink()  # a plain model directory, whose files no manifest covers
+    config_path = directory / "config.json"
     config = json.loads(config_path.read_text())
     config["mlp_hidden_dim"] = 128
     config_path.write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match=r"cannot load .*model\.safetensors into the model"):
-        load_pretrained(run)
+        load_pretrained(directory)
     config["vocab_size"] = 100
     config_path.write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match="the tokenizer has 256 tokens but the model's vocab_size is 100"):
+        read_checkpoint(directory)
+
+
+def _edit_json(path, **changes):
+    data = json.loads(path.read_text())
+    for key, value in changes.items():
+        target = data
+        *parents, leaf = key.split("__")
+        for parent in parents:
+            target = target[parent]
+        target[leaf] = value
+    path.write_text(json.dumps(data, indent=2))
+
+
+@pytest.mark.parametrize(
+    ("name", "change"),
+    [
+        ("config.json", {"rope_theta": 10001.0}),
+        ("config.json", {"norm_eps": 2e-05}),
+        ("tokenizer.json", {"kind": "byte", "extra": 1}),
+    ],
+)
+def test_an_edited_config_or_tokenizer_in_a_checkpoint_is_refused(run, name, change):
+    """Defect #17.2: a changed digit in config.json silently changed the model."""
+    _edit_json(run / "checkpoints" / "step-0000006" / name, **change)
+    with pytest.raises(CheckpointError, match=rf"step-0000006 is damaged: {name} does not match the sha256"):
+        read_checkpoint(run)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"train_config__lr": 0.0021}, {"train_config__seed": 1}, {"train_config__seq_len": 8}, {"step": 5}],
+    ids=["lr", "seed", "seq_len", "step"],
+)
+def test_an_edited_manifest_is_refused(run, change):
+    """Defect #17.2: a changed digit in checkpoint.json silently changed the resumed run."""
+    _edit_json(run / "checkpoints" / "step-0000006" / MANIFEST, **change)
+    with pytest.raises(CheckpointError, match=r"step-0000006 is damaged: checkpoint\.json does not match its own"):
+        read_checkpoint(run)
+
+
+@pytest.mark.parametrize("hashes", [{}, None, "x", {"model.safetensors": "0"}], ids=["empty", "null", "str", "one"])
+def test_a_manifest_without_its_hashes_is_refused(run, hashes):
+    """Defect #17.2: a manifest with its hashes removed was accepted next to damaged weights."""
+    directory = run / "checkpoints" / "step-0000006"
+    weights = directory / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-8] + b"\0" * 8)
+    manifest = json.loads((directory / MANIFEST).read_text())
+    manifest["sha256"] = hashes
+    manifest["self_sha256"] = manifest_digest(manifest)  # consistent with itself: only the hashes are gone
+    (directory / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match=r"checkpoint\.json records no sha256 for .*config\.json"):
+        read_checkpoint(run)
+
+
+def test_a_format_1_checkpoint_still_loads_with_a_warning(run, caplog):
+    directory = run / "checkpoints" / "step-0000006"
+    manifest = json.loads((directory / MANIFEST).read_text())
+    del manifest["self_sha256"]
+    manifest["format_version"] = 1
+    manifest["sha256"] = {name: manifest["sha256"][name] for name in ("model.safetensors", TRAIN_STATE)}
+    (directory / MANIFEST).write_text(json.dumps(manifest))
+    with caplog.at_level("WARNING"):
+        assert read_checkpoint(run).step == 6
+    assert "format-1 checkpoint" in caplog.text and "config.json" in caplog.text
+    del manifest["sha256"][TRAIN_STATE]
+    (directory / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match=r"records no sha256 for train_state\.pt"):
         read_checkpoint(run)
 
 
@@ -103,9 +174,10 @@ def test_a_manifest_from_another_format_or_with_bad_fields_is_refused(run):
     manifest_path = run / "checkpoints" / "step-0000006" / MANIFEST
     manifest = json.loads(manifest_path.read_text())
     manifest_path.write_text(json.dumps({**manifest, "format_version": 99}))
-    with pytest.raises(CheckpointError, match="has checkpoint format 99; this attnzoo reads format 1"):
+    with pytest.raises(CheckpointError, match="has checkpoint format 99; this attnzoo reads formats 1, 2"):
         read_checkpoint(run)
-    manifest_path.write_text(json.dumps({**manifest, "train_config": {**manifest["train_config"], "lr": -1}}))
+    bad = {**manifest, "train_config": {**manifest["train_config"], "lr": -1}}
+    manifest_path.write_text(json.dumps({**bad, "self_sha256": manifest_digest(bad)}))
     with pytest.raises(CheckpointError, match=r"checkpoint\.json is invalid: .*lr=-1 is invalid"):
         read_checkpoint(run)
 
@@ -134,7 +206,9 @@ def test_training_state_is_loaded_without_unpickling_arbitrary_objects(trained, 
     torch.save({"optimizer": _Payload(marker), "rng": []}, directory / TRAIN_STATE)
     manifest = json.loads((directory / MANIFEST).read_text())
     manifest["sha256"][TRAIN_STATE] = sha256_file(directory / TRAIN_STATE)  # a well-formed, hostile file
+    manifest["self_sha256"] = manifest_digest(manifest)
     (directory / MANIFEST).write_text(json.dumps(manifest))
-    with pytest.raises(CheckpointError, match=r"cannot restore the optimizer from .*train_state\.pt"):
+    with pytest.raises(CheckpointError, match=r"cannot restore the optimizer from .*train_state\.pt") as refused:
         load_train_state(read_checkpoint(run), trained.model, trained.optimizer, Distributed())
     assert not marker.exists()
+    assert "weights_only" not in str(refused.value)  # torch's advice to turn the safety off is never passed on

@@ -151,7 +151,7 @@ def test_every_registered_mechanism_trains_from_the_command_line(text, tmp_path,
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--lr", "-1"], "lr=-1.0 is invalid: must be a number > 0"),
+        (["--lr", "-1"], "lr=-1.0 is invalid: must be a finite number > 0"),
         (["--attention-option", "nonsense=1"], r"unknown option\(s\) \['nonsense'\]"),
         (["--n-heads", "3"], "n_heads=3 is invalid"),
         (["--data", "no/such/file.txt"], "neither a known corpus"),

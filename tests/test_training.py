@@ -1,7 +1,9 @@
+import errno
 import itertools
 import json
 import math
 import shutil
+import signal
 
 import pytest
 import torch
@@ -184,6 +186,89 @@ def test_resume_refuses_a_different_model_or_optimisation_but_allows_runtime_cha
         )
     allowed = tiny_train_config(text, steps=3, eval_interval=1, keep_checkpoints=1)
     assert Trainer(tiny_model_config(), allowed, corpus, tmp_path / "run", resume=checkpoint).step == 3
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda t: t.replace("the", "thy", 1),  # same length, one word changed
+        lambda t: t[: len(t) // 2],
+    ],
+    ids=["one-word", "halved"],
+)
+def test_resume_refuses_changed_training_data(text, tmp_path, edit):
+    """Defect #17.3: the corpus edited between the interruption and the resume; the resume diverged silently."""
+    _train(text, tmp_path / "run", steps=3)
+    checkpoint = read_checkpoint(tmp_path / "run")
+    text.write_text(edit(text.read_text()))
+    corpus = prepare_corpus(str(text), "byte")
+    with pytest.raises(CheckpointError, match=r"training data changed since .*run started.*tokens.*restore the data"):
+        Trainer(tiny_model_config(), tiny_train_config(text, steps=3), corpus, tmp_path / "run", resume=checkpoint)
+
+
+def test_resume_accepts_the_same_data_touched_and_re_prepared(text, tmp_path, monkeypatch):
+    _train(text, tmp_path / "run", steps=3)
+    checkpoint = read_checkpoint(tmp_path / "run")
+    text.write_text(text.read_text())  # a new mtime, the same text
+    monkeypatch.setenv("ATTNZOO_CACHE_DIR", str(tmp_path / "other-cache"))
+    corpus = prepare_corpus(str(text), "byte")
+    trainer = Trainer(
+        tiny_model_config(), tiny_train_config(text, steps=3), corpus, tmp_path / "run", resume=checkpoint
+    )
+    assert trainer.step == 3
+
+
+def test_a_fresh_start_forgets_the_records_of_a_start_that_saved_no_checkpoint(text, tmp_path):
+    """Defect #17.11: the old metrics.jsonl records stayed (20 duplicated steps, drawn in the plot)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "train_loss": 9.0}) + "\n" for s in (1, 2)))
+    _train(text, run, steps=2)
+    steps = [r["step"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "train_loss" in r]
+    assert steps == [1, 2] and 9.0 not in _losses(run).values()
+
+
+def test_an_interrupted_run_logs_what_the_uninterrupted_one_logs(text, tmp_path):
+    """Defect #17.11: an interrupted run logged one extra record at the stop step."""
+    _train(text, tmp_path / "full", steps=6, log_interval=2, eval_interval=6)
+    train_config = tiny_train_config(text, steps=6, log_interval=2, eval_interval=6)
+    corpus = prepare_corpus(str(text), "byte")
+    trainer = Trainer(tiny_model_config(), train_config, corpus, tmp_path / "cut", progress=False)
+    original = trainer.train_step
+
+    def stop_after_step_3():
+        loss, grad_norm, _ = original()
+        return loss, grad_norm, trainer.step == 3
+
+    trainer.train_step = stop_after_step_3
+    trainer._stop_signal = signal.SIGINT
+    trainer.fit()
+    assert latest_checkpoint(tmp_path / "cut").name == "step-0000003"
+    resumed = Trainer(
+        tiny_model_config(), train_config, corpus, tmp_path / "cut", resume=read_checkpoint(tmp_path / "cut")
+    )
+    resumed.progress = False
+    resumed.fit()
+    assert _losses(tmp_path / "cut") == _losses(tmp_path / "full")
+
+
+def test_a_full_disk_while_saving_names_the_disk_and_the_last_good_checkpoint(text, tmp_path, monkeypatch):
+    from attnzoo.training import checkpoint as checkpoint_module
+
+    run = tmp_path / "run"
+    trainer = Trainer(tiny_model_config(), tiny_train_config(text, steps=4, checkpoint_interval=2),
+                      prepare_corpus(str(text), "byte"), run, progress=False)  # fmt: skip
+    real_save = checkpoint_module.save_file
+
+    def full_after_step_2(tensors, filename, metadata=None):
+        if trainer.step > 2:
+            raise OSError(errno.ENOSPC, "No space left on device", filename)
+        return real_save(tensors, filename, metadata=metadata)
+
+    monkeypatch.setattr(checkpoint_module, "save_file", full_after_step_2)
+    with pytest.raises(CheckpointError, match=r"step 4 .*disk is full .*on the disk of /.*last good .*step-0000002"):
+        trainer.fit()
+    assert read_checkpoint(run).step == 2
 
 
 def test_a_corpus_too_small_for_one_window_is_refused(tmp_path):

@@ -322,6 +322,10 @@ class BenchSweep:
         for name in ("tokens_per_step", "decode_tokens", "repeats", "threads"):
             if not _positive_int(getattr(self, name)):
                 raise ValueError(f"{name}={getattr(self, name)!r} is invalid: must be an integer >= 1")
+        try:
+            torch.device(self.device)
+        except (RuntimeError, TypeError):
+            raise ValueError(f"device={self.device!r} is invalid: use 'auto', 'cpu', 'cuda' or 'cuda:N'") from None
         self.baseline(max(self.seq_lens))  # refuses a bad model size before anything is measured
 
     def baseline(self, seq_len: int) -> ModelConfig:

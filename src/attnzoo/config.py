@@ -108,9 +108,13 @@ class ModelConfig:
             "must be an integer >= 1",
         )
         require(self.norm in NORM_KINDS, "norm", self.norm, f"choose one of {list(NORM_KINDS)}")
-        require(is_number(self.norm_eps) and self.norm_eps > 0, "norm_eps", self.norm_eps, "must be a number > 0")
+        require(
+            is_number(self.norm_eps) and self.norm_eps > 0, "norm_eps", self.norm_eps, "must be a finite number > 0"
+        )
         require(is_number(self.dropout) and 0 <= self.dropout < 1, "dropout", self.dropout, "must be in [0, 1)")
-        require(is_number(self.init_std) and self.init_std > 0, "init_std", self.init_std, "must be a number > 0")
+        require(
+            is_number(self.init_std) and self.init_std > 0, "init_std", self.init_std, "must be a finite number > 0"
+        )
         for name in ("bias", "tie_embeddings", "parallel_residual", "embedding_norm", "causal"):
             require(isinstance(getattr(self, name), bool), name, getattr(self, name), "must be true or false")
         require(

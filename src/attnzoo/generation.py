@@ -5,14 +5,18 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from attnzoo.validation import is_int, is_number, require
+
 
 def check_sampling_args(temperature: float, top_k: int | None, top_p: float | None) -> None:
-    if not temperature >= 0:
-        raise ValueError(f"temperature={temperature!r} is invalid: must be >= 0 (0 means greedy)")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-        raise ValueError(f"top_k={top_k!r} is invalid: must be None or an integer >= 1")
-    if top_p is not None and not 0 < top_p <= 1:
-        raise ValueError(f"top_p={top_p!r} is invalid: must be None or in (0, 1]")
+    require(
+        is_number(temperature) and temperature >= 0,
+        "temperature",
+        temperature,
+        "must be a finite number >= 0 (0 means greedy)",
+    )
+    require(top_k is None or (is_int(top_k) and top_k >= 1), "top_k", top_k, "must be None or an integer >= 1")
+    require(top_p is None or (is_number(top_p) and 0 < top_p <= 1), "top_p", top_p, "must be None or in (0, 1]")
 
 
 def sample_next_token(
@@ -26,7 +30,10 @@ def sample_next_token(
     """(B, vocab) logits → (B,) token ids. Temperature 0 is greedy (argmax)."""
     if temperature == 0:
         return logits.argmax(dim=-1)
-    logits = logits.float() / temperature
+    # Shifted so the largest logit is 0 before scaling: a tiny temperature sends the others to -inf, never the
+    # largest to inf, so the probabilities stay finite (sampling tends to argmax, as it should).
+    logits = logits.float()
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
     if top_k is not None and top_k < logits.shape[-1]:
         kth_largest = torch.topk(logits, top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth_largest, float("-inf"))

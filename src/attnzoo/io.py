@@ -8,6 +8,8 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import torch
+
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
@@ -37,6 +39,37 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> None
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def available_memory(device: torch.device | str) -> int | None:
+    """Bytes that can still be allocated on ``device``: free GPU memory, or the host's available RAM (Linux's
+    MemAvailable); ``None`` where it cannot be told."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type != "cpu":
+        return None
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def check_memory(nbytes: int, what: str, device: torch.device | str) -> None:
+    """Refuse, before allocating, ``nbytes`` that ``device`` does not have: name the size and the memory."""
+    available = available_memory(device)
+    if available is not None and nbytes > available:
+        raise MemoryError(
+            f"{what} needs {nbytes / 2**30:,.1f} GiB but {torch.device(device)} has {available / 2**30:,.1f} GiB "
+            "available: ask for less"
+        )
 
 
 def _read_umask() -> int:

@@ -19,11 +19,26 @@ from attnzoo.attention.base import residual_linear
 from attnzoo.cache import KVCache, LayerCache
 from attnzoo.config import ModelConfig
 from attnzoo.generation import check_sampling_args, sample_next_token
-from attnzoo.io import atomic_write
+from attnzoo.io import atomic_write, check_memory
 from attnzoo.positions import POSITIONS
+from attnzoo.validation import is_int, require
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
+
+
+def _tensors(value: object, seen: set[int] | None = None) -> list[Tensor]:
+    """Every tensor reachable through a cache's attributes, lists and dicts, once each."""
+    seen = set() if seen is None else seen
+    if isinstance(value, Tensor):
+        return [] if id(value) in seen or seen.add(id(value)) else [value]
+    if isinstance(value, (list, tuple)):
+        return [t for item in value for t in _tensors(item, seen)]
+    if isinstance(value, dict):
+        return [t for item in value.values() for t in _tensors(item, seen)]
+    if hasattr(value, "__dict__"):
+        return [t for item in vars(value).values() for t in _tensors(item, seen)]
+    return []
 
 
 def make_norm(cfg: ModelConfig) -> nn.Module:
@@ -109,11 +124,30 @@ class Transformer(nn.Module):
         for block in self.layers:
             block.self_attn.reset_mechanism_parameters()
 
+    @classmethod
+    def check_fits(cls, cfg: ModelConfig, device: torch.device | str = "cpu") -> None:
+        """Refuse, before allocating anything, a model whose weights and buffers ``device`` cannot hold (e.g.
+        learned positions for max_seq_len = 10**11): laid out on the meta device first, which costs no memory."""
+        with torch.device("meta"):
+            model = cls(cfg)
+        tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}.values()
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        check_memory(nbytes, f"the model ({model.num_parameters():,} parameters, buffers included)", device)
+
     def num_parameters(self, exclude_embeddings: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())
         if exclude_embeddings:
             n -= self.embed_tokens.weight.numel()
         return n
+
+    def cache_bytes(self, batch_size: int, max_len: int) -> int:
+        """The size of :meth:`new_cache`'s buffers, from the same cache laid out on the meta device (no memory)."""
+        dtype = self.embed_tokens.weight.dtype
+        meta = torch.device("meta")
+        layers = [
+            block.self_attn.new_layer_cache(batch_size, max_len, device=meta, dtype=dtype) for block in self.layers
+        ]
+        return sum(t.numel() * t.element_size() for t in _tensors(layers))
 
     def new_cache(self, batch_size: int, max_len: int, *, dtype: torch.dtype | None = None) -> KVCache:
         """A static cache for ``batch_size`` sequences of up to ``max_len`` positions."""
@@ -157,6 +191,8 @@ class Transformer(nn.Module):
         if idx.dtype.is_floating_point or idx.dtype.is_complex or idx.dtype == torch.bool:
             raise ValueError(f"idx must hold integer token ids; got dtype {idx.dtype}")
         batch, seq_len = idx.shape
+        if batch == 0:
+            raise ValueError("idx holds no sequences (batch=0)")
         if seq_len == 0:
             raise ValueError("idx has no tokens (seq_len=0)")
         if not torch.compiler.is_compiling():
@@ -190,6 +226,15 @@ class Transformer(nn.Module):
         logits = self.lm_head(self._hidden(idx, cache))
         if targets is None:
             return logits
+        if targets.dtype.is_floating_point or targets.dtype.is_complex or targets.dtype == torch.bool:
+            raise ValueError(f"targets must hold integer token ids; got dtype {targets.dtype}")
+        if not torch.compiler.is_compiling():
+            outside = (targets != -100) & ((targets < 0) | (targets >= self.config.vocab_size))
+            if bool(outside.any()):
+                bad = targets[outside][0].item()
+                raise ValueError(
+                    f"target {bad} is outside the vocabulary [0, {self.config.vocab_size}) and is not the ignored -100"
+                )
         loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)
         return logits, loss
 
@@ -223,11 +268,22 @@ class Transformer(nn.Module):
         """
         check_sampling_args(temperature, top_k, top_p)
         self._require_causal("generate")
-        if max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens={max_new_tokens} is invalid: must be >= 0")
+        require(is_int(max_new_tokens) and max_new_tokens >= 0, "max_new_tokens", max_new_tokens, "must be an int >= 0")
+        vocab = self.config.vocab_size
+        require(
+            eos_token_id is None or (is_int(eos_token_id) and 0 <= eos_token_id < vocab),
+            "eos_token_id",
+            eos_token_id,
+            f"must be None or a token id in [0, {vocab})",
+        )
         if idx.dim() != 2:
             raise ValueError(f"idx must have shape (batch, seq_len); got {tuple(idx.shape)}")
         batch, prompt_len = idx.shape
+        if batch == 0:
+            raise ValueError("idx holds no sequences (batch=0)")
+        if use_cache and max_new_tokens:
+            self.position.check_length(prompt_len + max_new_tokens - 1)
+            check_memory(self.cache_bytes(batch, prompt_len + max_new_tokens - 1), "the KV cache", idx.device)
         # The last sampled token is returned, never fed back: the cache needs one position less than the output.
         cache = self.new_cache(batch, prompt_len + max_new_tokens - 1) if use_cache and max_new_tokens else None
         finished = torch.zeros(batch, dtype=torch.bool, device=idx.device)
@@ -270,7 +326,9 @@ class Transformer(nn.Module):
                 raise FileNotFoundError(
                     f"{path} not found; a saved model directory holds {CONFIG_NAME} and {WEIGHTS_NAME}"
                 )
-        model = cls(ModelConfig.from_json(config_path))
+        config = ModelConfig.from_json(config_path)
+        cls.check_fits(config, device)
+        model = cls(config)
         try:
             missing, unexpected = load_model(model, str(weights_path), strict=False, device=str(device))
         except Exception as err:  # safetensors raises its own error types for corrupt files

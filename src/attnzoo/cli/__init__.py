@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import sys
 from collections.abc import Iterator
 
@@ -29,7 +30,15 @@ COMMANDS: tuple[Command, ...] = tuple(
 )
 
 # Errors that are the user's to fix: shown as one line, without a traceback.
-USER_ERRORS = (ValueError, FileNotFoundError, CorpusError, CheckpointError, TrainingDiverged, MissingDependencyError)
+USER_ERRORS = (
+    ValueError,
+    FileNotFoundError,
+    CorpusError,
+    CheckpointError,
+    TrainingDiverged,
+    MissingDependencyError,
+    MemoryError,  # check_memory's refusals, named before allocating
+)
 
 
 @contextlib.contextmanager
@@ -70,16 +79,40 @@ def build_parser(commands: tuple[Command, ...] = COMMANDS) -> argparse.ArgumentP
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except KeyboardInterrupt:
+        print("attnzoo: interrupted", file=sys.stderr)
+        return 130
     with _library_messages():
         try:
             return args.command.run(args)
+        except BrokenPipeError:
+            return _closed_pipe()
         except USER_ERRORS as err:
             print(f"attnzoo {args.command.name}: error: {err}", file=sys.stderr)
+            return 1
+        except OSError as err:  # the machine's doing (disk full, permissions ...): one line naming the file
+            print(f"attnzoo {args.command.name}: error: {_os_error(err)}", file=sys.stderr)
             return 1
         except KeyboardInterrupt:  # outside the training loop, which handles SIGINT itself
             print(f"attnzoo {args.command.name}: interrupted", file=sys.stderr)
             return 130
+
+
+def _os_error(err: OSError) -> str:
+    where = f"{err.filename}" + (f" → {err.filename2}" if err.filename2 else "") if err.filename else ""
+    return f"{err.strerror or err}" + (f": {where}" if where else "")
+
+
+def _closed_pipe() -> int:
+    """The reader of stdout went away (``attnzoo info RUN | head -1``): stop quietly, as Unix tools do."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python's flush at exit would raise again on the closed pipe
+    except (OSError, ValueError):
+        pass
+    return 141  # 128 + SIGPIPE, what a shell reports for a command killed by the closed pipe
 
 
 __all__ = ["COMMANDS", "Command", "build_parser", "main"]

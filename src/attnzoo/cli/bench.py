@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from attnzoo.bench import DTYPES, MODES, BenchSweep, run_bench
-from attnzoo.cli.command import Command
+from attnzoo.cli.command import Command, check_out_dir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -85,6 +85,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_out_dir(args.out)
     sweep = BenchSweep(
         variants=tuple(args.variants),
         seq_lens=tuple(args.seq_lens),

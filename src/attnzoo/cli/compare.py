@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from attnzoo.cli.command import Command
+from attnzoo.cli.command import Command, check_out_dir
 from attnzoo.compare import DEFAULT_VARIANTS, PRESETS, run_compare
 from attnzoo.evals import TASKS
 from attnzoo.variants import SPEC_FORMAT
@@ -49,6 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_out_dir(args.out)
     if args.seeds is not None and args.seeds < 1:
         raise ValueError(f"--seeds={args.seeds} is invalid: must be >= 1 (and >= 2 for any ranking)")
     result = run_compare(

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnzoo.cli.command import Command
+from attnzoo.cli.command import Command, check_int, check_seed
 from attnzoo.compare import run_task
 from attnzoo.data.batches import eval_window_starts, gather_windows
 from attnzoo.data.corpora import prepare_corpus
@@ -71,6 +71,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    for flag in ("--batch-size", "--seq-len", "--max-windows", "--blocks", "--steps"):
+        check_int(flag, getattr(args, flag[2:].replace("-", "_")))
+    check_seed("--seed", args.seed)
     device = resolve_device(args.device)
     if args.task in TASKS:
         return _run_task(args, device)

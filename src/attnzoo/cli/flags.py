@@ -182,7 +182,13 @@ def model_settings_from_args(
     settings = {**base, **file, **given(args, "model")}
     for kind in SCHEMES:
         inherited = base.get(f"{kind}_options", {}) if settings.get(kind) == base.get(kind) else {}
-        options = {**inherited, **file.get(f"{kind}_options", {})}
+        from_file = file.get(f"{kind}_options", {})
+        if not isinstance(from_file, dict):
+            raise ValueError(
+                f"config file {args.config}: {kind}_options={from_file!r} is invalid: must be a dict of options, "
+                f"a table ([model.{kind}_options])"
+            )
+        options = {**inherited, **from_file}
         options.update(getattr(args, f"{kind}_options", []))
         settings[f"{kind}_options"] = options
     return settings

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from attnzoo.cli.command import Command
+from attnzoo.cli.command import Command, check_seed, check_text
 from attnzoo.training.checkpoint import load_pretrained
 from attnzoo.training.distributed import resolve_device
 
@@ -29,6 +29,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--num-samples={args.num_samples} is invalid: must be >= 1")
     if not args.prompt:
         raise ValueError("--prompt is empty: the model needs at least one token to continue")
+    check_text("--prompt", args.prompt)
+    check_seed("--seed", args.seed)
     device = resolve_device(args.device)
     model, checkpoint = load_pretrained(args.path, device)
     tokenizer = checkpoint.require_tokenizer()

@@ -7,7 +7,7 @@ import dataclasses
 from datetime import datetime
 from pathlib import Path
 
-from attnzoo.cli.command import Command
+from attnzoo.cli.command import Command, check_out_dir
 from attnzoo.cli.flags import (
     add_config_argument,
     add_model_arguments,
@@ -77,6 +77,7 @@ def _init_tokenizer(
 
 
 def run(args: argparse.Namespace) -> int:
+    check_out_dir(args.out)
     checkpoint = pretrained = tokenizer = None
     if args.resume is not None:
         if args.init_from is not None:

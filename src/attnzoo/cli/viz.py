@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from attnzoo.cli.command import Command
+from attnzoo.cli.command import Command, check_out_dir, check_text
+from attnzoo.training.distributed import resolve_device
 from attnzoo.viz import draw_attention_maps
 
 
@@ -23,6 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_out_dir(args.out)
+    check_text("--prompt", args.prompt)
+    resolve_device(args.device)
     for path in draw_attention_maps(args.path, args.prompt, args.out, args.device):
         print(path)
     return 0

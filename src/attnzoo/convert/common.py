@@ -250,5 +250,15 @@ def read_state_dict(directory: str | os.PathLike) -> dict[str, Tensor]:
         if path.suffix == ".safetensors":
             state.update(load_file(path))
         else:
-            state.update(torch.load(path, map_location="cpu", weights_only=True))
+            try:
+                loaded = torch.load(path, map_location="cpu", weights_only=True)
+            except Exception as err:  # unpickling raises many types
+                # torch's message advises weights_only=False, i.e. running the file's code: never pass that on.
+                raise ValueError(
+                    f"{path} holds more than tensors ({type(err).__name__}), so it is not loaded: a pickle may run "
+                    "code. Convert it to safetensors with a tool you trust, or use the model's *.safetensors files"
+                ) from None
+            if not isinstance(loaded, dict) or not all(isinstance(v, Tensor) for v in loaded.values()):
+                raise ValueError(f"{path} is not a state dict of tensors")
+            state.update(loaded)
     return state

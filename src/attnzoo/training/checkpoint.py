@@ -7,19 +7,25 @@
         model.safetensors    weights           ┘
         tokenizer.json       the tokenizer the model was trained with (a Hugging Face one included whole)
         train_state.pt       optimizer state and every rank's RNG state (torch.save; loaded weights_only)
-        checkpoint.json      step, train config, versions and the sha256 of the binary files; written last
+        checkpoint.json      step, train config, versions, the sha256 of every other file and of itself;
+                             written last
 
 Every file is written atomically (temp file, fsync, rename) and ``checkpoint.json`` last, so a directory
 that has one is complete: a crash mid-save leaves the previous checkpoint as the latest. The hashes turn a
-truncated or corrupted file into a clear error instead of a failure deep inside torch.
+truncated, corrupted or edited file (a weight, a digit of ``config.json`` or of the manifest's train config)
+into a clear error instead of a failure deep inside torch or a silently different model or run; a manifest
+that does not hash every file is refused.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
+import pickle
 import shutil
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import torch
@@ -45,7 +51,13 @@ CHECKPOINTS = "checkpoints"
 MANIFEST = "checkpoint.json"
 TOKENIZER = "tokenizer.json"
 TRAIN_STATE = "train_state.pt"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+HASHED = (CONFIG_NAME, WEIGHTS_NAME, TOKENIZER, TRAIN_STATE)  # every file of a checkpoint but the manifest
+# The files each readable manifest format must hash; format 1 (attnzoo 0.1.0) hashed the binary files alone.
+READABLE_FORMATS = {1: (WEIGHTS_NAME, TRAIN_STATE), 2: HASHED}
+
+
+log = logging.getLogger(__name__)
 
 
 class CheckpointError(RuntimeError):
@@ -113,20 +125,76 @@ def _read_json(path: Path) -> Any:
         raise CheckpointError(f"{path} is damaged (not readable JSON: {err})") from None
 
 
+def manifest_digest(manifest: dict[str, Any]) -> str:
+    """The sha256 of a manifest's own content (its ``self_sha256`` left out), so an edited step, train config or
+    hash in ``checkpoint.json`` is caught like a damaged weight file."""
+    rest = {key: value for key, value in manifest.items() if key != "self_sha256"}
+    return hashlib.sha256(json.dumps(rest, sort_keys=True).encode()).hexdigest()
+
+
+def _verify_manifest(directory: Path, manifest: Any) -> tuple[TrainConfig, int, int]:
+    """Check a manifest's format, its own hash and the hash of every file it must cover; its (train config,
+    step, world size)."""
+    where = directory / MANIFEST
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"{where} is invalid: a JSON object is expected, not {type(manifest).__name__}")
+    version = manifest.get("format_version")
+    if type(version) is not int or version not in READABLE_FORMATS:
+        raise CheckpointError(
+            f"{directory} has checkpoint format {version}; this attnzoo reads formats "
+            f"{', '.join(map(str, READABLE_FORMATS))}"
+        )
+    hashes = manifest.get("sha256")
+    required = READABLE_FORMATS[version]
+    if not isinstance(hashes, dict) or not set(required) <= set(hashes):
+        lacking = sorted(set(required) - set(hashes)) if isinstance(hashes, dict) else list(required)
+        raise CheckpointError(
+            f"{where} records no sha256 for {', '.join(lacking)}: a checkpoint's manifest hashes every file, so "
+            "this one was edited or damaged and its files cannot be trusted"
+        )
+    if version >= 2 and manifest.get("self_sha256") != manifest_digest(manifest):
+        raise CheckpointError(
+            f"checkpoint {directory} is damaged: {MANIFEST} does not match its own recorded sha256 (edited or "
+            "corrupted). Delete this checkpoint directory to resume from the one before."
+        )
+    for name, expected in hashes.items():
+        file = directory / name
+        if PurePosixPath(name).name != name or not file.is_file():
+            raise CheckpointError(f"checkpoint {directory} is incomplete: {name} is missing")
+        if sha256_file(file) != expected:
+            raise CheckpointError(
+                f"checkpoint {directory} is damaged: {name} does not match the sha256 recorded when it was "
+                "written (truncated, corrupted or edited). Delete this checkpoint directory to resume from the "
+                "one before."
+            )
+    if version < 2:
+        log.warning(
+            "%s is a format-%s checkpoint, whose manifest does not hash %s or itself: their integrity is not checked",
+            directory,
+            version,
+            ", ".join(sorted(set(HASHED) - set(required))),
+        )
+    try:
+        train_config = TrainConfig.from_dict(manifest["train_config"])
+        return train_config, int(manifest["step"]), int(manifest["world_size"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise CheckpointError(f"{where} is invalid: {err!r}") from None
+
+
 def read_checkpoint(path: str | Path) -> Checkpoint:
-    """Read and verify the checkpoint at ``path`` (see :func:`resolve_checkpoint`): configs, tokenizer, hashes."""
+    """Read and verify the checkpoint at ``path`` (see :func:`resolve_checkpoint`): hashes first, then configs
+    and tokenizer."""
     directory = resolve_checkpoint(path)
     complete = (directory / MANIFEST).is_file()
+    config_dict = _read_json(directory / CONFIG_NAME)
+    # A plain pretrained directory (save_pretrained, a converted model) may come without a tokenizer, or
+    # with the Hugging Face tokenizer.json of the model it was converted from, whose embeddings may be padded.
+    has_tokenizer = complete or (directory / TOKENIZER).is_file()
+    tokenizer_dict = _read_json(directory / TOKENIZER) if has_tokenizer else None
+    training = _verify_manifest(directory, _read_json(directory / MANIFEST)) if complete else None
     try:
-        model_config = ModelConfig.from_dict(_read_json(directory / CONFIG_NAME))
-        # A plain pretrained directory (save_pretrained, a converted model) may come without a tokenizer, or
-        # with the Hugging Face tokenizer.json of the model it was converted from, whose embeddings may be padded.
-        has_tokenizer = complete or (directory / TOKENIZER).is_file()
-        tokenizer = (
-            tokenizer_from_dict(_read_json(directory / TOKENIZER)).padded_to(model_config.vocab_size)
-            if has_tokenizer
-            else None
-        )
+        model_config = ModelConfig.from_dict(config_dict)
+        tokenizer = tokenizer_from_dict(tokenizer_dict).padded_to(model_config.vocab_size) if has_tokenizer else None
     except (ValueError, TypeError) as err:
         raise CheckpointError(f"{directory} has an invalid config or tokenizer: {err}") from None
     if tokenizer is not None and tokenizer.vocab_size != model_config.vocab_size:
@@ -134,28 +202,9 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
             f"{directory}: the tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is "
             f"{model_config.vocab_size}"
         )
-    if not complete:
+    if training is None:
         return Checkpoint(directory, model_config, tokenizer)
-    manifest = _read_json(directory / MANIFEST)
-    try:
-        if manifest["format_version"] != FORMAT_VERSION:
-            raise CheckpointError(
-                f"{directory} has checkpoint format {manifest['format_version']}; this attnzoo reads "
-                f"format {FORMAT_VERSION}"
-            )
-        train_config = TrainConfig.from_dict(manifest["train_config"])
-        step, world_size, hashes = int(manifest["step"]), int(manifest["world_size"]), dict(manifest["sha256"])
-    except (KeyError, TypeError, ValueError) as err:
-        raise CheckpointError(f"{directory / MANIFEST} is invalid: {err!r}") from None
-    for name, expected in hashes.items():
-        file = directory / name
-        if not file.is_file():
-            raise CheckpointError(f"checkpoint {directory} is incomplete: {name} is missing")
-        if sha256_file(file) != expected:
-            raise CheckpointError(
-                f"checkpoint {directory} is damaged: {name} does not match the sha256 recorded when it was "
-                "written (truncated or corrupted). Delete this checkpoint directory to resume from the one before."
-            )
+    train_config, step, world_size = training
     return Checkpoint(directory, model_config, tokenizer, step, train_config, world_size)
 
 
@@ -179,6 +228,7 @@ def _device_of(model: nn.Module) -> torch.device:
 def load_pretrained(path: str | Path, device: str | torch.device = "cpu") -> tuple[Transformer, Checkpoint]:
     """A model ready for inference (eval mode) from a run, checkpoint or pretrained directory."""
     checkpoint = read_checkpoint(path)
+    Transformer.check_fits(checkpoint.model_config, device)
     model = Transformer(checkpoint.model_config).to(device)
     load_weights(checkpoint, model)
     return model.eval(), checkpoint
@@ -232,8 +282,9 @@ def save_checkpoint(
             "attnzoo_version": __version__,
             "torch_version": torch.__version__,
             "train_config": train_config.to_dict(),
-            "sha256": {name: sha256_file(directory / name) for name in (WEIGHTS_NAME, TRAIN_STATE)},
+            "sha256": {name: sha256_file(directory / name) for name in HASHED},
         }
+        manifest["self_sha256"] = manifest_digest(manifest)
         atomic_write_text(directory / MANIFEST, json.dumps(manifest, indent=2) + "\n")
         for old in complete_checkpoints(run_dir)[: -train_config.keep_checkpoints]:
             shutil.rmtree(old)
@@ -250,6 +301,11 @@ def load_train_state(
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
         set_optimizer_state_dict(model, optimizer, state["optimizer"], options=StateDictOptions(full_state_dict=True))
+    except pickle.UnpicklingError:  # torch's message advises weights_only=False, running the file's code: not here
+        raise CheckpointError(
+            f"cannot restore the optimizer from {path}: it holds objects other than tensors and plain values, so it "
+            "is not loaded (a pickle may run code)"
+        ) from None
     except Exception as err:  # unpickling and state-dict mismatches raise many types; all mean "unusable"
         raise CheckpointError(f"cannot restore the optimizer from {path}: {err}") from None
     if len(state["rng"]) != env.world_size:

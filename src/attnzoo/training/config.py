@@ -29,7 +29,7 @@ from typing import Any
 
 from attnzoo.config import ModelConfig
 from attnzoo.data.tokenizers import TOKENIZER_CHOICES, is_tokenizer_name
-from attnzoo.validation import is_int, is_number, require
+from attnzoo.validation import MAX_SEED, is_int, is_number, is_seed, require
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -146,9 +146,14 @@ class TrainConfig:
         ):
             value = getattr(self, name)
             require(is_int(value) and value >= 1, name, value, "must be an integer >= 1")
-        require(is_int(self.warmup_steps) and self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, "must be >= 0")
-        require(is_int(self.seed) and self.seed >= 0, "seed", self.seed, "must be an integer >= 0")
-        require(is_number(self.lr) and self.lr > 0, "lr", self.lr, "must be a number > 0")
+        require(
+            is_int(self.warmup_steps) and self.warmup_steps >= 0,
+            "warmup_steps",
+            self.warmup_steps,
+            "must be an integer >= 0",
+        )
+        require(is_seed(self.seed), "seed", self.seed, f"must be an integer in [0, {MAX_SEED}]")
+        require(is_number(self.lr) and self.lr > 0, "lr", self.lr, "must be a finite number > 0")
         require(
             is_number(self.min_lr_ratio) and 0 <= self.min_lr_ratio <= 1,
             "min_lr_ratio",
@@ -161,7 +166,12 @@ class TrainConfig:
         for name in ("beta1", "beta2"):
             value = getattr(self, name)
             require(is_number(value) and 0 <= value < 1, name, value, "must be in [0, 1)")
-        require(is_number(self.grad_clip) and self.grad_clip >= 0, "grad_clip", self.grad_clip, "must be >= 0")
+        require(
+            is_number(self.grad_clip) and self.grad_clip >= 0,
+            "grad_clip",
+            self.grad_clip,
+            "must be a finite number >= 0",
+        )
         if isinstance(self.train_only, list):  # from JSON, TOML or flags: a tuple, so a JSON round trip is equal
             object.__setattr__(self, "train_only", tuple(self.train_only))
         require(

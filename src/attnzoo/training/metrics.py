@@ -31,6 +31,10 @@ class MetricsLog:
                 continue  # a crash mid-append cuts a line short; the complete ones are still good
         return records
 
+    def clear(self) -> None:
+        """Forget every record; the file appears again with the first one (which watchers wait for)."""
+        self.path.unlink(missing_ok=True)
+
     def truncate_after(self, step: int) -> None:
         """Forget records past ``step``: a resumed run logs those steps again."""
         kept = [r for r in self.read() if r["step"] <= step]

@@ -17,8 +17,10 @@ touches the weights, so the last checkpoint stays good.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
+import os
 import platform
 import signal
 import sys
@@ -118,6 +120,37 @@ def check_resumable(checkpoint: Checkpoint, model_config: ModelConfig, train_con
         )
 
 
+def _data_identity(corpus_info: dict) -> dict:
+    """What identifies a run's token stream in ``run.json``'s corpus record: its token count and, when the
+    cache recorded it, the sha256 of its tokens."""
+    identity = {"tokens": corpus_info.get("num_tokens")}
+    hashes = corpus_info.get("files_sha256")
+    if isinstance(hashes, dict) and "tokens.bin" in hashes:
+        identity["tokens sha256"] = hashes["tokens.bin"]
+    return identity
+
+
+def check_same_data(run_dir: Path, corpus: Corpus) -> None:
+    """Refuse to resume ``run_dir`` on a token stream other than the one its ``run.json`` records: a run
+    continued on edited text would silently diverge from the one it claims to continue."""
+    try:
+        recorded = json.loads((Path(run_dir) / "run.json").read_text(encoding="utf-8"))["corpus"]
+    except FileNotFoundError:
+        return  # a checkpoint copied out of its run: nothing recorded to compare with
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(
+            f"{Path(run_dir) / 'run.json'} is unreadable ({err}), so its data cannot be compared"
+        ) from None
+    then, now = _data_identity(recorded), _data_identity(corpus.info)
+    changed = {key: (then[key], now[key]) for key in then.keys() & now.keys() if then[key] != now[key]}
+    if changed:
+        raise CheckpointError(
+            f"the training data changed since {run_dir} started: corpus {recorded.get('name')!r} then, "
+            f"{corpus.name!r} now, differing in {changed} (then, now). Resuming on other data would not continue "
+            f"the same run: restore the data it was trained on, or start a new run with --init-from {run_dir}."
+        )
+
+
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     """A ``TrainConfig.dtype``: 'auto' is bfloat16 autocast on CUDA devices that support it, float32 elsewhere."""
     if name == "auto":
@@ -183,6 +216,7 @@ class Trainer:
             check_resumable(resume, self.model_config, self.cfg)
             if resume.tokenizer != self.corpus.tokenizer:
                 raise CheckpointError(f"{resume.directory} was trained with a different tokenizer than the corpus's")
+            check_same_data(self.run_dir, self.corpus)
 
     def _build_model(
         self, resume: Checkpoint | None, init_from: Checkpoint | None
@@ -191,6 +225,7 @@ class Trainer:
         given the checkpoint's weights when resuming, or the pretrained model's (the parameters that one
         lacks keep the seed's init or start at identity)."""
         torch.manual_seed(self.cfg.seed)  # the same initial weights on every rank
+        Transformer.check_fits(self.model_config, self.env.device)
         model = Transformer(self.model_config).to(self.env.device)
         pretrained_init = None
         if resume is not None:
@@ -311,17 +346,26 @@ class Trainer:
     def save(self) -> None:
         if self.last_checkpoint == step_directory(self.run_dir, self.step):
             return  # already saved at this step (e.g. resumed here, or interrupted right after a checkpoint)
-        self.last_checkpoint = save_checkpoint(
-            self.run_dir,
-            step=self.step,
-            model=self.model,
-            optimizer=self.optimizer,
-            model_config=self.model_config,
-            train_config=self.cfg,
-            tokenizer=self.corpus.tokenizer,
-            env=self.env,
-            tied_names=self.tied_names,
-        )
+        try:
+            self.last_checkpoint = save_checkpoint(
+                self.run_dir,
+                step=self.step,
+                model=self.model,
+                optimizer=self.optimizer,
+                model_config=self.model_config,
+                train_config=self.cfg,
+                tokenizer=self.corpus.tokenizer,
+                env=self.env,
+                tied_names=self.tied_names,
+            )
+        except OSError as err:  # disk full, quota, permissions: the run stops, its last checkpoint stays good
+            kept = latest_checkpoint(self.run_dir)
+            last = f"the last good checkpoint is {kept}" if kept else "no checkpoint had been written yet"
+            why = "the disk is full" if err.errno == errno.ENOSPC else err.strerror or str(err)
+            raise CheckpointError(
+                f"could not write the checkpoint of step {self.step} into {step_directory(self.run_dir, self.step)}: "
+                f"{why} ({err.filename or self.run_dir}, on the disk of {_mount_point(self.run_dir)}); {last}"
+            ) from None
 
     def fit(self) -> TrainResult:
         """Train to ``steps``, or until SIGINT/SIGTERM; evaluate, log and checkpoint along the way."""
@@ -329,6 +373,7 @@ class Trainer:
         if main:
             if self.last_checkpoint is None:
                 self._write_run_files()
+                self.metrics.clear()  # records of an earlier start that wrote no checkpoint are not this run's
             else:
                 self.metrics.truncate_after(self.step)
         say = _say if main else _silent
@@ -346,7 +391,8 @@ class Trainer:
                 meter.add_step(time.perf_counter() - tick)
                 bar.update(1)
                 done = self.step == cfg.steps
-                if self.step % cfg.log_interval == 0 or done or stop:
+                # Not at a stop: the resumed run would log that step again only if it were a logging step.
+                if self.step % cfg.log_interval == 0 or done:
                     tokens_per_s = meter.interval_rate()
                     bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
                     if main:
@@ -444,6 +490,16 @@ class _Throughput:
 
     def total_rate(self) -> float:
         return self.steps * self.tokens_per_step / self.seconds if self.seconds else math.nan
+
+
+def _mount_point(path: Path) -> Path:
+    """The mount point of the file system holding ``path``: what a full disk is named by."""
+    path = Path(path).resolve()
+    while not path.exists():
+        path = path.parent
+    while not os.path.ismount(path) and path != path.parent:
+        path = path.parent
+    return path
 
 
 def _prefixed(prefix: str, values: dict) -> dict:

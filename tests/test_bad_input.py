@@ -1,0 +1,263 @@
+"""Every bad input is refused with one line that names the value and what is allowed; none ends in a traceback.
+
+The table grows with the CLI: a new flag gets a row here with a value it must refuse. Each row runs
+``attnzoo.cli.main`` in-process and checks the exit code (1 for the library's refusals, 2 for argparse's), the
+words the error must contain, and that stderr holds no traceback and only one line.
+"""
+
+import math
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+from training_helpers import TINY_FLAGS, write_text_corpus
+
+from attnzoo import ModelConfig, Transformer
+from attnzoo.cli import main
+
+BIG = str(10**11)
+HUGE_SEED = str(10**23)
+POSITIVE_INT_FIELDS = (
+    "n_layers", "max_seq_len", "eval_interval", "eval_windows", "log_interval", "checkpoint_interval",
+    "keep_checkpoints", "grad_accum", "seq_len", "head_dim", "mlp_hidden_dim",
+)  # fmt: skip
+SEED_RANGE = r"seed=10{23} is invalid: must be an integer in \[0, 9223372036854775807\]"
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A trained run, a text file, an ordinary file, a FIFO and a TOML with a bad table, shared by the rows."""
+    root = tmp_path_factory.mktemp("bad-input")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ATTNZOO_CACHE_DIR", str(root / "cache"))
+        text = write_text_corpus(root / "text.txt")
+        assert main(["train", "--data", str(text), "--out", str(root / "run"), *TINY_FLAGS, "--steps", "2"]) == 0
+    (root / "file").write_text("not a directory\n")
+    os.mkfifo(root / "fifo")
+    (root / "options.toml").write_text('[model]\nattention_options = "not a table"\n')
+    return {"root": root, "run": root / "run", "text": text}
+
+
+TRAIN = ["train", "--data", "{text}", "--out", "{root}/new", *TINY_FLAGS]
+GENERATE = ["generate", "{run}", "--max-new-tokens", "4", "--device", "cpu"]
+EVAL = ["eval", "{run}", "--device", "cpu"]
+BENCH = [
+    "bench",
+    "--variants",
+    "mha+rope",
+    "--seq-lens",
+    "16",
+    "--repeats",
+    "1",
+    "--device",
+    "cpu",
+    "--out",
+    "{root}/b",
+]
+VIZ = ["viz", "{run}", "--device", "cpu", "--out", "{root}/maps"]
+
+# (argv, exit code, words the error must contain: a regex)
+CASES = [
+    # Numbers: finite means finite, and within float32's range for what a model computes with.
+    ([*TRAIN, "--lr", "inf"], 1, r"lr=inf is invalid: must be a finite number > 0"),
+    ([*TRAIN, "--lr", "nan"], 1, r"lr=nan is invalid: must be a finite number > 0"),
+    ([*TRAIN, "--lr", "1e39"], 1, r"lr=1e\+39 is invalid: .*float32"),
+    ([*TRAIN, "--lr", "-1"], 1, r"lr=-1.0 is invalid: must be a finite number > 0"),
+    ([*TRAIN, "--norm-eps", "inf"], 1, r"norm_eps=inf is invalid: must be a finite number > 0"),
+    ([*TRAIN, "--init-std", "inf"], 1, r"init_std=inf is invalid: must be a finite number > 0"),
+    ([*TRAIN, "--grad-clip", "inf"], 1, r"grad_clip=inf is invalid: must be a finite number >= 0"),
+    ([*TRAIN, "--weight-decay", "nan"], 1, r"weight_decay=nan is invalid"),
+    ([*TRAIN, "--min-lr-ratio", "nan"], 1, r"min_lr_ratio=nan is invalid: must be in \[0, 1\]"),
+    ([*TRAIN, "--dropout", "1"], 1, r"dropout=1.0 is invalid: must be in \[0, 1\)"),
+    ([*TRAIN, "--beta2", "inf"], 1, r"beta2=inf is invalid"),
+    ([*TRAIN, "--val-fraction", "1"], 1, r"val_fraction=1.0 is invalid"),
+    ([*TRAIN, "--seed", HUGE_SEED], 1, r"seed=10{23} is invalid: must be an integer in \[0, 9223372036854775807\]"),
+    ([*TRAIN, "--seed", "-1"], 1, r"seed=-1 is invalid"),
+    ([*TRAIN, "--steps", "0"], 1, r"steps=0 is invalid: must be an integer >= 1"),
+    *[
+        ([*TRAIN, f"--{name.replace('_', '-')}", "0"], 1, rf"{name}=0 is invalid: must be an integer >= 1")
+        for name in POSITIVE_INT_FIELDS
+    ],
+    ([*TRAIN, "--n-kv-heads", "3"], 1, r"n_kv_heads=3 is invalid: must be an integer in \[1, n_heads=2\]"),
+    ([*TRAIN, "--beta1", "1"], 1, r"beta1=1.0 is invalid: must be in \[0, 1\)"),
+    ([*TRAIN, "--tokenizer", "bpe"], 1, r"tokenizer='bpe' is invalid"),
+    ([*TRAIN, "--train-only", ""], 1, r"train_only=\(''?,?\) is invalid|train_only=.* is invalid"),
+    ([*TRAIN, "--init-from", "{root}/nowhere"], 1, r"nowhere does not exist"),
+    ([*TRAIN, "--warmup-steps", "-1"], 1, r"warmup_steps=-1 is invalid: must be an integer >= 0"),
+    ([*TRAIN, "--batch-size", "0"], 1, r"batch_size=0 is invalid"),
+    ([*TRAIN, "--n-heads", "3"], 1, r"n_heads=3 is invalid"),
+    ([*TRAIN, "--lr", "fast"], 2, r"argument --lr: invalid float value: 'fast'"),
+    ([*TRAIN, "--attention", "nope"], 2, r"argument --attention: invalid choice: 'nope'"),
+    ([*TRAIN, "--attention-option", "nonsense=1"], 1, r"unknown option\(s\) \['nonsense'\]"),
+    ([*TRAIN, "--position-option", "rope_theta=Infinity"], 1, r"rope_theta=inf is invalid"),
+    ([*TRAIN, "--config", "{root}/options.toml"], 1, r"attention_options='not a table' is invalid: must be a dict"),
+    ([*TRAIN, "--config", "{root}/missing.toml"], 1, r"config file .*missing.toml not found"),
+    # Sizes that cannot be allocated are refused before allocating, with the size and the memory.
+    ([*TRAIN, "--position", "learned", "--max-seq-len", BIG], 1, r"the model .* needs [\d,.]+ GiB but cpu has"),
+    # Paths.
+    ([*TRAIN, "--data", "{root}/nowhere.txt"], 1, r"corpus '.*nowhere.txt' is neither a known corpus"),
+    ([*TRAIN, "--data", "{root}/fifo"], 1, r"corpus '.*fifo' is not a regular file or a directory \(it is a FIFO\)"),
+    ([*TRAIN, "--out", "{root}/file"], 1, r"--out .*file is a file, not a directory"),
+    (["train", "--resume", "{root}/nowhere"], 1, r"nowhere holds no complete checkpoint"),
+    # generate
+    ([*GENERATE, "--temperature", "inf"], 1, r"temperature=inf is invalid: must be a finite number >= 0"),
+    ([*GENERATE, "--temperature", "nan"], 1, r"temperature=nan is invalid"),
+    ([*GENERATE, "--temperature", "-1"], 1, r"temperature=-1.0 is invalid"),
+    ([*GENERATE, "--top-k", "0"], 1, r"top_k=0 is invalid: must be None or an integer >= 1"),
+    ([*GENERATE, "--top-p", "nan"], 1, r"top_p=nan is invalid: must be None or in \(0, 1\]"),
+    ([*GENERATE, "--max-new-tokens", "-1"], 1, r"max_new_tokens=-1 is invalid: must be an int >= 0"),
+    ([*GENERATE, "--max-new-tokens", BIG], 1, r"the KV cache needs [\d,.]+ GiB but cpu has [\d,.]+ GiB"),
+    ([*GENERATE, "--num-samples", "0"], 1, r"--num-samples=0 is invalid: must be >= 1"),
+    (
+        [*GENERATE, "--seed", HUGE_SEED],
+        1,
+        r"--seed=10{23} is invalid: must be an integer in \[0, 9223372036854775807\]",
+    ),
+    ([*GENERATE, "--seed", "-1"], 1, r"--seed=-1 is invalid"),
+    ([*GENERATE, "--prompt", ""], 1, r"--prompt is empty"),
+    ([*GENERATE, "--prompt", "a\ud800b"], 1, r"--prompt .*U\+D800.* not valid Unicode"),
+    ([*GENERATE[:2], "--device", "foo"], 1, r"device='foo' is invalid: use 'auto', 'cpu', 'cuda' or 'cuda:N'"),
+    (["generate", "{root}/nowhere"], 1, r"nowhere does not exist"),
+    # eval
+    ([*EVAL, "--batch-size", "0"], 1, r"--batch-size=0 is invalid: must be an integer >= 1"),
+    ([*EVAL, "--batch-size", "-2"], 1, r"--batch-size=-2 is invalid: must be an integer >= 1"),
+    ([*EVAL, "--max-windows", "0"], 1, r"--max-windows=0 is invalid: must be an integer >= 1"),
+    ([*EVAL, "--seq-len", "-5"], 1, r"--seq-len=-5 is invalid: must be an integer >= 1"),
+    ([*EVAL, "--seq-len", "0"], 1, r"--seq-len=0 is invalid: must be an integer >= 1"),
+    ([*EVAL, "--task", "extrapolation", "--blocks", "0"], 1, r"--blocks=0 is invalid: must be an integer >= 1"),
+    ([*EVAL[:2], "--device", "foo"], 1, r"device='foo' is invalid"),
+    ([*EVAL, "--data", "{root}/fifo"], 1, r"corpus '.*fifo' is not a regular file or a directory"),
+    (
+        ["eval", "--task", "mqar", "--steps", "0", "--device", "cpu"],
+        1,
+        r"--steps=0 is invalid: must be an integer >= 1",
+    ),
+    (["eval", "--task", "mqar", "--seed", HUGE_SEED, "--device", "cpu"], 1, r"--seed=10{23} is invalid"),
+    # bench: refused before anything is measured
+    ([*BENCH, "--seq-lens", "0"], 1, r"seq_lens=\[0\] is invalid: each must be an integer >= 1"),
+    ([*BENCH, "--repeats", "0"], 1, r"repeats=0 is invalid: must be an integer >= 1"),
+    ([*BENCH, "--threads", "0"], 1, r"threads=0 is invalid: must be an integer >= 1"),
+    ([*BENCH, "--tokens-per-step", "0"], 1, r"tokens_per_step=0 is invalid"),
+    ([*BENCH, "--decode-tokens", "0"], 1, r"decode_tokens=0 is invalid"),
+    ([*BENCH, "--dim", "0"], 1, r"dim=0 is invalid"),
+    ([*BENCH, "--n-layers", "0"], 1, r"n_layers=0 is invalid"),
+    ([*BENCH, "--n-heads", "3"], 1, r"n_heads=3 is invalid"),
+    ([*BENCH, "--variants", "nope"], 1, r"nope"),
+    ([*BENCH, "--device", "foo"], 1, r"device='foo' is invalid: use 'auto', 'cpu', 'cuda' or 'cuda:N'"),
+    ([*BENCH[:-1], "{root}/file"], 1, r"--out .*file is a file, not a directory"),
+    # viz
+    ([*VIZ, "--device", "foo"], 1, r"device='foo' is invalid"),
+    ([*VIZ[:-1], "{root}/file"], 1, r"--out .*file is a file, not a directory"),
+    (["viz", "{run}", "--prompt", ""], 1, r"prompt"),
+    # compare: refused before any training
+    (["compare", "--preset", "micro", "--out", "{root}/file"], 1, r"--out .*file is a file, not a directory"),
+    (["compare", "--preset", "micro", "--seeds", "0", "--out", "{root}/c"], 1, r"--seeds=0 is invalid"),
+    (["compare", "--preset", "micro", "--steps", "0", "--out", "{root}/c"], 1, r"steps=0 is invalid"),
+    # info
+    (["info", "--dim", "0"], 1, r"dim=0 is invalid: must be an integer >= 1"),
+    (["info", "{root}/nowhere"], 1, r"nowhere does not exist"),
+]
+
+
+def _fill(argv, world):
+    return [arg.format(**world) for arg in argv]
+
+
+@pytest.mark.parametrize(("argv", "code", "words"), CASES, ids=[f"{c[0][0]} {' '.join(c[0][-2:])}" for c in CASES])
+def test_a_bad_input_is_refused_with_one_clear_line(world, capsys, argv, code, words):
+    argv = _fill(argv, world)
+    try:
+        got = main(argv)
+    except SystemExit as stop:  # argparse
+        got = stop.code
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    assert got == code, err
+    assert re.search(words, err), err
+    lines = [line for line in err.splitlines() if line.startswith("attnzoo")]
+    assert len(lines) == 1, err
+
+
+def test_every_value_flag_of_every_command_has_a_row(world):
+    """A new flag that takes a value shows up here until the table tries a bad value of it."""
+    from attnzoo.cli import build_parser
+
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"]
+    tried = {(c[0][0], arg) for c in CASES for arg in c[0] if arg.startswith("--")}
+    exempt = {
+        # Free text or paths tried above under another command, choices argparse checks, and switches.
+        "--help", "--config", "--prompt", "--variant", "--task", "--split", "--dtype", "--modes", "--parallel",
+        "--mlp", "--norm", "--attn-backend", "--position", "--attention",
+    }  # fmt: skip
+    missing = []
+    for name in ("train", "generate", "eval", "bench", "viz"):
+        for action in sub.choices[name]._actions:
+            flags = [f for f in action.option_strings if f.startswith("--")]
+            if action.nargs == 0 or not flags or set(flags) & exempt:
+                continue
+            if not any((name, flag) in tried for flag in flags):
+                missing.append(f"{name} {flags[0]}")
+    assert not missing, f"flags without a bad-value row in CASES: {missing}"
+
+
+def test_info_into_a_closed_pipe_ends_quietly(world):
+    """`attnzoo info RUN | head -1` raised BrokenPipeError."""
+    command = f"{sys.executable} -m attnzoo info {world['run']} | head -1"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=120, env=env)
+    assert done.stdout.startswith("checkpoint "), done.stdout
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+
+
+# ------------------------------------------------------------------------------------------------------ the API
+
+API_CASES = [
+    (lambda m: m.generate(torch.zeros(1, 2, dtype=torch.long), 2, eos_token_id=999), r"eos_token_id=999 .*\[0, 64\)"),
+    (lambda m: m.generate(torch.zeros(1, 2, dtype=torch.long), 2.5), r"max_new_tokens=2.5 is invalid: must be an int"),
+    (lambda m: m.generate(torch.zeros(0, 2, dtype=torch.long), 2), r"idx holds no sequences \(batch=0\)"),
+    (lambda m: m(torch.zeros(0, 2, dtype=torch.long)), r"idx holds no sequences \(batch=0\)"),
+    (lambda m: m(torch.zeros(1, 2, dtype=torch.long), torch.tensor([[1, 64]])), r"target 64 is outside .*\[0, 64\)"),
+    (lambda m: m(torch.zeros(1, 2, dtype=torch.long), torch.tensor([[-5, 1]])), r"target -5 is outside"),
+    (lambda m: m.generate(torch.zeros(1, 2, dtype=torch.long), 2, temperature=math.inf), r"temperature=inf"),
+    (lambda m: m.generate(torch.zeros(1, 2, dtype=torch.long), 2, top_p=math.nan), r"top_p=nan"),
+    (lambda m: ModelConfig(init_std=math.inf), r"init_std=inf is invalid: must be a finite number > 0"),
+    (lambda m: ModelConfig(norm_eps=1e39), r"norm_eps=1e\+39 is invalid: .*float32"),
+    (lambda m: ModelConfig(position_options={"rope_theta": math.nan}), r"rope_theta=nan is invalid"),
+]
+
+
+@pytest.mark.parametrize(("call", "words"), API_CASES, ids=[str(i) for i in range(len(API_CASES))])
+def test_the_api_refuses_bad_values_with_a_value_error(call, words):
+    model = Transformer(ModelConfig(vocab_size=64, dim=16, n_layers=1, n_heads=2, max_seq_len=16))
+    with pytest.raises(ValueError, match=words):
+        call(model)
+
+
+def test_a_tiny_temperature_samples_the_argmax_instead_of_nan():
+    """`--temperature 1e-45` gave NaN probabilities."""
+    model = Transformer(ModelConfig(vocab_size=64, dim=16, n_layers=1, n_heads=2, max_seq_len=16))
+    prompt = torch.tensor([[1, 2, 3]])
+    tiny = model.generate(prompt, 5, temperature=1e-45, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(tiny, model.generate(prompt, 5, temperature=0))
+
+
+class _Payload:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def test_a_pickled_weights_file_is_refused_without_advice_to_turn_safety_off(tmp_path):
+    from attnzoo.convert.common import read_state_dict
+
+    marker = tmp_path / "payload-ran"
+    torch.save({"w": _Payload(marker)}, tmp_path / "pytorch_model.bin")
+    with pytest.raises(ValueError, match=r"pytorch_model\.bin holds more than tensors .* not loaded") as refused:
+        read_state_dict(tmp_path)
+    assert "weights_only" not in str(refused.value) and not marker.exists()
