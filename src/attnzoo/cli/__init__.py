@@ -21,6 +21,7 @@ from attnzoo.cli import bench, compare, convert, eval, generate, info, train, vi
 from attnzoo.cli.command import Command
 from attnzoo.data.corpora import CorpusError
 from attnzoo.data.tokenizers import MissingDependencyError
+from attnzoo.io import DirectoryLocked
 from attnzoo.training.checkpoint import CheckpointError
 from attnzoo.training.trainer import TrainingDiverged
 
@@ -29,7 +30,15 @@ COMMANDS: tuple[Command, ...] = tuple(
 )
 
 # Errors that are the user's to fix: shown as one line, without a traceback.
-USER_ERRORS = (ValueError, FileNotFoundError, CorpusError, CheckpointError, TrainingDiverged, MissingDependencyError)
+USER_ERRORS = (
+    ValueError,
+    FileNotFoundError,
+    CorpusError,
+    CheckpointError,
+    TrainingDiverged,
+    MissingDependencyError,
+    DirectoryLocked,
+)
 
 
 @contextlib.contextmanager

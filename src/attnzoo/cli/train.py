@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 from datetime import datetime
 from pathlib import Path
@@ -22,7 +23,7 @@ from attnzoo.data.tokenizers import HF_PREFIX, Tokenizer, tokenizer_from_name
 from attnzoo.training.checkpoint import Checkpoint, CheckpointError, latest_checkpoint, read_checkpoint
 from attnzoo.training.config import TrainConfig, load_toml
 from attnzoo.training.distributed import init_distributed, shutdown_distributed
-from attnzoo.training.trainer import Trainer, load_corpus
+from attnzoo.training.trainer import Trainer, load_corpus, lock_run_directory
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -104,27 +105,35 @@ def run(args: argparse.Namespace) -> int:
         run_dir = args.out
     env = init_distributed(train_config.device)
     try:
-        corpus = load_corpus(train_config.data, env, tokenizer)
-        if checkpoint is None:
-            # A pretrained model keeps its vocabulary, which the Trainer checks against the corpus's tokenizer.
-            vocab_size = pretrained.model_config.vocab_size if pretrained else corpus.tokenizer.vocab_size
-            model_config = ModelConfig.from_dict({**settings, "vocab_size": vocab_size})
-            run_dir = env.broadcast(run_dir or _default_run_dir(model_config))
-            if latest_checkpoint(run_dir) is not None:
-                raise ValueError(f"{run_dir} already holds a run: continue it with --resume {run_dir}, or pick --out")
-        else:
-            model_config = checkpoint.model_config
-        trainer = Trainer(
-            model_config,
-            train_config,
-            corpus,
-            run_dir,
-            env=env,
-            resume=checkpoint,
-            init_from=pretrained,
-            progress=not args.no_progress,
-        )
-        result = trainer.fit()
+        with contextlib.ExitStack() as lock:
+            if checkpoint is not None:
+                lock.enter_context(lock_run_directory(run_dir, env))  # before loading data: fail fast
+            corpus = load_corpus(train_config.data, env, tokenizer)
+            if checkpoint is None:
+                # A pretrained model keeps its vocabulary, which the Trainer checks against the corpus's tokenizer.
+                vocab_size = pretrained.model_config.vocab_size if pretrained else corpus.tokenizer.vocab_size
+                model_config = ModelConfig.from_dict({**settings, "vocab_size": vocab_size})
+                run_dir = env.broadcast(run_dir or _default_run_dir(model_config))
+                # Held from here to the end of training, so that two runs started together into one --out
+                # cannot both pass the check below: the second is refused with the first one's pid.
+                lock.enter_context(lock_run_directory(run_dir, env))
+                if latest_checkpoint(run_dir) is not None:
+                    raise ValueError(
+                        f"{run_dir} already holds a run: continue it with --resume {run_dir}, or pick --out"
+                    )
+            else:
+                model_config = checkpoint.model_config
+            trainer = Trainer(
+                model_config,
+                train_config,
+                corpus,
+                run_dir,
+                env=env,
+                resume=checkpoint,
+                init_from=pretrained,
+                progress=not args.no_progress,
+            )
+            result = trainer.fit()
     finally:
         shutdown_distributed()
     # Like a shell, report a stop by signal as 128 + its number, so scripts can tell it from completion.

@@ -40,7 +40,7 @@ from attnzoo.data.batches import BatchSchedule
 from attnzoo.data.corpora import Corpus, prepare_corpus
 from attnzoo.data.tokenizers import Tokenizer
 from attnzoo.evals.lm import LMEvalConfig, LMScore, evaluate_lm
-from attnzoo.io import atomic_write_text
+from attnzoo.io import DirectoryLocked, atomic_write_text, locked_directory
 from attnzoo.model import CONFIG_NAME, Transformer
 from attnzoo.training.checkpoint import (
     TOKENIZER,
@@ -123,6 +123,24 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
     return getattr(torch, name)
+
+
+@contextlib.contextmanager
+def lock_run_directory(run_dir: str | Path, env: Distributed) -> Iterator[None]:
+    """Rank 0 holds the run directory's lock (see :func:`attnzoo.io.locked_directory`) while the block runs;
+    if another process holds it, every rank raises :class:`~attnzoo.io.DirectoryLocked`, so none is left
+    waiting in a collective. Nests within one process."""
+    with contextlib.ExitStack() as stack:
+        holder = None  # (the holder's pid,) when another process holds the lock
+        if env.is_main:
+            try:
+                stack.enter_context(locked_directory(run_dir, "run"))
+            except DirectoryLocked as err:
+                holder = (err.pid,)
+        holder = env.broadcast(holder)
+        if holder is not None:
+            raise DirectoryLocked(Path(run_dir), holder[0], "run")
+        yield
 
 
 class Trainer:
@@ -324,7 +342,14 @@ class Trainer:
         )
 
     def fit(self) -> TrainResult:
-        """Train to ``steps``, or until SIGINT/SIGTERM; evaluate, log and checkpoint along the way."""
+        """Train to ``steps``, or until SIGINT/SIGTERM; evaluate, log and checkpoint along the way.
+
+        The run directory is locked while this runs: another process training into it, or resuming it, gets
+        :class:`~attnzoo.io.DirectoryLocked` naming this one's pid instead of interleaving its writes."""
+        with lock_run_directory(self.run_dir, self.env):
+            return self._fit()
+
+    def _fit(self) -> TrainResult:
         cfg, main = self.cfg, self.env.is_main
         if main:
             if self.last_checkpoint is None:
