@@ -21,6 +21,7 @@ from attnzoo.config import ModelConfig
 from attnzoo.generation import check_sampling_args, sample_next_token
 from attnzoo.io import atomic_write
 from attnzoo.positions import POSITIONS
+from attnzoo.precision import compute_dtype
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -128,13 +129,15 @@ class Transformer(nn.Module):
         end = start + seq_len
         self.position.check_length(end)
         positions = torch.arange(start, end, device=self.embed_tokens.weight.device)
+        dtype = compute_dtype(self.embed_tokens.weight.dtype)
         return AttentionContext(
             positions=positions,
             start=start,
             position=self.position,
-            position_state=self.position.prepare(positions, end),
+            position_state=self.position.prepare(positions, end, dtype=dtype),
             backend=self.config.attn_backend,
             attention_maps=maps,
+            dtype=dtype,
         )
 
     def _hidden(self, idx: Tensor, cache: KVCache | None, maps: list | None = None) -> Tensor:
@@ -176,7 +179,8 @@ class Transformer(nn.Module):
         logits = self.lm_head(self._hidden(idx, cache))
         if targets is None:
             return logits
-        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)
+        upcast = logits.to(compute_dtype(logits.dtype))  # fp32, or float64 in a float64 model
+        loss = F.cross_entropy(upcast.flatten(0, 1), targets.flatten(), ignore_index=-100)
         return logits, loss
 
     @torch.no_grad()

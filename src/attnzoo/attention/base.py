@@ -50,6 +50,7 @@ class AttentionContext:
     position_state: Any  # from position.prepare(): e.g. RoPE's cos/sin for these positions
     backend: str  # the config's attn_backend, "auto", "eager" or "sdpa": kernels.attend interprets it
     attention_maps: list[Tensor] | None = None  # when a list, each layer appends its effective map
+    dtype: torch.dtype = torch.float32  # of positional biases and tables: the model's compute_dtype
     # Biases and masks depend only on the call, not the layer: built by the first layer, reused by the rest.
     _memo: dict[tuple, Tensor | None] = field(default_factory=dict, repr=False)
 
@@ -72,9 +73,9 @@ class AttentionContext:
     def position_bias(
         self, n_heads: int, q_positions: Tensor, k_positions: Tensor, bias_repeat: int = 1
     ) -> Tensor | None:
-        """The (n_heads, T, S) fp32 bias on scaled logits (ALiBi) between these positions, or None. Each run of
-        ``bias_repeat`` adjacent heads shares one bias head (the sub-heads of one differential head)."""
-        bias = self.position.bias(n_heads // bias_repeat, q_positions, k_positions)
+        """The (n_heads, T, S) bias on scaled logits (ALiBi) between these positions, or None, in ``self.dtype``.
+        Each run of ``bias_repeat`` adjacent heads shares one bias head (the sub-heads of one differential head)."""
+        bias = self.position.bias(n_heads // bias_repeat, q_positions, k_positions, dtype=self.dtype)
         return bias if bias is None or bias_repeat == 1 else bias.repeat_interleave(bias_repeat, dim=0)
 
     def score_bias(self, n_heads: int, key_len: int, bias_repeat: int = 1) -> Tensor | None:
