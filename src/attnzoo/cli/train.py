@@ -134,8 +134,10 @@ def run(args: argparse.Namespace) -> int:
                 progress=not args.no_progress,
             )
             result = trainer.fit()
-    finally:
+    except BaseException:
         shutdown_distributed()
+        raise
+    shutdown_distributed(synchronize=True)  # every rank finished: leave together
     # Like a shell, report a stop by signal as 128 + its number, so scripts can tell it from completion.
     return 128 + result.interrupted_by if result.interrupted_by is not None else 0
 
