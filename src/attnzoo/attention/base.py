@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 OptionsT = TypeVar("OptionsT")
 
-ATTENTION: Registry[type[Attention]] = Registry("attention mechanism", "attention")
+ATTENTION: Registry[type[Attention]] = Registry("attention mechanism", "attention", "attnzoo.attention")
 
 
 def visible(q_positions: Tensor, k_positions: Tensor, window: int | None = None) -> Tensor:

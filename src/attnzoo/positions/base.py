@@ -21,7 +21,7 @@ from attnzoo.registry import NoOptions, Registry
 if TYPE_CHECKING:
     from attnzoo.config import ModelConfig
 
-POSITIONS: Registry[type[PositionalEncoding]] = Registry("positional scheme", "position")
+POSITIONS: Registry[type[PositionalEncoding]] = Registry("positional scheme", "position", "attnzoo.positions")
 
 
 class PositionalEncoding(nn.Module):
