@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import platform
 import signal
@@ -64,6 +65,8 @@ from attnzoo.training.finetune import (
 )
 from attnzoo.training.metrics import MetricsLog, plot_losses
 from attnzoo.training.optim import build_optimizer, learning_rate
+
+logger = logging.getLogger(__name__)
 
 METRICS = "metrics.jsonl"
 LOSS_PLOT = "train_loss.png"
@@ -358,6 +361,8 @@ class Trainer:
                 self.metrics.truncate_after(self.step)
         say = _say if main else _silent
         say(self.describe())
+        for warning in cfg.warnings() if main else []:
+            logger.warning("warning: %s", warning)
         if self.last_checkpoint is not None:
             say(f"resumed from {self.last_checkpoint} at step {self.step}")
 
