@@ -23,6 +23,7 @@ from attnzoo.data.tokenizers import HF_PREFIX, Tokenizer, tokenizer_from_name
 from attnzoo.training.checkpoint import Checkpoint, CheckpointError, latest_checkpoint, read_checkpoint
 from attnzoo.training.config import TrainConfig, load_toml
 from attnzoo.training.distributed import init_distributed, shutdown_distributed
+from attnzoo.training.metrics import require_tensorboard
 from attnzoo.training.trainer import Trainer, load_corpus, lock_run_directory
 
 
@@ -47,6 +48,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "identity where the math allows",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (evaluation lines still print)")
+    parser.add_argument(
+        "--tensorboard",
+        metavar="DIR",
+        type=Path,
+        help="also write the metrics as TensorBoard scalars into DIR, beside metrics.jsonl (off by default; needs "
+        'the optional tensorboard package: pip install -e ".[tensorboard]")',
+    )
     add_model_arguments(parser)
     add_train_arguments(parser)
 
@@ -78,6 +86,8 @@ def _init_tokenizer(
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.tensorboard is not None:
+        require_tensorboard()  # before any data or model work
     checkpoint = pretrained = tokenizer = None
     if args.resume is not None:
         if args.init_from is not None:
@@ -132,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
                 resume=checkpoint,
                 init_from=pretrained,
                 progress=not args.no_progress,
+                tensorboard=args.tensorboard,
             )
             result = trainer.fit()
     except BaseException:
