@@ -8,7 +8,8 @@ converter cannot reproduce exactly (a rope type, a sliding window, a bias layout
 ``convert_model(source, out)`` (``attnzoo convert``) writes the converted model as an attnzoo model directory,
 with a copy of the source's tokenizer files.
 
-transformers is optional (``pip install 'attnzoo[hf]'``, version 5 or later); it is imported only when needed.
+transformers is optional (``pip install -e ".[hf]"`` in the checkout, version 5 or later); it is imported only
+when needed.
 """
 
 from attnzoo.convert import dcformer
