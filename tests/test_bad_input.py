@@ -101,6 +101,8 @@ CASES = [
     ([*TRAIN, "--data", "{root}/nowhere.txt"], 1, r"corpus '.*nowhere.txt' is neither a known corpus"),
     ([*TRAIN, "--data", "{root}/fifo"], 1, r"corpus '.*fifo' is not a regular file or a directory \(it is a FIFO\)"),
     ([*TRAIN, "--out", "{root}/file"], 1, r"--out .*file is a file, not a directory"),
+    # Refused before anything else: without the extra it is named, with it the directory is a file.
+    ([*TRAIN, "--tensorboard", "{root}/file"], 1, r"--tensorboard (needs the tensorboard package|.*file)"),
     (["train", "--resume", "{root}/nowhere"], 1, r"nowhere holds no complete checkpoint"),
     # generate
     ([*GENERATE, "--temperature", "inf"], 1, r"temperature=inf is invalid: must be a finite number >= 0"),

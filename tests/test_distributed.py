@@ -28,6 +28,7 @@ def _torchrun(*args, nproc=2):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run([*command, "-m", "attnzoo", *args], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "terminate called" not in done.stderr, done.stderr[-3000:]  # no rank aborted, even after its work
     return done.stdout
 
 

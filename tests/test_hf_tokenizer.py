@@ -131,9 +131,10 @@ def test_missing_files_unsupported_decoders_and_bad_names_are_refused(byte_level
 
 def test_without_the_tokenizers_library_the_error_says_what_to_install(byte_level, tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "tokenizers", None)  # `import tokenizers` now raises ImportError
-    with pytest.raises(MissingDependencyError, match=r"needs the `tokenizers` library: pip install 'attnzoo\[hf\]'"):
+    hint = r'needs the `tokenizers` library: pip install -e "\.\[hf\]" in the attnzoo checkout'
+    with pytest.raises(MissingDependencyError, match=hint):
         HFTokenizer.from_file(byte_level)
     text = write_text_corpus(tmp_path / "text.txt", n_words=300)
     assert main(["train", "--data", str(text), "--tokenizer", f"hf:{byte_level}", "--out", str(tmp_path / "run")]) == 1
-    missing = "a Hugging Face tokenizer needs the `tokenizers` library: pip install 'attnzoo[hf]'"
+    missing = 'a Hugging Face tokenizer needs the `tokenizers` library: pip install -e ".[hf]" in the attnzoo checkout'
     assert capsys.readouterr().err == f"attnzoo train: error: {missing}\n"  # one line, no traceback

@@ -4,8 +4,10 @@ import sys
 
 if __name__ == "__main__":
     try:
-        from attnzoo.cli import main  # the imports (torch) take a while: a Ctrl-C here is an ordinary stop
+        # The imports (torch) take a while: a Ctrl-C here is an ordinary stop.
+        from attnzoo.cli import main
+        from attnzoo.training.distributed import exit_process
     except KeyboardInterrupt:
         print("attnzoo: interrupted", file=sys.stderr)
         raise SystemExit(130) from None
-    raise SystemExit(main())
+    exit_process(main())

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from tqdm import tqdm
 
 from attnzoo.config import ModelConfig
 from attnzoo.io import atomic_write_text
@@ -343,25 +344,31 @@ def _positive_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
-def run_bench(sweep: BenchSweep, out: Path) -> list[BenchResult]:
-    """Measure every case of ``sweep``, printing a line per case, then print the ratio table and write it to
-    ``out/bench.md`` with the raw results in ``out/bench.json``."""
+def run_bench(sweep: BenchSweep, out: Path, *, progress: bool = True) -> list[BenchResult]:
+    """Measure every case of ``sweep``, printing a line per case under a progress bar (case k of n, the case
+    being measured, an ETA), then print the ratio table and write it to ``out/bench.md`` with the raw results
+    in ``out/bench.json``."""
     variants = [Variant.parse(spec) for spec in sweep.variants]
     baseline_label = variants[0].label
-    results = []
+    cases = []
     for seq_len in sweep.seq_lens:
         configs = matched_configs(variants, sweep.baseline(seq_len))
         for mode in sweep.modes:
             batch = max(1, sweep.tokens_per_step // seq_len) if mode in ("train", "prefill") else 1
             for label, cfg in configs.items():
-                case = BenchCase(label, cfg, batch, seq_len, mode, sweep.decode_tokens, sweep.dtype)
-                result = measure(case, repeats=sweep.repeats, threads=sweep.threads, device=sweep.device)
-                results.append(result)
-                print(
-                    f"{label:20s} {mode:15s} T={seq_len:<6d} {result.tokens_per_s:>10,.0f} tok/s "
-                    f"{result.peak_mem_mb:>8,.0f} MB",
-                    flush=True,
-                )
+                cases.append(BenchCase(label, cfg, batch, seq_len, mode, sweep.decode_tokens, sweep.dtype))
+    results = []
+    with tqdm(total=len(cases), desc="bench", unit="case", disable=not progress) as bar:
+        for case in cases:
+            bar.set_postfix_str(f"{case.label} {case.mode} T={case.seq_len}")
+            result = measure(case, repeats=sweep.repeats, threads=sweep.threads, device=sweep.device)
+            results.append(result)
+            tqdm.write(
+                f"{case.label:20s} {case.mode:15s} T={case.seq_len:<6d} {result.tokens_per_s:>10,.0f} tok/s "
+                f"{result.peak_mem_mb:>8,.0f} MB"
+            )
+            sys.stdout.flush()
+            bar.update(1)
     header = f"Machine: {machine_description(sweep.threads)}; {sweep.dtype}; baseline {baseline_label}."
     write_results(out / "bench.md", header, results, baseline_label)
     return results

@@ -1,14 +1,21 @@
-"""Crash-safe file writes: a reader sees either the old file or the complete new one, never a torn write."""
+"""Crash-safe file writes (a reader sees either the old file or the complete new one, never a torn write) and
+directory locks (one writer per run or compare directory)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None  # type: ignore[assignment]
 
 
 @contextlib.contextmanager
@@ -92,3 +99,83 @@ def _fsync_dir(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+# ------------------------------------------------------------------------------------------ directory locks
+
+LOCK_NAME = ".attnzoo.lock"
+
+
+class DirectoryLocked(RuntimeError):
+    """Another live process is writing to the directory."""
+
+    def __init__(self, directory: Path, pid: int | None, what: str):
+        self.directory, self.pid = directory, pid
+        holder = f"pid {pid}" if pid is not None else "a process that has not written its pid yet"
+        super().__init__(
+            f"{directory} is in use: another attnzoo process ({holder}) is writing this {what}. Wait for it to "
+            f"finish or stop it, or choose another directory. The lock ({directory / LOCK_NAME}) is released "
+            "when that process exits, even if it crashes."
+        )
+
+
+def _read_pid(fd: int) -> int | None:
+    os.lseek(fd, 0, os.SEEK_SET)
+    text = os.read(fd, 64).decode("ascii", "replace").strip()
+    return int(text) if text.isdigit() else None
+
+
+# The directories this process holds, with how many nested holds each: a flock belongs to one open file,
+# so a second flock from this same process would refuse itself.
+_HELD: dict[str, int] = {}
+_HELD_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def locked_directory(directory: str | os.PathLike, what: str = "directory") -> Iterator[Path]:
+    """Hold an exclusive lock on ``directory`` (created if needed) while the block runs.
+
+    The lock is ``fcntl.flock`` on ``directory/.attnzoo.lock``, which holds the holder's pid. The OS drops a
+    flock when its process dies, however it dies, so a crashed writer never leaves the directory stuck. Another
+    process that asks for it gets :class:`DirectoryLocked` naming the holder's pid; within the holding process
+    the lock nests (the CLI takes it early, the trainer again where it writes). Where there is no ``fcntl``
+    (Windows) the block runs unlocked.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    key = os.path.realpath(directory)
+    with _HELD_LOCK:
+        nested = key in _HELD
+        if nested:
+            _HELD[key] += 1
+    if nested or fcntl is None:
+        try:
+            yield directory
+        finally:
+            _release(key, nested)
+        return
+    fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DirectoryLocked(directory, _read_pid(fd), what) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+        with _HELD_LOCK:
+            _HELD[key] = 1
+        try:
+            yield directory
+        finally:
+            _release(key, nested)
+            os.ftruncate(fd, 0)  # no stale pid for the readers of the next holder's lock
+    finally:
+        os.close(fd)  # releases the flock
+
+
+def _release(key: str, nested: bool) -> None:
+    with _HELD_LOCK:
+        if nested:
+            _HELD[key] -= 1
+        elif key in _HELD:
+            del _HELD[key]

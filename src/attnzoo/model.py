@@ -21,6 +21,7 @@ from attnzoo.config import ModelConfig
 from attnzoo.generation import check_sampling_args, sample_next_token
 from attnzoo.io import atomic_write, check_memory
 from attnzoo.positions import POSITIONS
+from attnzoo.precision import compute_dtype
 from attnzoo.validation import is_int, require
 
 CONFIG_NAME = "config.json"
@@ -172,15 +173,17 @@ class Transformer(nn.Module):
         end = start + seq_len
         self.position.check_length(end)
         positions = torch.arange(start, end, device=self.embed_tokens.weight.device)
+        dtype = compute_dtype(self.embed_tokens.weight.dtype)
         return AttentionContext(
             positions=positions,
             start=start,
             position=self.position,
-            position_state=self.position.prepare(positions, end),
+            position_state=self.position.prepare(positions, end, dtype=dtype),
             backend=self.config.attn_backend,
             causal=self.config.causal,
             attention_maps=maps,
             attention_logits=logits,
+            dtype=dtype,
         )
 
     def _hidden(
@@ -235,7 +238,8 @@ class Transformer(nn.Module):
                 raise ValueError(
                     f"target {bad} is outside the vocabulary [0, {self.config.vocab_size}) and is not the ignored -100"
                 )
-        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)
+        upcast = logits.to(compute_dtype(logits.dtype))  # fp32, or float64 in a float64 model
+        loss = F.cross_entropy(upcast.flatten(0, 1), targets.flatten(), ignore_index=-100)
         return logits, loss
 
     @torch.no_grad()

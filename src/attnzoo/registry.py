@@ -2,12 +2,22 @@
 
 A registered class carries an ``Options`` dataclass: the typed, validated form of the free-form
 ``attention_options`` / ``position_options`` dict in :class:`attnzoo.ModelConfig`.
+
+Other packages add to a registry through Python entry points (groups ``attnzoo.attention`` and
+``attnzoo.positions``), named by the registered name and pointing at the class or at a module that registers it::
+
+    [project.entry-points."attnzoo.attention"]
+    my_attention = "my_package.attention:MyAttention"
+
+They are loaded lazily: :meth:`Registry.names` lists them without importing anything, and :meth:`Registry.get`
+imports one the first time its name is asked for.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from importlib import metadata
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T", bound=type)
@@ -19,9 +29,10 @@ class NoOptions:
 
 
 class Registry(Generic[T]):
-    def __init__(self, kind: str, config_field: str):
+    def __init__(self, kind: str, config_field: str, entry_point_group: str | None = None):
         self.kind = kind
         self.config_field = config_field
+        self.entry_point_group = entry_point_group
         self._classes: dict[str, T] = {}
 
     def register(self, name: str) -> Callable[[T], T]:
@@ -36,11 +47,39 @@ class Registry(Generic[T]):
 
     def get(self, name: str) -> T:
         if name not in self._classes:
+            self._load_plugin(name)
+        if name not in self._classes:
             raise ValueError(f"{self.config_field}={name!r} is not a known {self.kind}; choose one of {self.names()}")
         return self._classes[name]
 
     def names(self) -> list[str]:
-        return sorted(self._classes)
+        """The registered names and those of the installed plugins (not imported by this)."""
+        return sorted(set(self._classes) | set(self._plugins()))
+
+    def _plugins(self) -> dict[str, metadata.EntryPoint]:
+        if self.entry_point_group is None:
+            return {}
+        return {ep.name: ep for ep in metadata.entry_points(group=self.entry_point_group)}
+
+    def _load_plugin(self, name: str) -> None:
+        """Import the plugin entry point named ``name``, if one is installed; a class it points at is registered
+        under that name, a module is expected to register it itself."""
+        entry_point = self._plugins().get(name)
+        if entry_point is None:
+            return
+        where = f"the {self.kind} plugin {name} = {entry_point.value!r} (entry point group {self.entry_point_group})"
+        try:
+            loaded = entry_point.load()
+        except Exception as err:  # an ImportError, or anything the plugin's module raises on import
+            raise ValueError(f"{where} failed to load: {err!r}") from err
+        if name in self._classes:
+            return
+        if not isinstance(loaded, type):
+            raise ValueError(
+                f"{where} was imported but registered nothing under {name!r}: point the entry point at the class, "
+                f"or register the class in that module under this name"
+            )
+        self.register(name)(loaded)
 
     def parse_options(self, name: str, options: dict[str, Any]) -> Any:
         """Build the typed options of ``name`` from a dict, naming any bad key and the allowed ones."""

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 OptionsT = TypeVar("OptionsT")
 
-ATTENTION: Registry[type[Attention]] = Registry("attention mechanism", "attention")
+ATTENTION: Registry[type[Attention]] = Registry("attention mechanism", "attention", "attnzoo.attention")
 
 
 def visible(q_positions: Tensor, k_positions: Tensor, window: int | None = None, causal: bool = True) -> Tensor:
@@ -57,6 +57,7 @@ class AttentionContext:
     # When a dict, the eager kernel records what enters the softmax (``record_logits``): the probes' top logit.
     attention_logits: dict[int, list[Tensor]] | None = None
     causal: bool = True  # False: queries see later keys too (the config's ``causal``)
+    dtype: torch.dtype = torch.float32  # of positional biases and tables: the model's compute_dtype
     # Biases and masks depend only on the call, not the layer: built by the first layer, reused by the rest.
     _memo: dict[tuple, Tensor | None] = field(default_factory=dict, repr=False)
 
@@ -79,9 +80,11 @@ class AttentionContext:
     def position_bias(
         self, n_heads: int, q_positions: Tensor, k_positions: Tensor, bias_repeat: int = 1
     ) -> Tensor | None:
-        """The (n_heads, T, S) fp32 bias on scaled logits (ALiBi) between these positions, or None. Each run of
-        ``bias_repeat`` adjacent heads shares one bias head (the sub-heads of one differential head)."""
-        bias = self.position.bias(n_heads // bias_repeat, q_positions, k_positions, causal=self.causal)
+        """The (n_heads, T, S) bias on scaled logits (ALiBi) between these positions, or None, in ``self.dtype``.
+        Each run of ``bias_repeat`` adjacent heads shares one bias head (the sub-heads of one differential head)."""
+        bias = self.position.bias(
+            n_heads // bias_repeat, q_positions, k_positions, causal=self.causal, dtype=self.dtype
+        )
         return bias if bias is None or bias_repeat == 1 else bias.repeat_interleave(bias_repeat, dim=0)
 
     def score_bias(self, n_heads: int, key_len: int, bias_repeat: int = 1) -> Tensor | None:

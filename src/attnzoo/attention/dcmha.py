@@ -33,6 +33,7 @@ from attnzoo.attention.base import ATTENTION, AttentionContext, CacheBuffer
 from attnzoo.attention.kernels import BlockHooks, Hooks, ScoreHook, attend
 from attnzoo.attention.mha import MultiHeadAttention
 from attnzoo.cache import LayerCache, WindowCache
+from attnzoo.precision import compute_dtype
 from attnzoo.validation import is_int, require
 
 if TYPE_CHECKING:
@@ -284,11 +285,11 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq_len, -1))
 
     def _mixings(self, x: Tensor) -> tuple[Mixing | None, Mixing | None]:
-        """The pre and post composition weights (None where switched off), in fp32 like the scores."""
+        """The pre and post composition weights (None where switched off), in the scores' dtype (fp32, or float64)."""
         opts = self.options
         if not (opts.pre_compose or opts.post_compose):
             return None, None
-        w1, w2, dd = (w.float() for w in self.dyn_w_proj(x))
+        w1, w2, dd = (w.to(compute_dtype(w.dtype)) for w in self.dyn_w_proj(x))
 
         def mixing(query_slot: int, key_slot: int) -> Mixing:
             query_side = (w1[:, :, :, query_slot], w2[:, :, :, query_slot], dd[:, :, :, query_slot])
@@ -315,7 +316,7 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
         def compose(which: int, mixing: Mixing | None, rows: slice, cols: slice) -> ScoreHook | None:
             if mixing is None:
                 return None
-            static_w = None if self.static_w is None else self.static_w[which].float()
+            static_w = None if self.static_w is None else self.static_w[which].to(compute_dtype(self.static_w.dtype))
             block = mixing.block(rows, cols)
             if cached_kw is not None:  # the cache holds every visible key's KW; the mixing only the new ones
                 key_w = cached_kw[which][..., cols] if which in cached_kw else None
@@ -343,7 +344,8 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
             return key_positions, k, v, {}
         heads_per_group = self.n_heads // self.num_groups
         shape = (len(composed), self.num_groups, heads_per_group, heads_per_group)
-        return key_positions, k, v, dict(zip(composed, kw[0].float().unflatten(1, shape).unbind(1), strict=True))
+        merged = kw[0].to(compute_dtype(kw[0].dtype)).unflatten(1, shape).unbind(1)
+        return key_positions, k, v, dict(zip(composed, merged, strict=True))
 
     @classmethod
     def cache_layout(cls, cfg: ModelConfig) -> list[CacheBuffer]:

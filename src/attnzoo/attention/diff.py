@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from attnzoo.attention.base import ATTENTION, Attention, AttentionContext, CacheBuffer, residual_linear
 from attnzoo.attention.kernels import attend
 from attnzoo.cache import LayerCache
+from attnzoo.precision import compute_dtype
 from attnzoo.validation import require
 
 if TYPE_CHECKING:
@@ -124,9 +125,10 @@ class DifferentialAttention(Attention[DiffOptions]):
             nn.init.normal_(vector, mean=0.0, std=0.1)
 
     def lambda_full(self) -> Tensor:
-        """λ of Eq. 2, an fp32 scalar."""
-        lambda_1 = torch.exp(torch.dot(self.lambda_q1.float(), self.lambda_k1.float()))
-        lambda_2 = torch.exp(torch.dot(self.lambda_q2.float(), self.lambda_k2.float()))
+        """λ of Eq. 2, a scalar in fp32 (float64 in a float64 model)."""
+        dtype = compute_dtype(self.lambda_q1.dtype)
+        lambda_1 = torch.exp(torch.dot(self.lambda_q1.to(dtype), self.lambda_k1.to(dtype)))
+        lambda_2 = torch.exp(torch.dot(self.lambda_q2.to(dtype), self.lambda_k2.to(dtype)))
         return lambda_1 - lambda_2 + self.lambda_init
 
     def forward(self, x: Tensor, ctx: AttentionContext, cache: LayerCache | None = None) -> Tensor:
@@ -151,9 +153,10 @@ class DifferentialAttention(Attention[DiffOptions]):
         return self.out_proj(attn.transpose(1, 2).reshape(batch, seq_len, -1))
 
     def head_norm(self, attn: Tensor) -> Tensor:
-        """subln as the official ``rms_norm.py``: normalise in fp32, cast back, then scale by the weight, so
-        it behaves the same under autocast and in a bf16 model."""
-        normed = F.rms_norm(attn.float(), self.subln.normalized_shape, eps=self.subln.eps).type_as(attn)
+        """subln as the official ``rms_norm.py``: normalise in fp32 (float64 in a float64 model), cast back, then
+        scale by the weight, so it behaves the same under autocast and in a bf16 model."""
+        upcast = attn.to(compute_dtype(attn.dtype))
+        normed = F.rms_norm(upcast, self.subln.normalized_shape, eps=self.subln.eps).type_as(attn)
         return normed if self.subln.weight is None else normed * self.subln.weight
 
     @classmethod

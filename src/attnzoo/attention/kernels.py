@@ -1,7 +1,7 @@
 """The attention kernels mechanisms share, and :func:`attend`, the one entry point that picks between them.
 
-* :func:`eager_attention`, the reference: explicit fp32 scores and softmax. Hooks on the scores, the
-  probabilities and the mask let a mechanism that acts on them (DCMHA's composition) reuse it.
+* :func:`eager_attention`, the reference: explicit fp32 scores and softmax (float64 in a float64 model). Hooks on
+  the scores, the probabilities and the mask let a mechanism that acts on them (DCMHA's composition) reuse it.
 * :func:`sdpa_attention`: ``F.scaled_dot_product_attention`` with the same semantics, for everything SDPA can
   express: GQA, a positional bias, a per-row logit scale (selective's τ_q), values wider than queries (Diff).
 * :func:`chunked_attention`: the eager kernel over blocks of queries, each against only the keys it can see,
@@ -19,12 +19,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnzoo.attention.base import AttentionContext, visible
+from attnzoo.precision import compute_dtype
 
 ScoreHook = Callable[[Tensor], Tensor]
 
 
 class Hooks(NamedTuple):
-    """A mechanism's changes inside the eager kernel, for one block of queries × keys; fp32 (B, H, T, S)."""
+    """A mechanism's changes inside the eager kernel, for one block of queries × keys; (B, H, T, S) in the compute
+    dtype (fp32, or float64 for a float64 model)."""
 
     scores: ScoreHook | None = None  # on the scaled logits plus bias, before the mask
     probs: ScoreHook | None = None  # on the softmax probabilities: the map that weighs V and is recorded
@@ -74,7 +76,8 @@ def eager_attention(
     window: int | None = None,
     positions: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Reference attention with explicit fp32 logits and softmax. Returns (output, probabilities).
+    """Reference attention with explicit fp32 logits and softmax (float64 for float64 inputs: see
+    :func:`attnzoo.precision.compute_dtype`). Returns (output, probabilities).
 
     q: (B, H, T, d); k: (B, H_kv, S, d); v: (B, H_kv, S, d_v). In order: logits q·kᵀ·scale → × ``query_scale``
     (B, H, T) per row → + positional bias → ``hooks.scores`` → mask → softmax → ``hooks.probs`` → dropout → ·V.
@@ -87,7 +90,7 @@ def eager_attention(
     n_kv_heads, key_len = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
     # GQA without copying k and v: the n_rep query heads of a kv head are stacked along the query axis.
-    logits = (q.reshape(batch, n_kv_heads, -1, head_dim) @ k.transpose(-2, -1)).float()
+    logits = (q.reshape(batch, n_kv_heads, -1, head_dim) @ k.transpose(-2, -1)).to(compute_dtype(q.dtype))
     logits = logits.view(batch, n_heads, query_len, key_len) * scale
     if query_scale is not None:
         logits = logits * query_scale[..., None]

@@ -20,6 +20,7 @@ from attnzoo.attention.base import ATTENTION, AttentionContext, mean_pool_heads
 from attnzoo.attention.kernels import attend
 from attnzoo.attention.mha import MultiHeadAttention
 from attnzoo.cache import LayerCache
+from attnzoo.precision import compute_dtype
 from attnzoo.validation import require
 
 if TYPE_CHECKING:
@@ -179,18 +180,19 @@ class Temperature(nn.Module):
         return reasons
 
     def forward(self, x: Tensor, heads: Tensor, positions: Tensor) -> Tensor:
-        """fp32 τ from the layer input ``x`` (B, T, dim), its projection ``heads`` (B, H, T, d), ``positions`` (T,)."""
+        """τ from the layer input ``x`` (B, T, dim), its projection ``heads`` (B, H, T, d), ``positions`` (T,); in
+        fp32, or float64 for a float64 ``x``."""
         batch, seq_len, _ = x.shape
-        tau = torch.ones(batch, self.n_heads, seq_len, device=x.device)
+        tau = torch.ones(batch, self.n_heads, seq_len, device=x.device, dtype=compute_dtype(x.dtype))
         if self.token:
             if self.shared:
                 f = torch.einsum("bhtd,hd->bht", F.gelu(heads), self.weight)
             else:
                 f = self.w2(F.gelu(self.w1(x))).transpose(1, 2)
-            tau = tau + torch.tanh(f.float())
+            tau = tau + torch.tanh(f.to(tau.dtype))
         if self.position:
-            log_n = torch.log1p(positions.float())  # n = position + 1, absolute, so correct under a cache
-            tau = tau + self.coefficient().float()[..., None] * log_n
+            log_n = torch.log1p(positions.to(tau.dtype))  # n = position + 1, absolute, so correct under a cache
+            tau = tau + self.coefficient().to(tau.dtype)[..., None] * log_n
         return tau
 
 

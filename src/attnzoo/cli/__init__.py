@@ -22,6 +22,7 @@ from attnzoo.cli import bench, compare, convert, eval, generate, info, train, vi
 from attnzoo.cli.command import Command
 from attnzoo.data.corpora import CorpusError
 from attnzoo.data.tokenizers import MissingDependencyError
+from attnzoo.io import DirectoryLocked
 from attnzoo.training.checkpoint import CheckpointError
 from attnzoo.training.trainer import TrainingDiverged
 
@@ -38,6 +39,7 @@ USER_ERRORS = (
     TrainingDiverged,
     MissingDependencyError,
     MemoryError,  # check_memory's refusals, named before allocating
+    DirectoryLocked,
 )
 
 

@@ -80,8 +80,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--device", default=default.device, help="cpu, cuda or cuda:N (default: cuda where there is one, else cpu)"
     )
     parser.add_argument(
-        "--out", type=Path, metavar="DIR", default=Path("bench"), help="writes bench.json and bench.md here"
+        "--out",
+        type=Path,
+        metavar="DIR",
+        default=Path("runs") / "bench",
+        help="writes bench.json and bench.md here (default: runs/bench)",
     )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (the line per case still prints)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -100,14 +105,14 @@ def run(args: argparse.Namespace) -> int:
         threads=args.threads,
         device=args.device,
     )
-    run_bench(sweep, args.out)
+    run_bench(sweep, args.out, progress=not args.no_progress)
     return 0
 
 
 COMMAND = Command(
     name="bench",
     summary="measure training, prefill and decode throughput and peak memory as ratios to a baseline",
-    example="attnzoo bench --variants mha+rope diff+rope dcmha+rope --seq-lens 256 1024 --out bench",
+    example="attnzoo bench --variants mha+rope diff+rope dcmha+rope --seq-lens 256 1024 --out runs/bench",
     add_arguments=add_arguments,
     run=run,
 )

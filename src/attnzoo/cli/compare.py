@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
+from typing import Any
 
 from attnzoo.cli.command import Command, check_out_dir
 from attnzoo.compare import DEFAULT_VARIANTS, PRESETS, run_compare
 from attnzoo.evals import TASKS
+from attnzoo.training.config import tomllib
 from attnzoo.variants import SPEC_FORMAT
 
 
@@ -16,11 +19,53 @@ def _variant_list(values: list[str]) -> list[str]:
     return [spec for value in values for spec in value.split(",") if spec]
 
 
+# The keys of a --config file's [compare] table: the flags' names, and the types their values must have.
+CONFIG_KEYS: dict[str, type] = {
+    "preset": str,
+    "out": str,
+    "variants": list,
+    "seeds": int,
+    "steps": int,
+    "data": str,
+    "tasks": list,
+    "device": str,
+    "no_progress": bool,
+}
+
+
+def load_compare_config(path: str | os.PathLike) -> dict[str, Any]:
+    """The ``[compare]`` table of a TOML file, its keys the flags' names (``no_progress`` for --no-progress)."""
+    try:
+        with open(path, "rb") as f:
+            document = tomllib.load(f)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"config file {path} not found") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ValueError(f"config file {path} is not valid TOML: {err}") from None
+    if set(document) - {"compare"} or not isinstance(document.get("compare", {}), dict):
+        raise ValueError(f"config file {path} must hold one [compare] table; it has {sorted(document)}")
+    table = document.get("compare", {})
+    unknown = sorted(set(table) - set(CONFIG_KEYS))
+    if unknown:
+        raise ValueError(f"config file {path}: unknown key(s) {unknown} in [compare]; allowed: {list(CONFIG_KEYS)}")
+    for key, value in table.items():
+        expected = CONFIG_KEYS[key]
+        if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+            raise ValueError(f"config file {path}: [compare] {key} = {value!r} must be a {expected.__name__}")
+        if expected is list and not all(isinstance(item, str) for item in value):
+            raise ValueError(f"config file {path}: [compare] {key} must be a list of strings")
+    return dict(table)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     presets = "; ".join(f"{name}: {spec.description}" for name, spec in PRESETS.items())
     parser.add_argument(
-        "--preset", choices=list(PRESETS), default="quick", help=f"the budget (default: quick). {presets}"
+        "--config",
+        metavar="FILE.toml",
+        help="TOML file with a [compare] table whose keys are these flags' names (e.g. examples/compare.toml); "
+        "flags given as well win",
     )
+    parser.add_argument("--preset", choices=list(PRESETS), help=f"the budget (default: quick). {presets}")
     parser.add_argument(
         "--out", metavar="DIR", type=Path, help="output directory; run again to resume (default: runs/compare-PRESET)"
     )
@@ -48,7 +93,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (status lines still print)")
 
 
+def _with_config(args: argparse.Namespace) -> argparse.Namespace:
+    """The flags, each not given taken from the --config file's [compare] table, then the defaults."""
+    file = load_compare_config(args.config) if args.config else {}
+    merged = dict(vars(args))
+    for key, value in file.items():
+        if key == "no_progress":
+            merged[key] = args.no_progress or value
+        elif merged.get(key) is None:
+            merged[key] = Path(value) if key == "out" else value
+    if merged["preset"] is None:
+        merged["preset"] = "quick"
+    elif merged["preset"] not in PRESETS:
+        raise ValueError(f"preset={merged['preset']!r} in {args.config} is not one of {list(PRESETS)}")
+    return argparse.Namespace(**merged)
+
+
 def run(args: argparse.Namespace) -> int:
+    args = _with_config(args)
     check_out_dir(args.out)
     if args.seeds is not None and args.seeds < 1:
         raise ValueError(f"--seeds={args.seeds} is invalid: must be >= 1 (and >= 2 for any ranking)")
@@ -73,7 +135,8 @@ COMMAND = Command(
     example=(
         "attnzoo compare\n"
         "  attnzoo compare --preset standard --out runs/compare-standard\n"
-        "  attnzoo compare --variants mha+rope mha+rope+kv1 diff+alibi --seeds 3 --tasks mqar"
+        "  attnzoo compare --variants mha+rope mha+rope+kv1 diff+alibi --seeds 3 --tasks mqar\n"
+        "  attnzoo compare --config examples/compare.toml --seeds 2"
     ),
     add_arguments=add_arguments,
     run=run,

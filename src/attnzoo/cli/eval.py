@@ -68,6 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="synthetic tasks: seed of the model and its data")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar while scoring (it is on stderr)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -101,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
         LMEvalConfig(seq_len, batch_size=args.batch_size, max_windows=args.max_windows),
         env=Distributed(device=device),
         autocast=autocast,
+        progress=not args.no_progress,
     )
     where = {"checkpoint": str(checkpoint.directory), "corpus": corpus.name, "split": args.split, "seq_len": seq_len}
     if args.json:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 from datetime import datetime
 from pathlib import Path
@@ -22,7 +23,8 @@ from attnzoo.data.tokenizers import HF_PREFIX, Tokenizer, tokenizer_from_name
 from attnzoo.training.checkpoint import Checkpoint, CheckpointError, latest_checkpoint, read_checkpoint
 from attnzoo.training.config import TrainConfig, load_toml
 from attnzoo.training.distributed import init_distributed, shutdown_distributed
-from attnzoo.training.trainer import Trainer, load_corpus
+from attnzoo.training.metrics import require_tensorboard
+from attnzoo.training.trainer import Trainer, load_corpus, lock_run_directory
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,6 +48,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "identity where the math allows",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (evaluation lines still print)")
+    parser.add_argument(
+        "--tensorboard",
+        metavar="DIR",
+        type=Path,
+        help="also write the metrics as TensorBoard scalars into DIR, beside metrics.jsonl (off by default; needs "
+        'the optional tensorboard package: pip install -e ".[tensorboard]")',
+    )
     add_model_arguments(parser)
     add_train_arguments(parser)
 
@@ -78,6 +87,8 @@ def _init_tokenizer(
 
 def run(args: argparse.Namespace) -> int:
     check_out_dir(args.out)
+    if args.tensorboard is not None:
+        require_tensorboard()  # before any data or model work
     checkpoint = pretrained = tokenizer = None
     if args.resume is not None:
         if args.init_from is not None:
@@ -105,29 +116,40 @@ def run(args: argparse.Namespace) -> int:
         run_dir = args.out
     env = init_distributed(train_config.device)
     try:
-        corpus = load_corpus(train_config.data, env, tokenizer)
-        if checkpoint is None:
-            # A pretrained model keeps its vocabulary, which the Trainer checks against the corpus's tokenizer.
-            vocab_size = pretrained.model_config.vocab_size if pretrained else corpus.tokenizer.vocab_size
-            model_config = ModelConfig.from_dict({**settings, "vocab_size": vocab_size})
-            run_dir = env.broadcast(run_dir or _default_run_dir(model_config))
-            if latest_checkpoint(run_dir) is not None:
-                raise ValueError(f"{run_dir} already holds a run: continue it with --resume {run_dir}, or pick --out")
-        else:
-            model_config = checkpoint.model_config
-        trainer = Trainer(
-            model_config,
-            train_config,
-            corpus,
-            run_dir,
-            env=env,
-            resume=checkpoint,
-            init_from=pretrained,
-            progress=not args.no_progress,
-        )
-        result = trainer.fit()
-    finally:
+        with contextlib.ExitStack() as lock:
+            if checkpoint is not None:
+                lock.enter_context(lock_run_directory(run_dir, env))  # before loading data: fail fast
+            corpus = load_corpus(train_config.data, env, tokenizer)
+            if checkpoint is None:
+                # A pretrained model keeps its vocabulary, which the Trainer checks against the corpus's tokenizer.
+                vocab_size = pretrained.model_config.vocab_size if pretrained else corpus.tokenizer.vocab_size
+                model_config = ModelConfig.from_dict({**settings, "vocab_size": vocab_size})
+                run_dir = env.broadcast(run_dir or _default_run_dir(model_config))
+                # Held from here to the end of training, so that two runs started together into one --out
+                # cannot both pass the check below: the second is refused with the first one's pid.
+                lock.enter_context(lock_run_directory(run_dir, env))
+                if latest_checkpoint(run_dir) is not None:
+                    raise ValueError(
+                        f"{run_dir} already holds a run: continue it with --resume {run_dir}, or pick --out"
+                    )
+            else:
+                model_config = checkpoint.model_config
+            trainer = Trainer(
+                model_config,
+                train_config,
+                corpus,
+                run_dir,
+                env=env,
+                resume=checkpoint,
+                init_from=pretrained,
+                progress=not args.no_progress,
+                tensorboard=args.tensorboard,
+            )
+            result = trainer.fit()
+    except BaseException:
         shutdown_distributed()
+        raise
+    shutdown_distributed(synchronize=True)  # every rank finished: leave together
     # Like a shell, report a stop by signal as 128 + its number, so scripts can tell it from completion.
     return 128 + result.interrupted_by if result.interrupted_by is not None else 0
 

@@ -65,7 +65,7 @@ from attnzoo.data.corpora import Corpus
 from attnzoo.evals.lm import LMEvalConfig, evaluate_lm, length_extrapolation
 from attnzoo.evals.probes import probe_model
 from attnzoo.evals.task import TaskSpec
-from attnzoo.io import atomic_write_text
+from attnzoo.io import atomic_write_text, locked_directory
 from attnzoo.model import Transformer
 from attnzoo.records import from_dict, to_dict
 from attnzoo.tables import Table
@@ -130,6 +130,12 @@ class Comparison:
         sys.stdout.flush()
 
     def run(self) -> CompareResult:
+        """Locked (see :func:`attnzoo.io.locked_directory`): a second compare into the same directory, or one
+        started again while this one runs, is refused with this process's pid rather than sharing its runs."""
+        with locked_directory(self.out_dir, "compare directory"):
+            return self._run()
+
+    def _run(self) -> CompareResult:
         spec = self.spec
         self.say(
             f"attnzoo compare ({spec.name}: {spec.description}) → {self.out_dir}\n"

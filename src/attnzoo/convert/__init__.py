@@ -10,7 +10,8 @@ with a copy of the source's tokenizer files. ``pool_kv_heads(model, G)`` turns a
 by mean-pooling each group's kv heads (Ainslie et al., 2023), and ``group_kv_heads(source, out, G)`` writes one
 from an attnzoo run or model directory (``attnzoo convert --from``), the start of GQA uptraining.
 
-transformers is optional (``pip install 'attnzoo[hf]'``, version 5 or later); it is imported only when needed.
+transformers is optional (``pip install -e ".[hf]"`` in the checkout, version 5 or later); it is imported only
+when needed.
 """
 
 from attnzoo.convert import dcformer

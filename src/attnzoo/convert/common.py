@@ -55,16 +55,19 @@ def check_swiglu_gate(config: Mapping[str, Any], source: str) -> None:
         )
 
 
+HF_EXTRA = 'pip install -e ".[hf]" in the attnzoo checkout'
+
+
 def require_transformers() -> Any:
     """Import transformers, refusing a missing or pre-5 installation with the fix."""
     try:
         import transformers
     except ImportError:
-        raise ImportError("attnzoo.convert needs transformers: pip install 'attnzoo[hf]'") from None
+        raise ImportError(f"attnzoo.convert needs transformers: {HF_EXTRA}") from None
     if int(transformers.__version__.split(".")[0]) < MIN_TRANSFORMERS_MAJOR:
         raise ImportError(
             f"attnzoo.convert needs transformers>={MIN_TRANSFORMERS_MAJOR} (RoPE settings in rope_parameters); "
-            f"found {transformers.__version__}: pip install 'attnzoo[hf]'"
+            f"found {transformers.__version__}: {HF_EXTRA}"
         )
     return transformers
 

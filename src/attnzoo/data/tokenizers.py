@@ -160,7 +160,7 @@ def _tokenizers_library() -> ModuleType:
         import tokenizers
     except ImportError:
         raise MissingDependencyError(
-            "a Hugging Face tokenizer needs the `tokenizers` library: pip install 'attnzoo[hf]'"
+            'a Hugging Face tokenizer needs the `tokenizers` library: pip install -e ".[hf]" in the attnzoo checkout'
         ) from None
     return tokenizers
 

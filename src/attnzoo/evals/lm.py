@@ -25,9 +25,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from tqdm import tqdm
 
 from attnzoo.data.batches import eval_window_starts, gather_windows
 from attnzoo.evals.base import IGNORE_INDEX
+from attnzoo.precision import compute_dtype
 from attnzoo.validation import is_int, require
 
 if TYPE_CHECKING:
@@ -130,9 +132,11 @@ def evaluate_lm(
     *,
     env: Distributed | None = None,
     autocast: contextlib.AbstractContextManager | None = None,
+    progress: bool = False,
 ) -> LMScore:
     """Loss, perplexity and bits per byte of ``model`` on a 1-D token stream: the one LM evaluator, used by the
-    trainer, ``attnzoo eval`` and ``compare``. ``token_bytes[i]`` is the UTF-8 length of token i.
+    trainer, ``attnzoo eval`` and ``compare``. ``token_bytes[i]`` is the UTF-8 length of token i. ``progress``
+    shows a bar over the windows, with an ETA, on stderr (rank 0).
 
     Each rank scores a disjoint, equal share of the windows and the sums are all-reduced, so every rank runs
     the same number of forward passes, as FSDP requires.
@@ -151,18 +155,20 @@ def evaluate_lm(
     was_training = model.training
     model.eval()
     totals = torch.zeros(3, dtype=torch.float64, device=env.device)  # nats, tokens, bytes
+    bar = tqdm(total=len(starts), desc="eval", unit="window", disable=not (progress and env.is_main))
     for i in range(0, len(starts), cfg.batch_size):
         batch = slice(i, i + cfg.batch_size)
         inputs, targets = (t.to(env.device) for t in windows(tokens, starts[batch], overlap[batch], cfg.block_len))
         with autocast or contextlib.nullcontext():
             logits = model(inputs)
         scored = targets != IGNORE_INDEX
-        nats = F.cross_entropy(
-            logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
-        )
+        upcast = logits.to(compute_dtype(logits.dtype))  # fp32, or float64 for a float64 model
+        nats = F.cross_entropy(upcast.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
         totals[0] += nats.double()
         totals[1] += scored.sum()
         totals[2] += byte_lengths[targets[scored]].sum()
+        bar.update(len(starts[batch]))
+    bar.close()
     model.train(was_training)
     nats, count, num_bytes = env.all_reduce_sum(totals).tolist()
     return LMScore(nats / count, int(count), int(num_bytes), cfg.block_len, cfg.step)

@@ -38,9 +38,16 @@ class ALiBi(PositionalEncoding):
     of the full forward. It has no length limit.
     """
 
-    def bias(self, n_heads: int, q_positions: Tensor, k_positions: Tensor, causal: bool = True) -> Tensor:
-        slopes = torch.tensor(alibi_slopes(n_heads), dtype=torch.float32, device=q_positions.device)
-        distance = (q_positions[:, None] - k_positions[None, :]).float()
+    def bias(
+        self,
+        n_heads: int,
+        q_positions: Tensor,
+        k_positions: Tensor,
+        causal: bool = True,
+        dtype: torch.dtype = torch.float32,
+    ) -> Tensor:
+        slopes = torch.tensor(alibi_slopes(n_heads), dtype=dtype, device=q_positions.device)
+        distance = (q_positions[:, None] - k_positions[None, :]).to(dtype)
         if not causal:
             distance = distance.abs()
         return -slopes[:, None, None] * distance

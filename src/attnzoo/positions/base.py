@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import Tensor, nn
 
 from attnzoo.registry import NoOptions, Registry
@@ -20,7 +21,7 @@ from attnzoo.registry import NoOptions, Registry
 if TYPE_CHECKING:
     from attnzoo.config import ModelConfig
 
-POSITIONS: Registry[type[PositionalEncoding]] = Registry("positional scheme", "position")
+POSITIONS: Registry[type[PositionalEncoding]] = Registry("positional scheme", "position", "attnzoo.positions")
 
 
 class PositionalEncoding(nn.Module):
@@ -41,13 +42,22 @@ class PositionalEncoding(nn.Module):
     def embed(self, positions: Tensor) -> Tensor | None:
         return None
 
-    def prepare(self, positions: Tensor, end: int) -> Any:
-        """Per-forward state for ``rotate``; ``end`` is one past the last position of the sequence so far."""
+    def prepare(self, positions: Tensor, end: int, dtype: torch.dtype = torch.float32) -> Any:
+        """Per-forward state for ``rotate``; ``end`` is one past the last position of the sequence so far;
+        ``dtype`` the model's compute dtype (:func:`attnzoo.precision.compute_dtype`), fp32 or float64."""
         return None
 
     def rotate(self, x: Tensor, state: Any) -> Tensor:
         return x
 
-    def bias(self, n_heads: int, q_positions: Tensor, k_positions: Tensor, causal: bool = True) -> Tensor | None:
-        """The (n_heads, T, S) bias between these positions; ``causal`` false for a bidirectional model."""
+    def bias(
+        self,
+        n_heads: int,
+        q_positions: Tensor,
+        k_positions: Tensor,
+        causal: bool = True,
+        dtype: torch.dtype = torch.float32,
+    ) -> Tensor | None:
+        """The (n_heads, T, S) additive bias in ``dtype`` (the model's compute dtype), or None; ``causal`` false
+        for a bidirectional model."""
         return None

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from attnzoo.positions.base import POSITIONS, PositionalEncoding
+from attnzoo.precision import compute_dtype
 from attnzoo.validation import is_int, is_number, require
 
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
@@ -67,8 +68,15 @@ class RopeOptions:
         )
 
 
-def rope_inv_freq(options: RopeOptions, rotary_dim: int, max_seq_len: int, seq_len: int | None = None):
-    """Inverse frequencies over the rotated dims and the factor that scales cos and sin.
+def rope_inv_freq(
+    options: RopeOptions,
+    rotary_dim: int,
+    max_seq_len: int,
+    seq_len: int | None = None,
+    dtype: torch.dtype = torch.float32,
+):
+    """Inverse frequencies over the rotated dims, computed in float64 and returned in ``dtype``, and the factor
+    that scales cos and sin.
 
     ``seq_len`` (the length so far) matters only for ``dynamic``. Formulas as in HF transformers'
     ``modeling_rope_utils``.
@@ -81,12 +89,13 @@ def rope_inv_freq(options: RopeOptions, rotary_dim: int, max_seq_len: int, seq_l
     inv_freq = 1.0 / theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
 
     if options.rope_type == "linear":
-        return (inv_freq / options.factor).float(), 1.0
+        return (inv_freq / options.factor).to(dtype), 1.0
     if options.rope_type == "llama3":
-        return _llama3_inv_freq(inv_freq, options, original_len).float(), 1.0
+        return _llama3_inv_freq(inv_freq, options, original_len).to(dtype), 1.0
     if options.rope_type == "yarn":
-        return _yarn_inv_freq(inv_freq, options, rotary_dim, original_len)
-    return inv_freq.float(), 1.0
+        blended, attention_factor = _yarn_inv_freq(inv_freq, options, rotary_dim, original_len)
+        return blended.to(dtype), attention_factor
+    return inv_freq.to(dtype), 1.0
 
 
 def _llama3_inv_freq(inv_freq: Tensor, options: RopeOptions, original_len: int) -> Tensor:
@@ -124,7 +133,7 @@ def _yarn_inv_freq(inv_freq: Tensor, options: RopeOptions, rotary_dim: int, orig
     ramp = ((torch.arange(rotary_dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
     extrapolation_weight = 1 - ramp
     blended = (inv_freq / factor) * ramp + inv_freq * extrapolation_weight
-    return blended.float(), float(attention_factor)
+    return blended, float(attention_factor)
 
 
 @POSITIONS.register("rope")
@@ -132,9 +141,10 @@ class RoPE(PositionalEncoding):
     """Rotates each (query, key) channel pair by angle n·θ_i at position n (RoFormer, Eq. 34).
 
     θ_i = rope_theta^(−2i/d_rot), over the d_rot = int(head_dim · partial_rotary_factor) rotated channels
-    only; the remaining channels pass through. Tables are computed in fp32 and the rotation is applied in
-    fp32. ``dynamic`` scaling changes θ with the length so far (as HF does), so past the original context
-    a cached key keeps the rotation it was stored with; every other type is position-wise and exact.
+    only; the remaining channels pass through. Tables are computed and the rotation applied in fp32 (in
+    float64 for a float64 model, with θ computed afresh in float64). ``dynamic`` scaling changes θ with the
+    length so far (as HF does), so past the original context a cached key keeps the rotation it was stored
+    with; every other type is position-wise and exact.
     """
 
     Options = RopeOptions
@@ -164,13 +174,16 @@ class RoPE(PositionalEncoding):
             f"needs more than 2 rotated dims (got {rotary_dim}): dynamic NTK raises θ to the power d/(d−2)",
         )
 
-    def prepare(self, positions: Tensor, end: int) -> tuple[Tensor, Tensor]:
+    def prepare(self, positions: Tensor, end: int, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
         inv_freq = self.inv_freq
-        if self.options.rope_type == "dynamic":
-            inv_freq, _ = rope_inv_freq(self.options, self.rotary_dim, self.max_seq_len, seq_len=end)
+        # The fp32 buffer is exact for fp32; a float64 model (whose buffer .double() made from fp32 values) and
+        # dynamic scaling (θ depends on the length) recompute it.
+        if self.options.rope_type == "dynamic" or dtype != torch.float32:
+            seq_len = end if self.options.rope_type == "dynamic" else None
+            inv_freq, _ = rope_inv_freq(self.options, self.rotary_dim, self.max_seq_len, seq_len=seq_len, dtype=dtype)
             inv_freq = inv_freq.to(positions.device)
         with torch.autocast(device_type=positions.device.type, enabled=False):
-            angles = positions.float()[:, None] * inv_freq[None, :]
+            angles = positions.to(dtype)[:, None] * inv_freq.to(dtype)[None, :]
             if self.options.interleaved:
                 angles = angles.repeat_interleave(2, dim=-1)
             else:
@@ -179,7 +192,7 @@ class RoPE(PositionalEncoding):
 
     def rotate(self, x: Tensor, state: tuple[Tensor, Tensor]) -> Tensor:
         cos, sin = state
-        rotated, passthrough = x[..., : self.rotary_dim].float(), x[..., self.rotary_dim :]
+        rotated, passthrough = x[..., : self.rotary_dim].to(compute_dtype(x.dtype)), x[..., self.rotary_dim :]
         if self.options.interleaved:
             partner = torch.stack((-rotated[..., 1::2], rotated[..., 0::2]), dim=-1).flatten(-2)
         else:

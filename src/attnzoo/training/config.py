@@ -190,6 +190,17 @@ class TrainConfig:
     def tokens_per_step(self) -> int:
         return self.batch_size * self.seq_len
 
+    def warnings(self) -> list[str]:
+        """Settings that are valid but almost certainly not what was meant."""
+        found = []
+        if self.warmup_steps >= self.steps:
+            found.append(
+                f"warmup_steps={self.warmup_steps} >= steps={self.steps}: the learning rate is still warming up when "
+                f"the run ends and never reaches lr={self.lr:g} (nor decays); set --warmup-steps below --steps, "
+                f"e.g. {max(1, self.steps // 10)}"
+            )
+        return found
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 

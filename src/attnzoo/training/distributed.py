@@ -7,10 +7,12 @@ replica (DDP) or a shard (FSDP2) of the model. Launched plainly, the same code r
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -98,9 +100,41 @@ def _device_id(device: torch.device) -> torch.device | None:
     return device if device.type == "cuda" else None
 
 
-def shutdown_distributed() -> None:
+def shutdown_distributed(*, synchronize: bool = False) -> None:
+    """Leave the process group. ``synchronize`` (after a run that succeeded on every rank): first wait at a
+    barrier until every rank is done with it, so that no rank tears down its connections while a peer still
+    writes its checkpoint, plot or summary. Never on an error path, where a peer may be gone and the barrier
+    would wait for it until the timeout."""
     if dist.is_initialized():
+        if synchronize:
+            dist.barrier()
         dist.destroy_process_group()
+
+
+def joined_process_group() -> bool:
+    """Whether this process was launched as one rank of several (by torchrun)."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def exit_process(code: int) -> NoReturn:
+    """End the program with ``code``; a torchrun worker without running the interpreter's teardown.
+
+    ``destroy_process_group`` does not end everything a process group started: after FSDP2's ``fully_shard``
+    the gloo backend (its ``pt_gloo_runloop`` workers and the ``gloo_tcp_loop`` transport thread) stays alive,
+    still referenced inside torch, until the process exits. The objects that own those threads are then
+    destroyed by the interpreter's and the C++ runtime's exit-time teardown, in no defined order and while the
+    threads still run, which intermittently ended a finished rank with ``terminate called without an active
+    exception`` (SIGABRT) after its checkpoint was written. Everything of a run is on disk (atomically written
+    and closed) when this is called, so a worker flushes its output and ends with ``os._exit``, which runs no
+    destructor; a process that never joined a group exits normally.
+    """
+    if not joined_process_group():
+        sys.exit(code)
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def parallelize(model: nn.Module, env: Distributed, strategy: str) -> nn.Module:

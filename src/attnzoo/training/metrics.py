@@ -1,4 +1,4 @@
-"""The run's metrics log (one JSON object per line) and its loss-curve plot."""
+"""The run's metrics log (one JSON object per line), its optional TensorBoard mirror, and its loss-curve plot."""
 
 from __future__ import annotations
 
@@ -7,7 +7,10 @@ import math
 from pathlib import Path
 from typing import Any
 
+from attnzoo.data.tokenizers import MissingDependencyError
 from attnzoo.io import atomic_write, atomic_write_text
+
+TENSORBOARD_HINT = 'pip install -e ".[tensorboard]" in the attnzoo checkout (or pip install tensorboard)'
 
 
 class MetricsLog:
@@ -39,6 +42,38 @@ class MetricsLog:
         """Forget records past ``step``: a resumed run logs those steps again."""
         kept = [r for r in self.read() if r["step"] <= step]
         atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+
+
+def require_tensorboard() -> Any:
+    """``torch.utils.tensorboard.SummaryWriter``, or a clear error when the optional ``tensorboard`` package is
+    missing (the ``tensorboard`` extra)."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise MissingDependencyError(
+            f"--tensorboard needs the tensorboard package, which is not installed: {TENSORBOARD_HINT}"
+        ) from None
+    return SummaryWriter
+
+
+class TensorBoardLog:
+    """Writes each metrics record as TensorBoard scalars beside ``metrics.jsonl``: ``train/loss``, ``train/lr``,
+    ``val/loss``, ... at the record's step. ``tensorboard --logdir DIR`` shows them."""
+
+    def __init__(self, log_dir: Path):
+        self.writer = require_tensorboard()(log_dir=str(log_dir))
+
+    def append(self, record: dict[str, Any]) -> None:
+        step = record["step"]
+        for key, value in record.items():
+            if key == "step" or isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            group, _, name = key.partition("_") if key.startswith(("train_", "val_")) else ("train", "", key)
+            self.writer.add_scalar(f"{group}/{name}", value, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
 
 
 def plot_losses(records: list[dict[str, Any]], path: Path, title: str) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import logging
 import math
 import os
 import platform
@@ -42,7 +43,7 @@ from attnzoo.data.batches import BatchSchedule
 from attnzoo.data.corpora import Corpus, prepare_corpus
 from attnzoo.data.tokenizers import Tokenizer
 from attnzoo.evals.lm import LMEvalConfig, LMScore, evaluate_lm
-from attnzoo.io import atomic_write_text
+from attnzoo.io import DirectoryLocked, atomic_write_text, locked_directory
 from attnzoo.model import CONFIG_NAME, Transformer
 from attnzoo.training.checkpoint import (
     TOKENIZER,
@@ -64,8 +65,10 @@ from attnzoo.training.finetune import (
     freeze_all_but,
     init_from_pretrained,
 )
-from attnzoo.training.metrics import MetricsLog, plot_losses
+from attnzoo.training.metrics import MetricsLog, TensorBoardLog, plot_losses, require_tensorboard
 from attnzoo.training.optim import build_optimizer, learning_rate
+
+logger = logging.getLogger(__name__)
 
 METRICS = "metrics.jsonl"
 LOSS_PLOT = "train_loss.png"
@@ -158,6 +161,24 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return getattr(torch, name)
 
 
+@contextlib.contextmanager
+def lock_run_directory(run_dir: str | Path, env: Distributed) -> Iterator[None]:
+    """Rank 0 holds the run directory's lock (see :func:`attnzoo.io.locked_directory`) while the block runs;
+    if another process holds it, every rank raises :class:`~attnzoo.io.DirectoryLocked`, so none is left
+    waiting in a collective. Nests within one process."""
+    with contextlib.ExitStack() as stack:
+        holder = None  # (the holder's pid,) when another process holds the lock
+        if env.is_main:
+            try:
+                stack.enter_context(locked_directory(run_dir, "run"))
+            except DirectoryLocked as err:
+                holder = (err.pid,)
+        holder = env.broadcast(holder)
+        if holder is not None:
+            raise DirectoryLocked(Path(run_dir), holder[0], "run")
+        yield
+
+
 class Trainer:
     def __init__(
         self,
@@ -170,10 +191,14 @@ class Trainer:
         resume: Checkpoint | None = None,
         init_from: Checkpoint | None = None,
         progress: bool = True,
+        tensorboard: str | Path | None = None,
     ):
         """``resume`` continues the run of that checkpoint. ``init_from`` starts a new run from a pretrained
         model's weights instead of random ones; ``model_config`` may differ from its in the attention
-        (see :mod:`attnzoo.training.finetune`)."""
+        (see :mod:`attnzoo.training.finetune`). ``tensorboard``: a directory that also receives the metrics as
+        TensorBoard scalars (needs the optional ``tensorboard`` package)."""
+        if tensorboard is not None:
+            require_tensorboard()  # on every rank, so that all refuse together
         self.model_config, self.cfg, self.corpus = model_config, train_config, corpus
         self.run_dir, self.env, self.progress = Path(run_dir), env or Distributed(), progress
         self._check_inputs(resume, init_from)
@@ -197,6 +222,7 @@ class Trainer:
             torch.manual_seed(derive_seed(train_config.seed, DROPOUT_STREAM, self.env.rank))
         self.last_checkpoint = resume.directory if resume is not None else None
         self.metrics = MetricsLog(self.run_dir / METRICS)
+        self.tensorboard_dir = Path(tensorboard) if tensorboard is not None else None
         self._stop_signal: int | None = None
 
     def _check_inputs(self, resume: Checkpoint | None, init_from: Checkpoint | None) -> None:
@@ -368,8 +394,26 @@ class Trainer:
             ) from None
 
     def fit(self) -> TrainResult:
-        """Train to ``steps``, or until SIGINT/SIGTERM; evaluate, log and checkpoint along the way."""
+        """Train to ``steps``, or until SIGINT/SIGTERM; evaluate, log and checkpoint along the way.
+
+        The run directory is locked while this runs: another process training into it, or resuming it, gets
+        :class:`~attnzoo.io.DirectoryLocked` naming this one's pid instead of interleaving its writes."""
+        with lock_run_directory(self.run_dir, self.env):
+            tracker = TensorBoardLog(self.tensorboard_dir) if self.tensorboard_dir and self.env.is_main else None
+            try:
+                return self._fit(tracker)
+            finally:
+                if tracker is not None:
+                    tracker.close()
+
+    def _fit(self, tracker: TensorBoardLog | None) -> TrainResult:
         cfg, main = self.cfg, self.env.is_main
+
+        def log(record: dict) -> None:
+            self.metrics.append(record)
+            if tracker is not None:
+                tracker.append(record)
+
         if main:
             if self.last_checkpoint is None:
                 self._write_run_files()
@@ -378,6 +422,8 @@ class Trainer:
                 self.metrics.truncate_after(self.step)
         say = _say if main else _silent
         say(self.describe())
+        for warning in cfg.warnings() if main else []:
+            logger.warning("warning: %s", warning)
         if self.last_checkpoint is not None:
             say(f"resumed from {self.last_checkpoint} at step {self.step}")
 
@@ -396,7 +442,7 @@ class Trainer:
                     tokens_per_s = meter.interval_rate()
                     bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
                     if main:
-                        self.metrics.append(
+                        log(
                             {
                                 "step": self.step,
                                 "train_loss": loss,
@@ -409,7 +455,7 @@ class Trainer:
                 if self.step % cfg.eval_interval == 0 or done:
                     last_eval = self.evaluate()
                     if main:
-                        self.metrics.append({"step": self.step, **_prefixed("val_", last_eval.metrics())})
+                        log({"step": self.step, **_prefixed("val_", last_eval.metrics())})
                     say(
                         f"step {self.step:>6} | train loss {loss:.4f} | val loss {last_eval.loss:.4f} | "
                         f"val bits/byte {last_eval.bits_per_byte:.3f}"

@@ -1,0 +1,106 @@
+"""Plugins: a mechanism or positional scheme that another installed package registers through the entry point
+groups ``attnzoo.attention`` and ``attnzoo.positions`` shows up in the registries and the CLI, imported only
+when it is asked for.
+
+The plugin is a real installed distribution: a package and its ``.dist-info`` (METADATA, entry_points.txt) in a
+directory on ``sys.path``, which is what ``pip install`` leaves in site-packages.
+"""
+
+import importlib
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from attnzoo import ModelConfig, Transformer
+from attnzoo.attention import ATTENTION
+from attnzoo.positions import POSITIONS
+
+PLUGIN = textwrap.dedent(
+    '''
+    """A tiny attnzoo plugin: one mechanism registered by its module, one positional scheme named by class."""
+    from attnzoo.attention import ATTENTION
+    from attnzoo.attention.mha import MultiHeadAttention
+    from attnzoo.positions import PositionalEncoding
+
+
+    @ATTENTION.register("plugin_mha")
+    class PluginAttention(MultiHeadAttention):
+        """MHA under another name."""
+
+
+    class NoPositions(PositionalEncoding):
+        """Nothing beyond the causal mask, registered by the entry point that names this class."""
+    '''
+)
+ENTRY_POINTS = """\
+[attnzoo.attention]
+plugin_mha = attnzoo_tiny_plugin
+
+[attnzoo.positions]
+plugin_none = attnzoo_tiny_plugin:NoPositions
+plugin_broken = attnzoo_tiny_plugin_missing:Nothing
+"""
+
+
+@pytest.fixture
+def plugin_dir(tmp_path):
+    site = tmp_path / "site"
+    (site / "attnzoo_tiny_plugin").mkdir(parents=True)
+    (site / "attnzoo_tiny_plugin" / "__init__.py").write_text(PLUGIN)
+    dist_info = site / "attnzoo_tiny_plugin-0.1.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: attnzoo-tiny-plugin\nVersion: 0.1\n")
+    (dist_info / "entry_points.txt").write_text(ENTRY_POINTS)
+    return site
+
+
+@pytest.fixture
+def installed(plugin_dir, monkeypatch):
+    """The plugin on this interpreter's path; the registries are left as they were afterwards."""
+    monkeypatch.syspath_prepend(str(plugin_dir))
+    importlib.invalidate_caches()
+    before = {registry: dict(registry._classes) for registry in (ATTENTION, POSITIONS)}
+    yield plugin_dir
+    for registry, classes in before.items():
+        registry._classes.clear()
+        registry._classes.update(classes)
+    sys.modules.pop("attnzoo_tiny_plugin", None)
+
+
+def test_plugins_are_listed_without_being_imported_and_load_when_asked_for(installed):
+    assert "plugin_mha" in ATTENTION.names() and "plugin_none" in POSITIONS.names()
+    assert "attnzoo_tiny_plugin" not in sys.modules  # lazily: listing imports nothing
+    cfg = ModelConfig(vocab_size=16, dim=16, n_layers=1, n_heads=2, attention="plugin_mha", position="plugin_none")
+    assert "attnzoo_tiny_plugin" in sys.modules
+    assert ATTENTION.get("plugin_mha").__name__ == "PluginAttention"
+    assert POSITIONS.get("plugin_none").registry_name == "plugin_none"
+    logits = Transformer(cfg)(torch.randint(0, 16, (1, 5)))
+    assert logits.shape == (1, 5, 16)
+
+
+def test_a_broken_plugin_is_a_clear_error_naming_its_entry_point(installed):
+    with pytest.raises(ValueError, match=r"plugin plugin_broken = 'attnzoo_tiny_plugin_missing:Nothing'.*failed"):
+        ModelConfig(vocab_size=16, dim=16, n_layers=1, n_heads=2, position="plugin_broken")
+
+
+def test_without_the_plugin_its_name_is_unknown():
+    assert "plugin_mha" not in ATTENTION.names()
+    with pytest.raises(ValueError, match="attention='plugin_mha' is not a known attention mechanism"):
+        ATTENTION.get("plugin_mha")
+
+
+def test_the_cli_offers_and_runs_a_plugin_mechanism(plugin_dir):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugin_dir), *sys.path])}
+
+    def attnzoo(*args):
+        done = subprocess.run([sys.executable, "-m", "attnzoo", *args], capture_output=True, text=True, env=env)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert "plugin_mha" in attnzoo("train", "--help") and "plugin_none" in attnzoo("info", "--help")
+    out = attnzoo("info", "--attention", "plugin_mha", "--position", "plugin_none", "--dim", "32", "--n-heads", "2")
+    assert "plugin_mha" in out and "plugin_none" in out
