@@ -341,9 +341,29 @@ def test_an_interrupted_compare_resumes_where_it_stopped(micro, copy_of):
 
 
 def test_a_run_from_another_configuration_is_refused_not_overwritten(micro, copy_of):
+    with pytest.raises(ValueError, match=r"holds the report of another comparison \(it differs in \['train'\]\)"):
+        _compare(copy_of, micro["text"], steps=9)
+    with pytest.raises(ValueError, match=r"it differs in \['variants'\]"):
+        _compare(copy_of, micro["text"], variants=["mha+rope", "mha+rope+kv1"])
+    (copy_of / "results.json").unlink()  # without the report, each run is still checked before it is touched
     with pytest.raises(CheckpointError, match="holds a run with another configuration than this compare's"):
         _compare(copy_of, micro["text"], steps=9)
     assert read_checkpoint(copy_of / "runs/mha+rope/seed0").step == 6
+
+
+def test_a_comparison_other_than_the_presets_gets_its_own_directory():
+    from attnzoo.cli.compare import default_out
+
+    def out(*flags):
+        return default_out(_parse("--preset", "quick", *flags))
+
+    assert out() == Path("runs/compare-quick")
+    assert default_out(_parse("--preset", "claims")) == Path("runs/compare-claims")
+    other = out("--variants", "mha+rope", "diff+alibi", "--tasks", "mqar")
+    assert other.name.startswith("compare-quick-") and other == out(
+        "--variants", "mha+rope", "diff+alibi", "--tasks", "mqar"
+    )
+    assert other != out("--variants", "mha+rope", "diff+alibi")
 
 
 @pytest.mark.slow
@@ -438,6 +458,7 @@ def echo_task():
 
 
 def test_a_registered_task_is_trained_and_reported_with_no_edit_to_compare(micro, copy_of, echo_task):
+    (copy_of / "results.json").unlink()  # its report compares the tasks before this one; the runs are reused
     result, stdout = _compare(copy_of, micro["text"])  # the micro preset runs every task with a micro budget
     assert list(result.results.tasks) == [*_results(micro["out"]).tasks, "echo"]
     echo = result.results.tasks["echo"]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -109,6 +111,17 @@ def _with_config(args: argparse.Namespace) -> argparse.Namespace:
     return argparse.Namespace(**merged)
 
 
+def default_out(args: argparse.Namespace) -> Path:
+    """``runs/compare-PRESET``, with a digest of what else was asked for, so another comparison never lands in
+    (and is never refused by) the preset's own directory."""
+    changes = {key: getattr(args, key) for key in ("variants", "seeds", "steps", "data", "tasks")}
+    asked = {key: value for key, value in changes.items() if value is not None}
+    if not asked:
+        return Path("runs") / f"compare-{args.preset}"
+    digest = hashlib.sha256(json.dumps(asked, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    return Path("runs") / f"compare-{args.preset}-{digest}"
+
+
 def run(args: argparse.Namespace) -> int:
     args = _with_config(args)
     check_out_dir(args.out)
@@ -116,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--seeds={args.seeds} is invalid: must be >= 1 (and >= 2 for any ranking)")
     result = run_compare(
         args.preset,
-        args.out or Path("runs") / f"compare-{args.preset}",
+        args.out or default_out(args),
         variants=_variant_list(args.variants) if args.variants else None,
         seeds=range(args.seeds) if args.seeds is not None else None,
         steps=args.steps,

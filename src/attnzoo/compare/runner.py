@@ -141,6 +141,7 @@ class Comparison:
             f"attnzoo compare ({spec.name}: {spec.description}) → {self.out_dir}\n"
             f"variants {', '.join(self.labels)} (baseline {self.baseline}); seeds {list(spec.seeds)}"
         )
+        self.refuse_another_comparison()
         corpus = load_corpus(spec.train.data, self.env)
         self.extrapolation_tokens(corpus)  # refuse a too-short corpus now, not after the training
         configs = matched_configs(
@@ -176,6 +177,20 @@ class Comparison:
         paths = write_report(results, self.out_dir)
         self.say(final_summary(results, paths))
         return CompareResult(self.out_dir, results, None)
+
+    def refuse_another_comparison(self) -> None:
+        """A directory whose report compares something else is never overwritten by this comparison."""
+        try:
+            stored = json.loads((self.out_dir / RESULTS).read_text(encoding="utf-8")).get("spec")
+        except (OSError, ValueError, AttributeError):
+            return  # no finished report (or an unreadable one): the runs inside are checked one by one
+        ours = _jsonable(self.spec.to_dict())
+        if stored is not None and stored != ours:
+            differs = sorted(key for key in ours if stored.get(key) != ours[key])
+            raise ValueError(
+                f"{self.out_dir} holds the report of another comparison (it differs in {differs}); choose another "
+                "--out, or delete that directory to replace it"
+            )
 
     def _elapsed(self) -> str:
         return _duration(time.perf_counter() - self.started)
