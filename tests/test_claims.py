@@ -151,3 +151,19 @@ def test_the_gpu_preset_refuses_without_cuda_and_says_what_it_needs(monkeypatch)
     gpu = PRESETS["gpu"]
     assert len(gpu.seeds) >= 3 and set(claim_variants()) <= set(gpu.variant_labels)
     assert {task.name for task in gpu.tasks} == {c.measure.task for c in CLAIMS.values() if c.measure.task}
+
+
+def test_the_probes_of_a_model_with_local_layers_summarise_every_layer():
+    import torch
+
+    from attnzoo import ModelConfig, Transformer
+    from attnzoo.compare.runner import lm_probes
+    from attnzoo.evals.probes import probe_model
+
+    options = {"window_size": 8, "window_type": "LG"}  # layer 0 sees at most 8 keys of the 64-token window
+    config = ModelConfig(vocab_size=64, dim=32, n_layers=2, n_heads=2, attention="dcmha", attention_options=options)
+    model, tokens = Transformer(config), torch.randint(0, 64, (2, 64))
+    local, full = (layer.spikiness_by_length for layer in probe_model(model, tokens))
+    # The local layer's longest rows (it has none of 32 keys or more); the global layer's 33 rows of 32–64 keys.
+    expected = (list(local.values())[-1] + (32 * full["32-63"] + full["64-127"]) / 33) / 2
+    assert lm_probes(model, tokens)["spikiness_long"] == pytest.approx(expected)

@@ -497,7 +497,8 @@ class Comparison:
 def lm_probes(model: Transformer, windows: Tensor) -> dict[str, float]:
     """The trained model's probes (attnzoo.evals.probes) as flat values: each layer's, and the summaries the
     claims read: the largest attention logit and hidden-state outlier ratio over layers, and the spikiness of
-    rows that see at least half the window, averaged over layers."""
+    rows that see at least half the window (a local layer's longest rows, where its window is shorter),
+    averaged over layers."""
     layers = probe_model(model, windows)
     values = {
         f"layer{p.layer}/{name}": getattr(p, name)
@@ -510,6 +511,7 @@ def lm_probes(model: Transformer, windows: Tensor) -> dict[str, float]:
         # Buckets are lengths [low, 2·low − 1]; in a fresh causal window each length up to T has one row.
         buckets = [(int(b.split("-")[0]), v) for b, v in p.spikiness_by_length.items() if b != "1"]
         weighted = [(min(2 * low - 1, windows.shape[1]) - low + 1, v) for low, v in buckets if low >= half]
+        weighted = weighted or [(1, buckets[-1][1])]
         long_rows.append(sum(n * v for n, v in weighted) / sum(n for n, _ in weighted))
     return values | {
         "top1_attention_logit": max(p.top_logit for p in layers),
