@@ -23,6 +23,15 @@ IGNORE_INDEX = -100
 # The model and loop of every task's micro budget: a smoke test that trains for 3 steps.
 TINY_MODEL = {"dim": 32, "n_layers": 2, "n_heads": 2}
 TINY_LOOP = {"model": TINY_MODEL, "steps": 3, "batch_size": 4, "warmup_steps": 1, "eval_interval": 3, "eval_samples": 8}
+# The model and loop of the full budgets of the tasks that need depth (needles, composition).
+FULL_LOOP = {
+    "model": {"dim": 128, "n_layers": 4, "n_heads": 4},
+    "steps": 4000,
+    "batch_size": 32,
+    "lr": 1e-3,
+    "warmup_steps": 200,
+    "eval_interval": 250,
+}
 # The model and loop of the claims budgets: small enough for 3 seeds of every claim's task in minutes on a CPU.
 CLAIMS_LOOP = {
     "model": {"dim": 64, "n_layers": 2, "n_heads": 2},

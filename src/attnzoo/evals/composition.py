@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from attnzoo.evals.base import (
     CLAIMS_LOOP,
+    FULL_LOOP,
     IGNORE_INDEX,
     TINY_LOOP,
     TaskBatch,
@@ -178,16 +179,9 @@ register_task(
         solved=1.0,
         budgets={
             "micro": TaskBudget(options={"n_facts": 2, "n_bindings": 2, "n_heldout_objects": 4}, **TINY_LOOP),
-            "claims": TaskBudget(
-                **CLAIMS_LOOP,
-            ),
+            "claims": TaskBudget(**CLAIMS_LOOP),
             "full": TaskBudget(
-                model={"dim": 128, "n_layers": 4, "n_heads": 4},
-                steps=4000,
-                batch_size=32,
-                lr=1e-3,
-                warmup_steps=200,
-                eval_interval=250,
+                **FULL_LOOP,
                 eval_samples=500,
             ),
         },

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from attnzoo.evals.base import (
     CLAIMS_LOOP,
+    FULL_LOOP,
     IGNORE_INDEX,
     TINY_LOOP,
     LengthDepthSweep,
@@ -337,12 +338,7 @@ register_task(
                 probe_samples=64,
             ),
             "full": TaskBudget(
-                model={"dim": 128, "n_layers": 4, "n_heads": 4},
-                steps=4000,
-                batch_size=32,
-                lr=1e-3,
-                warmup_steps=200,
-                eval_interval=250,
+                **FULL_LOOP,
                 eval_samples=200,
                 stop_at=0.99,
                 sweep_lengths=(256, 512, 1024),
