@@ -209,11 +209,19 @@ def test_dynamic_ntk_changes_theta_only_past_the_original_length():
 def test_sinusoidal_embedding_formula():
     cfg = ModelConfig(vocab_size=8, dim=8, n_heads=2, n_layers=1, position="sinusoidal")
     table = POSITIONS.get("sinusoidal")(cfg, 4).embed(torch.arange(50))
+    amplitude = math.sqrt(2) * cfg.init_std
     for n in (0, 7, 49):
         for i in range(4):
             angle = n / 10000 ** (2 * i / 8)
-            assert table[n, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-5)
-            assert table[n, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-5)
+            assert table[n, 2 * i].item() == pytest.approx(amplitude * math.sin(angle), abs=1e-7)
+            assert table[n, 2 * i + 1].item() == pytest.approx(amplitude * math.cos(angle), abs=1e-7)
+
+
+def test_sinusoidal_table_has_the_scale_of_the_token_embeddings():
+    # A unit table drowns N(0, init_std) token embeddings; its RMS per element must be init_std, as theirs.
+    cfg = ModelConfig(vocab_size=8, dim=64, n_heads=2, n_layers=1, position="sinusoidal", init_std=0.05)
+    table = POSITIONS.get("sinusoidal")(cfg, 32).embed(torch.arange(100))
+    assert table.pow(2).mean().sqrt().item() == pytest.approx(0.05, rel=1e-5)
 
 
 def test_learned_positions_refuse_lengths_past_max_seq_len():
