@@ -13,6 +13,15 @@ BASE = ModelConfig(vocab_size=256, dim=128, n_layers=2, n_heads=8, max_seq_len=6
         ("diff+alibi", Variant("diff", "alibi")),
         ("mha+rope+kv2", Variant("mha", "rope", 2)),
         (" selective + none ", Variant("selective", "none")),
+        (
+            "selective[value_temperature=false]+none",
+            Variant("selective", "none", options=(("value_temperature", False),)),
+        ),
+        (
+            "dcmha[rank=1, query_wise=true]+alibi+kv2",
+            Variant("dcmha", "alibi", 2, (("query_wise", True), ("rank", 1))),
+        ),
+        ("selective[temperature_fn=mlp]", Variant("selective", "rope", options=(("temperature_fn", "mlp"),))),
     ],
 )
 def test_parse(spec, expected):
@@ -28,11 +37,22 @@ def test_parse(spec, expected):
         ("mha+xpos", "'xpos' is not a known positional scheme"),
         ("mha+rope+kv0", "bad kv-head count '0'"),
         ("mha+rope+alibi", "expected ATTENTION"),
+        ("mha[+rope", "expected ATTENTION"),
+        ("selective[bogus=1]+rope", r"'selective\[bogus=1\]\+rope'.*unknown option\(s\) \['bogus'\]"),
+        ("selective[value_temperature=2]", "value_temperature=2 is invalid: must be true or false"),
+        ("selective[value_temperature]", "must be KEY=VALUE"),
     ],
 )
 def test_parse_errors_name_the_spec(spec, message):
     with pytest.raises(ValueError, match=message):
         Variant.parse(spec)
+
+
+def test_options_reach_the_variants_config():
+    options_label = "selective[value_temperature=false]+rope"
+    configs = matched_configs([Variant.parse("selective+rope"), Variant.parse(options_label)], BASE)
+    assert configs["selective+rope"].attention_options["value_temperature"] is True
+    assert configs[options_label].attention_options["value_temperature"] is False
 
 
 def test_count_parameters_equals_a_built_model():

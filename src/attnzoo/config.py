@@ -15,6 +15,16 @@ NORM_KINDS = ("rmsnorm", "layernorm")
 ATTN_BACKENDS = ("auto", "eager", "sdpa")
 
 
+def parse_key_value(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` → (key, value): the value as JSON (true, 3, 0.5, "x"), else the bare word as a string."""
+    key, sep, value = text.strip().partition("=")
+    require(bool(sep and key), "option", text, "must be KEY=VALUE")
+    try:
+        return key.strip(), json.loads(value)
+    except json.JSONDecodeError:
+        return key.strip(), value.strip()  # a bare word is a string: variant=v2 as well as variant="v2"
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Architecture of a decoder-only Transformer.

@@ -9,34 +9,46 @@ parameter count matches the baseline's within a tolerance.
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from attnzoo.attention import ATTENTION
-from attnzoo.config import ModelConfig
+from attnzoo.config import ModelConfig, parse_key_value
 from attnzoo.positions import POSITIONS
 
-SPEC_FORMAT = "ATTENTION[+POSITION][+kvN], e.g. 'mha+rope', 'diff+alibi', 'mha+rope+kv2'"
+SPEC_FORMAT = (
+    "ATTENTION[KEY=VALUE,...]+POSITION+kvN, the options, position and kv part optional, e.g. 'mha+rope', "
+    "'diff+alibi', 'mha+rope+kv2', 'selective[value_temperature=false]+none'"
+)
+_SPEC = re.compile(r"(?P<attention>[^+\[\]]+)(?:\[(?P<options>[^\]]*)\])?(?P<rest>(?:\+[^+\[\]]+)*)")
 
 
 @dataclass(frozen=True)
 class Variant:
+    """An attention mechanism with its options × a positional scheme × a kv-head count."""
+
     attention: str
     position: str = "rope"
     n_kv_heads: int | None = None  # None keeps the baseline's
+    options: tuple[tuple[str, Any], ...] = ()  # attention options, sorted by name; the rest keep their defaults
 
     @property
     def label(self) -> str:
+        options = ",".join(f"{key}={json.dumps(value)}" for key, value in self.options)
         kv = f"+kv{self.n_kv_heads}" if self.n_kv_heads is not None else ""
-        return f"{self.attention}+{self.position}{kv}"
+        return f"{self.attention}{f'[{options}]' if options else ''}+{self.position}{kv}"
 
     @classmethod
     def parse(cls, spec: str) -> Variant:
-        parts = [p.strip() for p in spec.strip().split("+")]
-        if not parts[0] or len(parts) > 3:
+        match = _SPEC.fullmatch(spec.strip())
+        if match is None:
             raise ValueError(f"variant {spec!r} is invalid: expected {SPEC_FORMAT}")
-        attention, rest = parts[0], parts[1:]
+        attention = match["attention"].strip()
+        rest = [p.strip() for p in match["rest"].split("+")[1:]]
         kv = None
         if rest and rest[-1].startswith("kv"):
             digits = rest.pop()[2:]
@@ -51,7 +63,12 @@ class Variant:
                 raise ValueError(
                     f"variant {spec!r}: {name!r} is not a known {registry.kind}; choose one of {registry.names()}"
                 )
-        return cls(attention, position, kv)
+        try:
+            options = dict(parse_key_value(item) for item in (match["options"] or "").split(",") if item.strip())
+            ATTENTION.parse_options(attention, options)
+        except ValueError as err:
+            raise ValueError(f"variant {spec!r}: {err}") from None
+        return cls(attention, position, kv, tuple(sorted(options.items())))
 
 
 def count_parameters(cfg: ModelConfig) -> int:
@@ -64,7 +81,7 @@ def count_parameters(cfg: ModelConfig) -> int:
 
 def variant_config(variant: Variant, baseline: ModelConfig) -> ModelConfig:
     """The baseline with this variant's attention, position and kv heads, paired as the mechanism's paper does."""
-    changes: dict = {"attention": variant.attention, "attention_options": {}}
+    changes: dict = {"attention": variant.attention, "attention_options": dict(variant.options)}
     if variant.position != baseline.position:
         changes.update(position=variant.position, position_options={})
     if variant.n_kv_heads is not None:

@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import types
 import typing
 from collections.abc import Callable
 from typing import Any
 
 from attnzoo.attention import ATTENTION
-from attnzoo.config import ATTN_BACKENDS, MLP_KINDS, NORM_KINDS, ModelConfig
+from attnzoo.config import ATTN_BACKENDS, MLP_KINDS, NORM_KINDS, ModelConfig, parse_key_value
 from attnzoo.positions import POSITIONS
 from attnzoo.training.config import (
     DEFAULT_MODEL,
@@ -109,13 +108,10 @@ def _add_dataclass_flags(
 
 
 def _key_value(text: str) -> tuple[str, Any]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
     try:
-        return key, json.loads(value)
-    except json.JSONDecodeError:
-        return key, value  # a bare word is a string: variant=v2 as well as variant="v2"
+        return parse_key_value(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def add_config_argument(parser: argparse.ArgumentParser) -> None:
