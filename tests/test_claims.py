@@ -107,11 +107,16 @@ def test_every_claim_names_its_paper_figure_and_the_claims_preset_runs_its_exper
     claims = PRESETS["claims"]
     assert len(claims.seeds) >= 3
     assert set(claim_variants()) <= set(claims.variant_labels)
-    tasks = {task.name: set(task.variants) for task in claims.tasks}
+    tasks = {task.name: set(claims.task_variants(task)) for task in claims.tasks}
     for claim in CLAIMS.values():
         assert claim.paper and claim.statement.endswith(".") and claim.measure.label
-        if claim.measure.task is not None:
+        if claim.measure.task is None:
+            assert {claim.variant, claim.baseline} <= set(claims.variant_labels)
+        else:
             assert {claim.variant, claim.baseline} <= tasks[claim.measure.task]
+    # An ablation that only a task measures trains that task alone, not a language model.
+    denoising = CLAIMS["selective.value_temperature_denoising"]
+    assert denoising.variant in tasks["denoising"] and denoising.variant not in claims.variant_labels
 
 
 def test_the_report_opens_with_what_this_run_says(results, tmp_path):

@@ -161,7 +161,7 @@ def test_ranking_needs_two_seeds_and_marks_ties_with_the_best():
         ({"seeds": []}, r"seeds=\(\) is invalid"),
         ({"seeds": [0, 0]}, "must be distinct"),
         ({"steps": 0}, "steps=0 is invalid"),
-        ({"tasks": ["nope"]}, r"task='nope' is invalid: choose one of \['composition', 'mqar'"),
+        ({"tasks": ["nope"]}, r"task='nope' is invalid: choose one of \['composition', 'denoising', 'mqar'"),
     ],
 )
 def test_bad_overrides_are_refused_by_name(overrides, message):
@@ -256,7 +256,7 @@ def test_micro_compare_writes_results_report_and_plots(micro):
     assert results.variants["diff+rope"].map_note.startswith("the differential map")
     assert {m.variant for m in results.bench.measurements} == set(VARIANTS)
     tasks = results.tasks
-    assert set(tasks) == {"passkey", "needles", "mqar", "random_walk", "composition"}
+    assert set(tasks) == {"passkey", "needles", "mqar", "random_walk", "composition", "denoising"}
     assert all(len(runs) == 2 for task in tasks.values() for runs in task.runs.values())
     needles = tasks["needles"].runs["diff+rope"][0]
     assert {key.split("/")[1] for key in needles.probe} == {"answer", "distractors", "sink", "question", "noise"}

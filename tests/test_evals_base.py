@@ -6,6 +6,7 @@ from attnzoo.evals import (
     IGNORE_INDEX,
     TASKS,
     CompositionConfig,
+    DenoisingConfig,
     LengthDepthSweep,
     MQARConfig,
     NeedlesConfig,
@@ -24,6 +25,7 @@ SMALL = {
     "mqar": MQARConfig(vocab_size=64, seq_len=32, num_kv_pairs=4),
     "random_walk": RandomWalkConfig(n_nodes=8, degrees=(1, 2, 4), walk_len=16),
     "composition": CompositionConfig(n_facts=2),
+    "denoising": DenoisingConfig(dim=3, n_tokens=5),
 }
 
 
@@ -71,18 +73,22 @@ def test_every_task_generates_valid_batches_and_evaluates_a_transformer(name):
     task, cfg = TASKS[name], SMALL[name]
     assert isinstance(cfg, task.config)
     batch = task.make_batch(cfg, 4, 0)
-    assert batch.inputs.dtype == batch.targets.dtype == torch.long
-    assert batch.inputs.shape == batch.targets.shape and batch.inputs.shape[0] == 4
-    vocab_size = task.vocab_size(cfg)
-    assert batch.inputs.min() >= 0 and batch.inputs.max() < vocab_size
-    scored = batch.targets[batch.targets != IGNORE_INDEX]
-    assert scored.numel() > 0 and scored.min() >= 0 and scored.max() < vocab_size
+    assert batch.inputs.shape[0] == batch.targets.shape[0] == 4
     # An int seed gives a fixed set; one generator gives fresh batches.
     assert torch.equal(task.make_batch(cfg, 4, 0).inputs, batch.inputs)
     generator = torch.Generator().manual_seed(0)
     task.make_batch(cfg, 4, generator)
     assert not torch.equal(task.make_batch(cfg, 4, generator).inputs, batch.inputs)
-
+    vocab_size = task.vocab_size(cfg)
     model_cfg = ModelConfig(vocab_size=vocab_size, dim=16, n_layers=1, n_heads=2, max_seq_len=batch.inputs.shape[1])
-    metrics = task.evaluate(Transformer(model_cfg), cfg, n_samples=4, seed=0, batch_size=2)
+    if task.build_model is None:  # the language model reads token ids and predicts them
+        assert batch.inputs.dtype == batch.targets.dtype == torch.long and batch.inputs.shape == batch.targets.shape
+        assert batch.inputs.min() >= 0 and batch.inputs.max() < vocab_size
+        scored = batch.targets[batch.targets != IGNORE_INDEX]
+        assert scored.numel() > 0 and scored.min() >= 0 and scored.max() < vocab_size
+    model = task.new_model(model_cfg, cfg)
+    assert isinstance(model, Transformer) == (task.build_model is None)
+    _, loss = model(batch.inputs, batch.targets)
+    assert loss.dim() == 0 and torch.isfinite(loss)
+    metrics = task.evaluate(model, cfg, n_samples=4, seed=0, batch_size=2)
     assert metrics and all(isinstance(v, float) and v == v for v in metrics.values())

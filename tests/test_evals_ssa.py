@@ -4,6 +4,7 @@ import pytest
 import torch
 from torch import nn
 
+from attnzoo.config import ModelConfig
 from attnzoo.evals import (
     DenoisingConfig,
     RandomWalkConfig,
@@ -155,3 +156,19 @@ def test_denoising_batch_layout_and_determinism():
     again, other = denoising_batch(cfg, 400, seed=0), denoising_batch(cfg, 400, seed=1)
     assert torch.equal(again.values, batch.values) and torch.equal(again.is_signal, batch.is_signal)
     assert not torch.equal(other.values, batch.values)
+
+
+def test_the_denoising_model_reads_features_and_trains_on_the_squared_error():
+    from attnzoo.compare import run_task
+    from attnzoo.evals import get_task
+
+    task = get_task("denoising")
+    cfg = DenoisingConfig(dim=3, n_tokens=5)
+    model = task.new_model(ModelConfig(vocab_size=1, dim=16, n_layers=1, n_heads=2, position="none"), cfg)
+    batch = task.make_batch(cfg, 4, 0)
+    estimate, loss = model(batch.inputs, batch.targets)
+    assert estimate.shape == (4, 3)
+    torch.testing.assert_close(loss, ((estimate - batch.targets) ** 2).mean())
+    run = run_task("denoising", "selective[query_temperature=false]+none", scale="micro", progress=False)
+    assert run.final["excess_mse"] == pytest.approx(run.final["model"] - run.final["bayes_optimal"])
+    assert run.variant == "selective[query_temperature=false]+none" and run.steps == 3

@@ -287,3 +287,12 @@ def test_embedding_norm_and_tanh_gelu():
     # With a constant embedding norm the first block's input no longer depends on the tokens.
     maps = model.attention_maps(torch.randint(0, 61, (2, 6)))
     torch.testing.assert_close(maps[0][0], maps[0][1])
+
+
+def test_encode_takes_embeddings_in_place_of_tokens():
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=32, dim=16, n_heads=2, n_layers=2, position="sinusoidal")).eval()
+    idx = torch.randint(0, 32, (2, 9))
+    torch.testing.assert_close(model.lm_head(model.encode(model.embed_tokens(idx))), model(idx), rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"embeddings must have shape \(batch >= 1, seq_len >= 1, dim=16\)"):
+        model.encode(torch.zeros(2, 9, 8))

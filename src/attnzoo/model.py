@@ -204,7 +204,20 @@ class Transformer(nn.Module):
                 bad = low if low < 0 else high
                 raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.config.vocab_size})")
         ctx = self._context(batch, seq_len, cache, maps, logits)
-        x = self.embed_tokens(idx)
+        return self._transform(self.embed_tokens(idx), ctx, cache)
+
+    def encode(self, embeddings: Tensor) -> Tensor:
+        """Final hidden states (B, T, dim) of input vectors that take the token embeddings' place (HF's
+        ``inputs_embeds``), for tasks whose inputs are not tokens. Positions are added to them as to tokens."""
+        if embeddings.dim() != 3 or embeddings.shape[-1] != self.config.dim or 0 in embeddings.shape[:2]:
+            raise ValueError(
+                f"embeddings must have shape (batch >= 1, seq_len >= 1, dim={self.config.dim}); "
+                f"got {tuple(embeddings.shape)}"
+            )
+        batch, seq_len, _ = embeddings.shape
+        return self._transform(embeddings, self._context(batch, seq_len, None, None), None)
+
+    def _transform(self, x: Tensor, ctx: AttentionContext, cache: KVCache | None) -> Tensor:
         position_embedding = self.position.embed(ctx.positions)
         if position_embedding is not None:
             x = x + position_embedding.to(x.dtype)

@@ -110,13 +110,16 @@ class CompareSpec:
         names = [task.name for task in self.tasks]
         require(len(set(names)) == len(names), "tasks", names, "must name each task at most once")
         for task in self.tasks:
-            unknown = sorted(set(task.variants) - set(labels))
-            require(not unknown, f"task {task.name!r} variants", unknown, f"must be among the variants {labels}")
+            for spec in task.variants:
+                Variant.parse(spec)
 
     def task_variants(self, task: TaskSpec) -> list[str]:
-        """The variants that train ``task``: its own subset, always with the baseline, or every variant."""
+        """The variants that train ``task``: the baseline and the task's own (which need not train the language
+        model, e.g. a mechanism's ablation that only the task measures), or every variant."""
         labels = self.variant_labels
-        return [label for label in labels if not task.variants or label == labels[0] or label in task.variants]
+        if not task.variants:
+            return labels
+        return list(dict.fromkeys([labels[0], *(Variant.parse(spec).label for spec in task.variants)]))
 
     @property
     def variant_labels(self) -> list[str]:

@@ -21,7 +21,6 @@ from attnzoo.compare.results import SweepResult, TaskRun
 from attnzoo.config import ModelConfig
 from attnzoo.evals import steps_to_threshold
 from attnzoo.evals.task import TaskSpec
-from attnzoo.model import Transformer
 from attnzoo.training.config import TrainConfig
 from attnzoo.training.distributed import resolve_device
 from attnzoo.training.optim import build_optimizer, learning_rate
@@ -65,7 +64,7 @@ def _optimisation(spec: TaskSpec, seed: int) -> TrainConfig:
 def step_seconds(spec: TaskSpec, model_config: ModelConfig, device: torch.device, steps: int = 3) -> float:
     """Seconds one training step of this task takes here: the fastest of ``steps`` after a warm-up step."""
     torch.manual_seed(0)
-    model = Transformer(model_config).to(device)
+    model = spec.task.new_model(model_config, spec.config()).to(device)
     optimizer = build_optimizer(model, _optimisation(spec, 0))
     generator = torch.Generator().manual_seed(0)
     times = []
@@ -87,7 +86,7 @@ def train_task(
     task, budget, cfg = spec.task, spec.budget, spec.config()
     optimisation = _optimisation(spec, seed)
     torch.manual_seed(seed)
-    model = Transformer(model_config).to(device)
+    model = spec.task.new_model(model_config, spec.config()).to(device)
     optimizer = build_optimizer(model, optimisation)
     generator = torch.Generator().manual_seed(derive_seed(seed, TASK_DATA_STREAM))
 

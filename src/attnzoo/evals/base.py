@@ -46,8 +46,8 @@ CLAIMS_LOOP = {
 
 @dataclass
 class TaskBatch:
-    inputs: Tensor  # (B, T) token ids
-    targets: Tensor  # (B, T) the token each position must predict; IGNORE_INDEX where unscored
+    inputs: Tensor  # (B, T) token ids; a task with its own model (Task.build_model): its features
+    targets: Tensor  # (B, T) the token each position must predict, IGNORE_INDEX where unscored; or that model's
 
 
 def as_generator(seed: int | torch.Generator) -> torch.Generator:

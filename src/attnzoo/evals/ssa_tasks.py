@@ -193,6 +193,35 @@ def mse(estimate: Tensor, target: Tensor) -> float:
     return (estimate - target).pow(2).mean().item()
 
 
+def denoising_task_batch(cfg: DenoisingConfig, batch_size: int, seed: int | torch.Generator) -> TaskBatch:
+    """A training batch: the features as inputs, μ as the target."""
+    batch = denoising_batch(cfg, batch_size, seed)
+    return TaskBatch(inputs=batch.features, targets=batch.target)
+
+
+class DenoisingModel(nn.Module):
+    """A Transformer over the denoising features, answering μ from the query's final hidden state.
+
+    The features (type one-hot and u) are projected to the model's width in place of token embeddings, and a
+    linear read-out maps the query position's hidden state to the estimate (§5.2's "+ linear read-out").
+    """
+
+    def __init__(self, model_config, cfg: DenoisingConfig):
+        from attnzoo.model import Transformer  # the model imports the mechanisms; a task module need not
+
+        super().__init__()
+        self.read_in = nn.Linear(3 + cfg.dim, model_config.dim)
+        self.transformer = Transformer(model_config)
+        self.read_out = nn.Linear(model_config.dim, cfg.dim)
+
+    def forward(self, features: Tensor, target: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
+        """(B, n + 1, 3 + d) features → the (B, d) estimate of μ; with ``target``, also the mean squared error."""
+        estimate = self.read_out(self.transformer.encode(self.read_in(features))[:, -1])
+        if target is None:
+            return estimate
+        return estimate, F.mse_loss(estimate.float(), target.float())
+
+
 def denoising_risks(cfg: DenoisingConfig) -> dict[str, float]:
     """The expected per-coordinate MSE of each baseline, exactly, averaging over n_s ~ U{0..n}.
 
@@ -210,21 +239,23 @@ def denoising_risks(cfg: DenoisingConfig) -> dict[str, float]:
 
 
 def evaluate_denoising(
-    model: nn.Module, cfg: DenoisingConfig, n_samples: int = 1024, seed: int = 0
+    model: nn.Module, cfg: DenoisingConfig, n_samples: int = 1024, seed: int = 0, batch_size: int = 256
 ) -> dict[str, float]:
-    """MSE of ``model`` and of each baseline on the same samples.
+    """MSE of ``model`` and of each baseline on the same samples; ``excess_mse`` is the model's above Bayes'.
 
     ``model`` maps a batch's ``features``, (B, n + 1, 3 + d), to its estimate of μ, (B, d).
     """
     batch = denoising_batch(cfg, n_samples, seed)
+    features = batch.features.to(model_device(model))
     with evaluating(model):
-        estimate = model(batch.features.to(model_device(model))).cpu()
-    return {
+        estimate = torch.cat([model(chunk).float().cpu() for chunk in features.split(batch_size)])
+    risks = {
         "model": mse(estimate, batch.target),
         "naive_average": mse(naive_average(batch), batch.target),
         "oracle_mean": mse(oracle_mean(batch), batch.target),
         "bayes_optimal": mse(bayes_optimal(batch, cfg), batch.target),
     }
+    return {**risks, "excess_mse": risks["model"] - risks["bayes_optimal"]}
 
 
 # One layer, as the SSA reconstruction (§5.2): the task needs only the current node, so it is cheap.
@@ -257,6 +288,42 @@ register_task(
             "quick": _QUICK,
             "standard": _STANDARD,
             "full": _STANDARD,
+        },
+    )
+)
+
+
+# One block (attention and MLP) and a linear read-out, as §5.2(b) with its MLP; the context is a set, so the
+# claim's variants use no positions.
+_DENOISING_QUICK = TaskBudget(
+    model={"dim": 32, "n_layers": 1, "n_heads": 2},
+    steps=400,
+    batch_size=64,
+    lr=3e-3,
+    warmup_steps=40,
+    eval_interval=100,
+    eval_samples=2048,
+)
+register_task(
+    Task(
+        name="denoising",
+        config=DenoisingConfig,
+        make_batch=denoising_task_batch,
+        evaluate=evaluate_denoising,
+        vocab_size=lambda cfg: 1,  # no tokens: DenoisingModel reads the features through its own projection
+        build_model=DenoisingModel,
+        measures="estimating μ from signal tokens hidden among noise tokens, scored by MSE above the Bayes-optimal "
+        "estimator",
+        paper="Selective attention (Zhang et al., 2024)",
+        metric="excess_mse",
+        # Answering the prior mean 0 costs 1 per coordinate.
+        chance=lambda cfg: 1.0 - denoising_risks(cfg)["bayes_optimal"],
+        solved=0.0,
+        higher_is_better=False,
+        budgets={
+            "micro": TaskBudget(**TINY_LOOP),
+            "claims": _DENOISING_QUICK,
+            "standard": dataclasses.replace(_DENOISING_QUICK, steps=2000, eval_interval=250),
         },
     )
 )

@@ -2,7 +2,8 @@
 
 Each task module ends with one :func:`register_task` call that declares everything the harness needs:
 
-* the generator and evaluator (``make_batch``, ``evaluate``) and the vocabulary a model for it needs;
+* the generator and evaluator (``make_batch``, ``evaluate``) and the vocabulary a model for it needs, or its
+  own model (``build_model``) where its inputs are not tokens;
 * the metric it is judged by, its direction, and its chance and solved levels;
 * optionally a ``sweep`` over context length × needle depth, and a ``probe`` of the trained model whose values
   the report shows as the columns ``probe_columns`` names;
@@ -72,6 +73,7 @@ def check_model_settings(model: dict[str, Any], what: str) -> None:
     ModelConfig.from_dict({**model, "vocab_size": 256})  # unknown or invalid fields fail here, by name
 
 
+ModelBuilder = Callable[[Any, Any], nn.Module]  # (ModelConfig, the task's config) → the model the task trains
 Sweep = Callable[..., LengthDepthSweep]  # (model, cfg, *, lengths, depths, samples_per_cell, seed) → the grid
 Probe = Callable[[nn.Module, Any, int], dict[str, float]]  # (model, cfg, n_samples) → named values
 
@@ -93,6 +95,9 @@ class Task:
     probe_columns: Mapping[str, str] = field(default_factory=dict)  # probe value → report column header
     chance: Callable[[Any], float] | None = None  # the metric of a uniform guess, for a config
     solved: float | None = None  # the metric of a model that has solved it
+    # Inputs that are not tokens need their own model around the Transformer; ``model(inputs, targets)`` must
+    # return (outputs, loss) as the language model does. None: the language model on the task's tokens.
+    build_model: ModelBuilder | None = None
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.budgets) - set(SCALES))
@@ -125,6 +130,14 @@ class Task:
             budget.sweep_lengths,
             f"{self.name} has no length × depth sweep; tasks with one: {[t for t in TASKS if TASKS[t].sweep]}",
         )
+
+    def new_model(self, model_config: Any, cfg: Any) -> nn.Module:
+        """A freshly initialised model of ``model_config`` for this task under its config ``cfg``."""
+        if self.build_model is not None:
+            return self.build_model(model_config, cfg)
+        from attnzoo.model import Transformer  # the model imports the mechanisms; a task module need not
+
+        return Transformer(model_config)
 
     def budget(self, scale: str) -> TaskBudget:
         """The budget at ``scale``, else at the nearest larger scale, else the largest one declared."""
