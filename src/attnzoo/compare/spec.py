@@ -191,8 +191,8 @@ PRESETS: dict[str, CompareSpec] = {
         name="claims",
         description=(
             "every paper claim's experiment with 3 seeds: 8 variants × 300 steps × 16 × 64 tokens of language "
-            "modelling with extrapolation to 16×, and the needles, passkey and composition tasks for the variants "
-            "whose claims use them"
+            "modelling with extrapolation to 16×, and the needles, passkey, denoising and composition tasks for "
+            "the variants whose claims use them"
         ),
         model={"dim": 128, "n_layers": 4, "n_heads": 4},
         train=TrainConfig(
