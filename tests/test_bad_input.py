@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +18,9 @@ from training_helpers import TINY_FLAGS, write_text_corpus
 
 from attnzoo import ModelConfig, Transformer
 from attnzoo.cli import main
+from attnzoo.training.config import tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
 
 BIG = str(10**11)
 HUGE_SEED = str(10**23)
@@ -38,6 +42,7 @@ def world(tmp_path_factory):
     (root / "file").write_text("not a directory\n")
     os.mkfifo(root / "fifo")
     (root / "options.toml").write_text('[model]\nattention_options = "not a table"\n')
+    (root / "maps" / "tokenizer.json").mkdir(parents=True)
     return {"root": root, "run": root / "run", "text": text}
 
 
@@ -84,6 +89,8 @@ CASES = [
     ([*TRAIN, "--n-kv-heads", "3"], 1, r"n_kv_heads=3 is invalid: must be an integer in \[1, n_heads=2\]"),
     ([*TRAIN, "--beta1", "1"], 1, r"beta1=1.0 is invalid: must be in \[0, 1\)"),
     ([*TRAIN, "--tokenizer", "bpe"], 1, r"tokenizer='bpe' is invalid"),
+    ([*TRAIN, "--tokenizer", "hf:/dev/zero"], 1, r"/dev/zero is not a regular file \(it is a character device\)"),
+    ([*TRAIN, "--tokenizer", "hf:{root}/maps"], 1, r"maps/tokenizer.json is not a regular file \(it is a directory\)"),
     ([*TRAIN, "--train-only", ""], 1, r"train_only=\(''?,?\) is invalid|train_only=.* is invalid"),
     ([*TRAIN, "--init-from", "{root}/nowhere"], 1, r"nowhere does not exist"),
     ([*TRAIN, "--warmup-steps", "-1"], 1, r"warmup_steps=-1 is invalid: must be an integer >= 0"),
@@ -213,6 +220,41 @@ def test_info_into_a_closed_pipe_ends_quietly(world):
     done = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=120, env=env)
     assert done.stdout.startswith("checkpoint "), done.stdout
     assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+
+
+# Raises KeyboardInterrupt where a Ctrl-C during start-up lands: while torch is imported.
+CTRL_C_WHILE_TORCH_LOADS = """
+import importlib.abc, sys
+class CtrlC(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            raise KeyboardInterrupt
+sys.meta_path.insert(0, CtrlC())
+sys.argv = ["attnzoo", "info"]
+"""
+
+
+@pytest.mark.parametrize("start", ["console script", "python -m attnzoo"])
+def test_ctrl_c_during_start_up_is_one_line_and_exit_130(start):
+    """A Ctrl-C while the command imported torch ended in a traceback, before any of attnzoo's handlers ran."""
+    if start == "console script":  # what pip writes for pyproject's [project.scripts] entry
+        scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+        module, function = scripts["attnzoo"].split(":")
+        launch = f"from {module} import {function}\nsys.exit({function}())"
+    else:
+        launch = "import runpy\nrunpy.run_module('attnzoo', run_name='__main__', alter_sys=True)"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run(
+        [sys.executable, "-c", CTRL_C_WHILE_TORCH_LOADS + launch], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert (done.returncode, done.stderr) == (130, "attnzoo: interrupted\n"), done.stderr
+
+
+def test_importing_attnzoo_loads_no_torch_until_a_model_is_asked_for():
+    """What lets the command catch that Ctrl-C: the package's names are imported on first use."""
+    code = "import sys, attnzoo; assert 'torch' not in sys.modules; attnzoo.Transformer; assert 'torch' in sys.modules"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120, env=env)
 
 
 # ------------------------------------------------------------------------------------------------------ the API

@@ -1,5 +1,10 @@
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -115,3 +120,50 @@ def test_peak_memory_is_the_childs_own_even_under_a_large_parent():
     result = measure(BenchCase("mha", cfg, 4, 512, "train"), repeats=1)
     assert 10 < result.peak_mem_mb < 300
     del ballast
+
+
+# A case that never ends, measured until a Ctrl-C; SIGINT raises KeyboardInterrupt even where it was ignored.
+MEASURE_UNTIL_CTRL_C = """
+import signal
+signal.signal(signal.SIGINT, signal.default_int_handler)
+from attnzoo import ModelConfig
+from attnzoo.bench import BenchCase, measure
+case = BenchCase("x", ModelConfig(vocab_size=32, dim=32, n_layers=1, n_heads=2, max_seq_len=32), 2, 16)
+try:
+    measure(case, repeats=10**9)
+except KeyboardInterrupt:
+    print("stopped")
+"""
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the process ended while we looked
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the case's process through /proc")
+def test_ctrl_c_while_a_case_runs_ends_it_without_a_traceback_from_its_process():
+    """A Ctrl-C reaches every process of the terminal's group: the case's own printed a multiprocessing traceback."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen(
+        [sys.executable, "-c", MEASURE_UNTIL_CTRL_C],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,  # its own process group, as a terminal gives a command
+    )
+    deadline = time.monotonic() + 120
+    while not _children(process.pid) and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.0)  # into the case's start-up (importing torch) or its measuring: both printed the traceback
+    os.killpg(process.pid, signal.SIGINT)
+    out, err = process.communicate(timeout=120)
+    assert out == "stopped\n" and "Traceback" not in err and "KeyboardInterrupt" not in err, err

@@ -14,10 +14,12 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from training_helpers import write_text_corpus
 
+from attnzoo.bench import BenchResult, Interrupted
 from attnzoo.cli.compare import add_arguments, run
 from attnzoo.compare import (
     NOISE_RULE,
@@ -32,6 +34,7 @@ from attnzoo.compare import (
     rank,
     resolve_spec,
     run_compare,
+    runner,
 )
 from attnzoo.compare.report import write_report
 from attnzoo.compare.runner import Schedule
@@ -351,6 +354,43 @@ def test_a_run_from_another_configuration_is_refused_not_overwritten(micro, copy
     assert read_checkpoint(copy_of / "runs/mha+rope/seed0").step == 6
 
 
+def _bench_result(case, tokens_per_s):
+    return BenchResult(
+        case.label, case.mode, case.seq_len, case.batch_size, tokens_per_s, tokens_per_s, tokens_per_s, 5.0
+    )
+
+
+def test_a_compare_stopped_during_the_bench_keeps_the_cases_measured(micro, copy_of, monkeypatch):
+    """The bench inside compare started from scratch after every interruption."""
+    (copy_of / "bench.json").unlink()
+    measured = []
+
+    def stopped_at_the_second_case(case, **settings):
+        if measured:
+            raise Interrupted(signal.SIGINT)
+        measured.append(case.label)
+        return _bench_result(case, 100.0)
+
+    monkeypatch.setattr(runner, "measure", stopped_at_the_second_case)
+    result, stdout = _compare(copy_of, micro["text"])
+    assert result.interrupted_by == signal.SIGINT and "compare interrupted; run the same command again" in stdout
+    partial = json.loads((copy_of / "bench.partial.json").read_text())
+    assert [m["variant"] for m in partial["measurements"]] == ["mha+rope"] and not (copy_of / "bench.json").exists()
+
+    def the_rest(case, **settings):
+        measured.append(case.label)
+        return _bench_result(case, 50.0)
+
+    monkeypatch.setattr(runner, "measure", the_rest)
+    result, stdout = _compare(copy_of, micro["text"])
+    assert result.interrupted_by is None and measured == ["mha+rope", "diff+rope"]  # the first case not again
+    assert "keeping the 1 of 2 cases measured before the interruption" in stdout
+    bench = json.loads((copy_of / "bench.json").read_text())
+    timings = [(m["variant"], m["timing"]["tokens_per_s"]) for m in bench["measurements"]]
+    assert timings == [("mha+rope", 100.0), ("diff+rope", 50.0)]
+    assert "resumed after an interruption" in bench["machine"] and not (copy_of / "bench.partial.json").exists()
+
+
 def test_a_comparison_other_than_the_presets_gets_its_own_directory():
     from attnzoo.cli.compare import default_out
 
@@ -502,6 +542,31 @@ def test_the_report_redraws_from_a_stored_results_file_without_training(tmp_path
     linked = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", markdown)
     assert "plots/attention_maps.png" in linked and all((out / p).read_bytes().startswith(PNG) for p in linked)
     assert (out / "report.html").read_text().count("<table>") >= 4
+
+
+class _Payload:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+@pytest.mark.parametrize("stored", ["pickle", "shape"])
+def test_stored_maps_that_are_not_a_float_array_are_refused_naming_the_file(tmp_path, stored):
+    """A pickled attention_maps.npy was refused with numpy's message, which does not name the file."""
+    out = tmp_path / "out"
+    shutil.copytree(FIXTURE, out)
+    path = out / "runs/diff+rope/seed0/attention_maps.npy"
+    if stored == "pickle":
+        np.save(path, np.array([_Payload(tmp_path / "payload-ran")], dtype=object), allow_pickle=True)
+        words = r"is not a stored array of attention maps \(Object arrays cannot be loaded"
+    else:
+        np.save(path, np.zeros((2, 3)))
+        words = r"holds a float64 array of shape \(2, 3\), not attention maps"
+    with pytest.raises(ValueError, match=re.escape(str(path)) + " " + words):
+        write_report(CompareResults.load(out / "results.json"), out)
+    assert not (tmp_path / "payload-ran").exists()
 
 
 def test_results_of_another_schema_are_refused_naming_the_version_or_the_field(tmp_path):

@@ -9,15 +9,19 @@ Throughput is the median over repeats, with min and max to show the spread; noth
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
 import platform
 import queue as queue_module
 import resource
+import signal
 import statistics
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -234,24 +238,76 @@ def _child(queue, case, repeats, warmup, threads, device):
         queue.put({"error": f"{type(err).__name__}: {err}"})
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM arrived while :func:`stop_on_signals` was in force."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """Raise :class:`Interrupted` on SIGINT or SIGTERM while the block runs (SIGTERM alone would end the process
+    without its cleanup), so a caller can keep what it has measured and name the signal."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise Interrupted(signum)
+
+    previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            if handler is not None:
+                signal.signal(s, handler)
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        if previous is not None:  # None: a handler installed outside Python, which cannot be put back
+            signal.signal(signal.SIGINT, previous)
+
+
 def measure(
     case: BenchCase, *, repeats: int = 5, warmup: int = 1, threads: int = 1, device: str = "cpu"
 ) -> BenchResult:
-    """Measure one case in a fresh process."""
+    """Measure one case in a fresh process.
+
+    The child ignores SIGINT: a Ctrl-C in the terminal reaches the whole process group, and the child would die
+    printing a traceback from inside ``multiprocessing``. The parent alone takes the KeyboardInterrupt (or any
+    other exception), stops the child and lets it propagate.
+    """
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     process = ctx.Process(target=_child, args=(queue, case, repeats, warmup, threads, device))
-    process.start()
-    while True:  # a child that dies without reporting (killed, out of memory) must not hang the parent
-        try:
-            result = queue.get(timeout=1.0)
-            break
-        except queue_module.Empty:
-            if not process.is_alive():
-                raise RuntimeError(
-                    f"benchmark case {case.label!r} (T={case.seq_len}, {case.mode}) died with exit code "
-                    f"{process.exitcode} before reporting"
-                ) from None
+    with _sigint_ignored():  # a spawned child starts with the dispositions of its parent; Python keeps SIG_IGN
+        process.start()
+    try:
+        while True:  # a child that dies without reporting (killed, out of memory) must not hang the parent
+            try:
+                result = queue.get(timeout=1.0)
+                break
+            except queue_module.Empty:
+                if not process.is_alive():
+                    raise RuntimeError(
+                        f"benchmark case {case.label!r} (T={case.seq_len}, {case.mode}) died with exit code "
+                        f"{process.exitcode} before reporting"
+                    ) from None
+    except BaseException:
+        process.terminate()
+        process.join()
+        raise
     process.join()
     if "error" in result:
         raise RuntimeError(f"benchmark case {case.label!r} (T={case.seq_len}, {case.mode}) failed: {result['error']}")

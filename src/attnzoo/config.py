@@ -11,6 +11,10 @@ from typing import Any
 from attnzoo.validation import is_int, is_number, require
 
 MLP_KINDS = ("swiglu", "gelu", "gelu_tanh")
+# Fields that do not change what a trained model computes (training-time dropout, the initialisation, the choice
+# among kernels that agree within tolerance): a saved config may leave them out (ModelConfig.from_saved).
+NOT_ARCHITECTURE = ("dropout", "init_std", "attn_backend")
+DERIVED = ("n_kv_heads", "head_dim", "mlp_hidden_dim")  # None: resolved from the other fields
 NORM_KINDS = ("rmsnorm", "layernorm")
 ATTN_BACKENDS = ("auto", "eager", "sdpa")
 
@@ -182,6 +186,39 @@ class ModelConfig:
             raise ValueError(f"unknown ModelConfig field(s) {unknown}; allowed: {sorted(known)}")
         return cls(**data)
 
+    @classmethod
+    def from_saved(cls, data: Any, source: str | os.PathLike) -> ModelConfig:
+        """The config of a saved model (``source``, its ``config.json``), which must record every field that shapes
+        what the model computes.
+
+        A missing field is an error naming it and the default it would get, never filled in: a default is
+        today's choice and may not be what the model was trained with (a model saved with another ``norm_eps`` or
+        ``rope_theta`` would load with the same weights and other logits). attnzoo writes every field, options
+        included, so only a hand-written or foreign file lacks one; adding the key is the fix. The fields in
+        :data:`NOT_ARCHITECTURE` do not change a trained model's outputs and take their defaults.
+        """
+        if not isinstance(data, dict):
+            raise ValueError(f"{source} must hold a JSON object of ModelConfig fields, not {type(data).__name__}")
+        defaults = {
+            f.name: f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+            for f in dataclasses.fields(cls)
+        }
+        missing = {name: defaults[name] for name in defaults if name not in data and name not in NOT_ARCHITECTURE}
+        if not missing:  # the options are checked once the config has resolved their defaults
+            config = cls.from_dict(data)
+            for options in ("attention_options", "position_options"):
+                resolved = getattr(config, options)
+                missing |= {f"{options}.{key}": resolved[key] for key in resolved if key not in data[options]}
+        if missing:
+            listed = ", ".join(
+                f"{name} (default {'derived' if name in DERIVED else repr(value)})" for name, value in missing.items()
+            )
+            raise ValueError(
+                f"{source} does not record {listed}: a saved model's config must record its whole architecture, "
+                "since a default may not be what it was trained with; add the key(s) with the model's values"
+            )
+        return config
+
     def to_json(self, path: str | os.PathLike | None = None) -> str:
         text = json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
         if path is not None:
@@ -194,8 +231,11 @@ class ModelConfig:
     def from_json(cls, path_or_text: str | os.PathLike) -> ModelConfig:
         text = str(path_or_text)
         if not text.lstrip().startswith("{"):
-            with open(path_or_text, encoding="utf-8") as f:
-                text = f.read()
+            try:
+                with open(path_or_text, encoding="utf-8") as f:
+                    text = f.read()
+            except UnicodeDecodeError as err:
+                raise ValueError(f"model config {path_or_text} is not UTF-8 text ({err})") from None
         try:
             data = json.loads(text)
         except json.JSONDecodeError as err:

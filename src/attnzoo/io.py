@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -46,6 +47,14 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> None
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def file_kind(path: Path) -> str:
+    """What ``path`` is, for a message refusing it where a regular file is needed: 'FIFO', 'directory' ..."""
+    mode = path.stat().st_mode
+    kinds = ((stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"),
+             (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"))  # fmt: skip
+    return next((name for test, name in kinds if test(mode)), "special file")
 
 
 def available_memory(device: torch.device | str) -> int | None:

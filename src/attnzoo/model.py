@@ -5,6 +5,7 @@ config → Transformer(config) → model(idx) / model(idx, targets) → generate
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from pathlib import Path
@@ -23,6 +24,7 @@ from attnzoo.io import atomic_write, check_memory
 from attnzoo.positions import POSITIONS
 from attnzoo.precision import compute_dtype
 from attnzoo.validation import is_int, require
+from attnzoo.weights import check_dtypes, check_finite, stored_dtypes
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -336,6 +338,12 @@ class Transformer(nn.Module):
 
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike, *, device: str | torch.device = "cpu") -> Transformer:
+        """The model saved in ``directory`` (``save_pretrained``), in float32.
+
+        Refused with ``ValueError``: a ``config.json`` that is not a JSON object or lacks a field that shapes
+        the model (:meth:`ModelConfig.from_saved`), weights that are not floats or not finite
+        (:mod:`attnzoo.weights`). Weights stored in another float dtype load with a warning.
+        """
         directory = Path(directory)
         config_path, weights_path = directory / CONFIG_NAME, directory / WEIGHTS_NAME
         for path in (config_path, weights_path):
@@ -343,9 +351,14 @@ class Transformer(nn.Module):
                 raise FileNotFoundError(
                     f"{path} not found; a saved model directory holds {CONFIG_NAME} and {WEIGHTS_NAME}"
                 )
-        config = ModelConfig.from_json(config_path)
+        try:
+            data = json.loads(config_path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ValueError(f"{config_path} is not a JSON model config: {err}") from None
+        config = ModelConfig.from_saved(data, config_path)
         cls.check_fits(config, device)
         model = cls(config)
+        check_dtypes(stored_dtypes(weights_path), weights_path, next(model.parameters()).dtype)
         try:
             missing, unexpected = load_model(model, str(weights_path), strict=False, device=str(device))
         except Exception as err:  # safetensors raises its own error types for corrupt files
@@ -355,4 +368,5 @@ class Transformer(nn.Module):
                 f"{weights_path} does not match {config_path}: missing {sorted(missing)[:8]}, "
                 f"unexpected {sorted(unexpected)[:8]}"
             )
+        check_finite(model.state_dict().items(), weights_path)
         return model.to(device)

@@ -394,7 +394,7 @@ def build_report(results: CompareResults, plots: dict[str, str]) -> Report:
         Image(plots["extrapolation"], "Validation loss against evaluation length (mean ± std over seeds)."),
         Heading(2, "Throughput and memory"),
         Paragraph(
-            "Every case in a fresh process, in one sitting, so the ratios compare like with like; medians over "
+            "Every case in a fresh process, back to back, so the ratios compare like with like; medians over "
             f"{evals.bench_repeats} repeats with the spread. Speed is tokens/s ÷ the baseline's (above 1 is faster); "
             "memory is peak ÷ the baseline's (above 1 is more). On the CPU, peak memory is the rise of the process's "
             "resident high-water mark, reset for the case, over its resident size before the first step "
@@ -623,11 +623,25 @@ def plot_throughput_memory(results: CompareResults, path: Path) -> None:
     _save(figure, path)
 
 
+def load_attention_maps(path: Path) -> np.ndarray:
+    """A run's stored maps, (layers, heads, T, T) floats; a file that holds anything else (pickled objects, which
+    are never loaded, or an array of another shape) is refused naming it."""
+    fix = "delete it to draw the report without the maps"
+    try:
+        maps = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as err:
+        raise ValueError(f"{path} is not a stored array of attention maps ({err}); {fix}") from None
+    if not (isinstance(maps, np.ndarray) and maps.ndim == 4 and np.issubdtype(maps.dtype, np.floating)):
+        what = f"{maps.dtype} array of shape {maps.shape}" if isinstance(maps, np.ndarray) else type(maps).__name__
+        raise ValueError(f"{path} holds a {what}, not attention maps (floats: layers, heads, T, T); {fix}")
+    return maps
+
+
 def plot_attention_heads(results: CompareResults, label: str, out_dir: Path, path: Path) -> None:
     """One variant's first-seed map: layers (rows) × heads (columns), each layer on its own colour scale."""
     from attnzoo.viz import plot_attention_grid
 
-    maps = np.load(out_dir / results.variants[label].runs[0].run_dir / ATTENTION_MAPS)  # (layers, heads, T, T)
+    maps = load_attention_maps(out_dir / results.variants[label].runs[0].run_dir / ATTENTION_MAPS)
     titles = [[f"layer {layer} · head {head}" for head in range(maps.shape[1])] for layer in range(maps.shape[0])]
     plot_attention_grid([list(layer) for layer in maps], titles, path, suptitle=label, clip_quantile=0.99)
 
@@ -637,7 +651,7 @@ def plot_attention_maps(results: CompareResults, out_dir: Path, path: Path) -> N
     from attnzoo.viz import plot_attention_grid
 
     maps = {
-        label: np.load(out_dir / variant.runs[0].run_dir / ATTENTION_MAPS).mean(axis=1)
+        label: load_attention_maps(out_dir / variant.runs[0].run_dir / ATTENTION_MAPS).mean(axis=1)
         for label, variant in results.variants.items()
     }  # (layers, T, T)
     panels = [list(layer_maps) for layer_maps in maps.values()]

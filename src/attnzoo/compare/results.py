@@ -122,7 +122,7 @@ class BenchRatio:
 
 @dataclass(frozen=True)
 class BenchRecord:
-    """Every variant's throughput and peak memory, measured back to back in one sitting."""
+    """Every variant's throughput and peak memory, measured back to back (the machine line names every sitting)."""
 
     key: dict[str, Any]  # what was measured and how; a stored record is reused only under the same key
     machine: str

@@ -5,7 +5,8 @@ The output directory is the state of the comparison, so a compare resumes by run
     OUT/runs/<variant>/seed<k>/           a training run (see attnzoo.training.trainer), plus
         compare_run.json                  its evaluations, written last: the run is complete
         attention_maps.npy                the first seed's maps on the validation prompt
-    OUT/bench.json                        throughput and memory, every variant measured in one sitting
+    OUT/bench.json                        throughput and memory, every variant measured back to back
+    OUT/bench.partial.json                the cases measured so far, while the bench is unfinished
     OUT/tasks/<task>/<variant>/seed<k>/result.json
     OUT/results.json, report.md, report.html, plots/
 
@@ -38,7 +39,7 @@ from tqdm import tqdm
 
 from attnzoo import __version__
 from attnzoo.attention import ATTENTION
-from attnzoo.bench import BenchCase, machine_description, measure
+from attnzoo.bench import BenchCase, Interrupted, machine_description, measure, stop_on_signals
 from attnzoo.compare.claims import judge_all
 from attnzoo.compare.report import summary_table, write_report
 from attnzoo.compare.results import (
@@ -79,6 +80,7 @@ from attnzoo.variants import Variant, matched_configs
 R = TypeVar("R")
 RUN_RECORD = "compare_run.json"
 BENCH = "bench.json"
+BENCH_PARTIAL = "bench.partial.json"  # the cases measured so far, while the bench is unfinished
 RESULTS = "results.json"
 
 
@@ -86,7 +88,7 @@ RESULTS = "results.json"
 class CompareResult:
     out_dir: Path
     results: CompareResults | None  # None when interrupted before the report
-    interrupted_by: int | None  # the signal that stopped a training run, if any
+    interrupted_by: int | None  # the signal that stopped the bench or a training run, if any
 
 
 def run_compare(
@@ -104,8 +106,8 @@ def run_compare(
     """Compare ``variants`` (default: the preset's) under one budget and write the report into ``out_dir``.
 
     Running it again with the same arguments reuses every finished run and resumes an interrupted one.
-    SIGINT/SIGTERM during training stop after the current step with a checkpoint, and the call returns
-    with ``interrupted_by`` set and no report.
+    SIGINT/SIGTERM during training stop after the current step with a checkpoint, during the bench after the
+    cases measured so far, and the call returns with ``interrupted_by`` set and no report.
     """
     spec = resolve_spec(
         preset_or_spec, variants=variants, seeds=seeds, steps=steps, corpus=corpus, tasks=tasks, device=device
@@ -147,8 +149,11 @@ class Comparison:
         configs = matched_configs(
             [Variant.parse(v) for v in spec.variants], spec.baseline_config(corpus.tokenizer.vocab_size)
         )
-        # Every variant's speed and memory in one sitting, back to back, so the ratios share machine conditions.
-        bench = self.bench(configs)
+        # Every variant's speed and memory back to back, so the ratios share machine conditions.
+        bench, interrupted_by = self.bench(configs)
+        if bench is None:
+            self.say(f"compare interrupted; run the same command again to continue from {self.out_dir}")
+            return CompareResult(self.out_dir, None, interrupted_by)
         jobs = list(product(spec.seeds, self.labels))
         self.schedule = Schedule(
             {("lm", label, seed): self.lm_estimate(bench, label) for seed, label in jobs}
@@ -339,9 +344,14 @@ class Comparison:
 
     # -------------------------------------------------------------------------------------------- bench
 
-    def bench(self, configs: dict[str, ModelConfig]) -> BenchRecord:
-        """Every variant's throughput and peak memory, measured in one sitting so the ratios compare like
-        with like; reused only if nothing about the measurement has changed."""
+    def bench(self, configs: dict[str, ModelConfig]) -> tuple[BenchRecord | None, int | None]:
+        """Every variant's throughput and peak memory, measured back to back so the ratios compare like with
+        like; reused only if nothing about the measurement has changed. The record, or ``None`` and the signal
+        that stopped it.
+
+        Each finished case is kept in ``bench.partial.json`` as it ends, so a compare stopped during the bench
+        measures only the cases left when run again; its record's machine line then names every sitting.
+        """
         spec, train = self.spec.evals, self.spec.train
         threads = torch.get_num_threads()
         key = _jsonable(
@@ -359,35 +369,52 @@ class Comparison:
         stored = _read_record(BenchRecord, self.out_dir / BENCH)
         if stored is not None and stored.key == key:
             self.say(f"reusing {self.out_dir / BENCH}")
-            return stored
+            return stored, None
+        cases = [
+            BenchCase(label, configs[label], max(1, train.batch_size // multiple), train.seq_len * multiple, mode)
+            for (mode, multiple), label in product(spec.bench_cases, self.labels)
+        ]
+        partial = _read_record(BenchRecord, self.out_dir / BENCH_PARTIAL)
+        kept = {_case_key(m): m for m in partial.measurements} if partial is not None and partial.key == key else {}
+        machine = machine_description(threads)
         self.say("── throughput and memory of the untrained models, each case in a fresh process ──")
-        measurements = []
-        for (mode, multiple), label in product(spec.bench_cases, self.labels):
-            case = BenchCase(
-                label, configs[label], max(1, train.batch_size // multiple), train.seq_len * multiple, mode
-            )
-            where = {"variant": label, "mode": mode, "seq_len": case.seq_len, "batch_size": case.batch_size}
-            try:
-                result = measure(
-                    case,
-                    repeats=spec.bench_repeats,
-                    warmup=spec.bench_warmup,
-                    threads=threads,
-                    device=str(self.env.device),
-                )
-            except RuntimeError as err:  # e.g. learned positions past max_seq_len: N/A, with the reason
-                measurement = BenchMeasurement(**where, timing=None, unavailable=str(err))
-                self.say(f"{mode} T={case.seq_len} {label}: N/A")
-            else:
-                timing = BenchTiming(
-                    result.tokens_per_s, result.tokens_per_s_min, result.tokens_per_s_max, result.peak_mem_mb
-                )
-                measurement = BenchMeasurement(**where, timing=timing)
-                self.say(f"{mode} T={case.seq_len} {label}: {result.tokens_per_s:,.0f} tok/s")
-            measurements.append(measurement)
-        bench = BenchRecord(key, machine_description(threads), measurements)
+        if kept and partial is not None:
+            self.say(f"keeping the {len(kept)} of {len(cases)} cases measured before the interruption")
+            machine = f"{partial.machine}; resumed after an interruption on {machine}"
+        measurements: list[BenchMeasurement] = []
+        try:
+            with stop_on_signals():
+                for case in cases:
+                    measurement = kept.get((case.label, case.mode, case.seq_len))
+                    if measurement is None:
+                        measurement = self.measure_case(case)
+                        partial = BenchRecord(key, machine, [*measurements, measurement])
+                        _write_record(partial, self.out_dir / BENCH_PARTIAL)  # atomic: a stop leaves the last one
+                    measurements.append(measurement)
+        except Interrupted as stop:
+            return None, stop.signum
+        bench = BenchRecord(key, machine, measurements)
         _write_record(bench, self.out_dir / BENCH)
-        return bench
+        (self.out_dir / BENCH_PARTIAL).unlink(missing_ok=True)
+        return bench, None
+
+    def measure_case(self, case: BenchCase) -> BenchMeasurement:
+        spec = self.spec.evals
+        where = {"variant": case.label, "mode": case.mode, "seq_len": case.seq_len, "batch_size": case.batch_size}
+        try:
+            result = measure(
+                case,
+                repeats=spec.bench_repeats,
+                warmup=spec.bench_warmup,
+                threads=torch.get_num_threads(),
+                device=str(self.env.device),
+            )
+        except RuntimeError as err:  # e.g. learned positions past max_seq_len: N/A, with the reason
+            self.say(f"{case.mode} T={case.seq_len} {case.label}: N/A")
+            return BenchMeasurement(**where, timing=None, unavailable=str(err))
+        timing = BenchTiming(result.tokens_per_s, result.tokens_per_s_min, result.tokens_per_s_max, result.peak_mem_mb)
+        self.say(f"{case.mode} T={case.seq_len} {case.label}: {result.tokens_per_s:,.0f} tok/s")
+        return BenchMeasurement(**where, timing=timing)
 
     # -------------------------------------------------------------------------------------------- tasks
 
@@ -599,6 +626,10 @@ def _training_seconds(train_records: list[dict[str, Any]], tokens_per_step: int)
         seconds += (record["step"] - previous) * tokens_per_step / record["tokens_per_s"]
         previous = record["step"]
     return seconds
+
+
+def _case_key(measurement: BenchMeasurement) -> tuple[str, str, int]:
+    return measurement.variant, measurement.mode, measurement.seq_len
 
 
 def _read_record(cls: type[R], path: Path) -> R | None:

@@ -46,7 +46,12 @@ def _from_directory(directory: Path) -> Transformer:
     config_path = directory / "config.json"
     if not config_path.is_file():
         raise FileNotFoundError(f"{config_path} not found; pass a directory written by save_pretrained")
-    config = json.loads(config_path.read_text(encoding="utf-8"))
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{config_path} is not a JSON model config: {err}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{config_path} must hold a JSON object, not {type(config).__name__}")
     if config.get("model_type") == dcformer.MODEL_TYPE:
         # Its hub class is remote code; the official layout is read directly instead of running it.
         return dcformer.from_official(config, read_state_dict(directory))

@@ -26,7 +26,6 @@ import logging
 import os
 import re
 import ssl
-import stat
 import subprocess
 import sys
 import sysconfig
@@ -42,7 +41,7 @@ from urllib.request import url2pathname, urlopen
 import numpy as np
 
 from attnzoo.data.tokenizers import CharTokenizer, Tokenizer, tokenizer_from_dict, tokenizer_from_name
-from attnzoo.io import atomic_path, atomic_write_text
+from attnzoo.io import atomic_path, atomic_write_text, file_kind
 
 CORPORA = ("shakespeare", "pystdlib")
 # Bump when the preparation changes what tokens a given text yields, so stale caches are not reused.
@@ -342,14 +341,6 @@ def _visible_files(directory: Path) -> list[Path]:
     return sorted(files, key=lambda p: p.relative_to(directory).as_posix())
 
 
-def _file_kind(path: Path) -> str:
-    mode = path.stat().st_mode
-    for test, name in ((stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "character device")):
-        if test(mode):
-            return name
-    return "block device" if stat.S_ISBLK(mode) else "special file"
-
-
 def _path_source(path: Path) -> TextSource:
     if not path.exists():
         raise CorpusError(
@@ -357,7 +348,7 @@ def _path_source(path: Path) -> TextSource:
         )
     if not (path.is_dir() or path.is_file()):  # a FIFO, socket or device would be read forever or not at all
         raise CorpusError(
-            f"corpus {str(path)!r} is not a regular file or a directory (it is a {_file_kind(path)}): "
+            f"corpus {str(path)!r} is not a regular file or a directory (it is a {file_kind(path)}): "
             "name a text file or a directory of text files"
         )
     root = path if path.is_dir() else path.parent

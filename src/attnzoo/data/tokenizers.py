@@ -19,6 +19,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from attnzoo.io import file_kind
+
 TOKENIZERS = ("byte", "char")  # the tokenizers named by their kind alone
 HF_PREFIX = "hf:"  # "hf:PATH" names a Hugging Face tokenizer.json, or a directory holding one
 HF_TOKENIZER_FILE = "tokenizer.json"
@@ -271,7 +273,10 @@ class HFTokenizer(Tokenizer):
         path = Path(path).expanduser()
         file = path / HF_TOKENIZER_FILE if path.is_dir() else path
         if not file.is_file():
-            where = f"{path} holds no {HF_TOKENIZER_FILE}" if path.is_dir() else f"{path} does not exist"
+            if file.exists():  # a device (hf:/dev/zero), FIFO or directory: never read, it may not end
+                where = f"{file} is not a regular file (it is a {file_kind(file)})"
+            else:
+                where = f"{path} holds no {HF_TOKENIZER_FILE}" if path.is_dir() else f"{path} does not exist"
             raise FileNotFoundError(
                 f"{where}: name a Hugging Face {HF_TOKENIZER_FILE}, or a directory holding one (save_pretrained "
                 "writes it; a SentencePiece tokenizer.model alone is not read)"

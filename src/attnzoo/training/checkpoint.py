@@ -46,6 +46,7 @@ from attnzoo.io import atomic_write, atomic_write_text
 from attnzoo.model import CONFIG_NAME, WEIGHTS_NAME, Transformer
 from attnzoo.training.config import TrainConfig
 from attnzoo.training.distributed import Distributed
+from attnzoo.weights import check_dtypes, check_finite, stored_dtypes
 
 CHECKPOINTS = "checkpoints"
 MANIFEST = "checkpoint.json"
@@ -193,7 +194,7 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
     tokenizer_dict = _read_json(directory / TOKENIZER) if has_tokenizer else None
     training = _verify_manifest(directory, _read_json(directory / MANIFEST)) if complete else None
     try:
-        model_config = ModelConfig.from_dict(config_dict)
+        model_config = ModelConfig.from_saved(config_dict, directory / CONFIG_NAME)
         tokenizer = tokenizer_from_dict(tokenizer_dict).padded_to(model_config.vocab_size) if has_tokenizer else None
     except (ValueError, TypeError) as err:
         raise CheckpointError(f"{directory} has an invalid config or tokenizer: {err}") from None
@@ -212,6 +213,10 @@ def load_weights(checkpoint: Checkpoint, model: nn.Module) -> None:
     """Load the checkpoint's weights into an unwrapped model built from a matching config."""
     weights = checkpoint.directory / WEIGHTS_NAME
     try:
+        check_dtypes(stored_dtypes(weights), weights, next(model.parameters()).dtype)
+    except ValueError as err:
+        raise CheckpointError(str(err)) from None
+    try:
         missing, unexpected = load_model(model, str(weights), strict=False, device=str(_device_of(model)))
     except Exception as err:  # safetensors raises its own types for unreadable files and shape mismatches
         raise CheckpointError(f"cannot load {weights} into the model: {err}") from None
@@ -219,6 +224,10 @@ def load_weights(checkpoint: Checkpoint, model: nn.Module) -> None:
         raise CheckpointError(
             f"{weights} does not match the model: missing {sorted(missing)[:6]}, unexpected {sorted(unexpected)[:6]}"
         )
+    try:
+        check_finite(model.state_dict().items(), weights)
+    except ValueError as err:
+        raise CheckpointError(str(err)) from None
 
 
 def _device_of(model: nn.Module) -> torch.device:

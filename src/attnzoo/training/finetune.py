@@ -29,6 +29,7 @@ from attnzoo.data.tokenizers import Tokenizer
 from attnzoo.model import WEIGHTS_NAME, Transformer
 from attnzoo.positions import POSITIONS
 from attnzoo.training.checkpoint import TOKENIZER, Checkpoint, CheckpointError
+from attnzoo.weights import check_dtypes, check_finite
 
 # Settings that change how a model trains or which kernel runs it, not the function it computes.
 FUNCTION_NEUTRAL = frozenset({"dropout", "attn_backend", "init_std"})
@@ -108,7 +109,7 @@ def init_from_pretrained(model: Transformer, checkpoint: Checkpoint) -> Pretrain
             f"projections its own way), so the pretrained tensors would not mean the same there. Mechanisms "
             f"that extend {source.attention}: {extending or 'none'}"
         )
-    weights = _read_weights(checkpoint.directory / WEIGHTS_NAME)
+    weights = _read_weights(checkpoint.directory / WEIGHTS_NAME, next(model.parameters()).dtype)
     added = _parameters_to_add(weights, model, checkpoint.directory)
     model.load_state_dict(weights, strict=False)
     reasons = _start_added_at_identity(model, added, source)
@@ -129,11 +130,17 @@ def init_from_pretrained(model: Transformer, checkpoint: Checkpoint) -> Pretrain
     )
 
 
-def _read_weights(path: Path) -> dict[str, Tensor]:
+def _read_weights(path: Path, model_dtype: torch.dtype) -> dict[str, Tensor]:
     try:
-        return load_file(path)
+        weights = load_file(path)
     except Exception as err:  # safetensors raises its own types for missing and unreadable files
         raise CheckpointError(f"cannot read {path}: {err}") from None
+    try:
+        check_dtypes({name: tensor.dtype for name, tensor in weights.items()}, path, model_dtype)
+        check_finite(((name, tensor.to(model_dtype)) for name, tensor in weights.items()), path)
+    except ValueError as err:
+        raise CheckpointError(str(err)) from None
+    return weights
 
 
 def _parameters_to_add(weights: dict[str, Tensor], model: nn.Module, directory: Path) -> list[str]:
