@@ -150,24 +150,59 @@ def mechanism_names() -> tuple[str, ...]:
 
 
 def make_plan(kind: str) -> Plan:
+    """The full check, the quick one, or the CPU dry run."""
     mechanisms = mechanism_names()
-    if kind == "dry run":
-        speed = SpeedPlan(64, 2, 4, 256, (64,), 256, (1, 2), 16, 8, (), 2, 128)
-        compile_combos = (Combo("mha", "rope", "GQA", "fp32"), Combo("dcmha", "alibi", "MHA", "bf16"))
-        return Plan(kind, mechanisms, ("rope", "alibi"), tuple(DTYPES), 32, 2, 4, 32, 2, compile_combos, "eager",
-                    False, speed, 120.0)  # fmt: skip
-    big = dict(dim=1024, n_layers=12, n_heads=16, vocab_size=32768, tokens_per_step=16384, decode_batches=(1, 16))
+    full = Plan(
+        name="full",
+        mechanisms=mechanisms,
+        positions=tuple(POSITIONS.names()),
+        dtypes=tuple(DTYPES),
+        dim=256,
+        n_layers=2,
+        n_heads=8,
+        seq_len=256,
+        batch=2,
+        compile_combos=(*(Combo(m, "rope", "GQA", "bf16") for m in mechanisms), Combo("mha", "alibi", "MHA", "fp32")),
+        compile_backend="inductor",
+        compile_decode=True,
+        speed=SpeedPlan(
+            dim=1024,
+            n_layers=12,
+            n_heads=16,
+            vocab_size=32768,
+            seq_lens=(1024, 4096, 16384),
+            tokens_per_step=16384,
+            decode_batches=(1, 16),
+            decode_prompt=1024,
+            decode_tokens=128,
+            compiled_decode=mechanisms,
+            repeats=3,
+            matmul_n=8192,
+        ),
+        budget_s=480.0,
+    )
+    if kind == "full":
+        return full
     if kind == "quick":
-        speed = SpeedPlan(**big, seq_lens=(1024, 4096), decode_prompt=512, decode_tokens=64, compiled_decode=("mha",),
-                          repeats=3, matmul_n=8192)  # fmt: skip
+        speed = dataclasses.replace(
+            full.speed, seq_lens=(1024, 4096), decode_prompt=512, decode_tokens=64, compiled_decode=("mha",)
+        )
         compile_combos = (Combo("mha", "rope", "GQA", "bf16"), Combo("dcmha", "rope", "GQA", "bf16"))
-        return Plan(kind, mechanisms, ("rope", "alibi"), tuple(DTYPES), 128, 2, 8, 128, 2, compile_combos,
-                    "inductor", True, speed, 170.0)  # fmt: skip
-    speed = SpeedPlan(**big, seq_lens=(1024, 4096, 16384), decode_prompt=1024, decode_tokens=128,
-                      compiled_decode=mechanisms, repeats=3, matmul_n=8192)  # fmt: skip
-    compile_combos = (*(Combo(m, "rope", "GQA", "bf16") for m in mechanisms), Combo("mha", "alibi", "MHA", "fp32"))
-    return Plan(kind, mechanisms, tuple(POSITIONS.names()), tuple(DTYPES), 256, 2, 8, 256, 2, compile_combos,
-                "inductor", True, speed, 500.0)  # fmt: skip
+        return dataclasses.replace(
+            full, name=kind, positions=("rope", "alibi"), dim=128, seq_len=128, compile_combos=compile_combos,
+            speed=speed, budget_s=200.0,
+        )  # fmt: skip
+    if kind == "dry run":
+        speed = SpeedPlan(
+            dim=64, n_layers=2, n_heads=4, vocab_size=256, seq_lens=(64,), tokens_per_step=256, decode_batches=(1, 2),
+            decode_prompt=16, decode_tokens=8, compiled_decode=(), repeats=2, matmul_n=128,
+        )  # fmt: skip
+        compile_combos = (Combo("mha", "rope", "GQA", "fp32"), Combo("dcmha", "alibi", "MHA", "bf16"))
+        return dataclasses.replace(
+            full, name=kind, positions=("rope", "alibi"), dim=32, n_heads=4, seq_len=32, compile_combos=compile_combos,
+            compile_backend="eager", compile_decode=False, speed=speed, budget_s=120.0,
+        )  # fmt: skip
+    raise ValueError(f"plan {kind!r} is unknown: choose 'full', 'quick' or 'dry run'")
 
 
 def check_config(combo: Combo, plan: Plan) -> ModelConfig:
@@ -622,7 +657,8 @@ def train_flops_per_token(cfg: ModelConfig, seq_len: int, device: str) -> float:
     """Model FLOPs of one training token: every matmul of a forward and backward over one sequence, as
     ``torch.utils.flop_counter`` counts them, with SDPA's causal attention at half its T×S (the visible triangle)."""
     torch.manual_seed(0)
-    model = Transformer(cfg).to(device)
+    with torch.device(device):  # initialised where it runs: the large model's init on a CPU takes seconds
+        model = Transformer(cfg)
     idx = torch.randint(0, cfg.vocab_size, (1, seq_len), device=device)
     counter = FlopCounterMode(display=False)
     with counter, autocast(device, "bf16"):
@@ -672,7 +708,9 @@ def time_generate(model: Transformer, idx: Tensor, new_tokens: int, compile_: bo
 def decode_model(cfg: ModelConfig, batch: int, prompt_len: int, device: str) -> tuple[Transformer, Tensor]:
     """A model with bf16 weights, as one decodes on a GPU, and a random prompt (the same for a given config)."""
     torch.manual_seed(0)
-    model = Transformer(cfg).to(device=device, dtype=torch.bfloat16).eval()
+    with torch.device(device):
+        model = Transformer(cfg)
+    model = model.to(dtype=torch.bfloat16).eval()
     return model, torch.randint(0, cfg.vocab_size, (batch, prompt_len), device=device)
 
 
