@@ -61,7 +61,8 @@ from attnzoo.positions import POSITIONS
 from attnzoo.tables import Table, ratio, speed_header
 from attnzoo.variants import Variant, matched_configs, variant_config
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+SCRIPT_DIR = Path(__file__).resolve().parent
+RESULTS_DIR = SCRIPT_DIR / "results"
 
 PASS, FAIL, ERROR = "pass", "FAIL", "error"
 REFUSED, UNAVAILABLE, SKIPPED, OUT_OF_MEMORY = "refused", "not available", "skipped", "out of memory"
@@ -991,7 +992,9 @@ def write_report(report: Report, path: Path) -> None:
 
 def git_commit() -> str:
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10, cwd=SCRIPT_DIR
+        )
         return out.stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -1003,15 +1006,11 @@ def device_name(device: str) -> str:
     return f"CPU ({platform.machine()})"
 
 
-def run_check(plan: Plan, device: str, out: Path, argv: list[str]) -> Report:
-    deadline = Deadline(plan.budget_s)
-    if torch.device(device).type == "cuda":
-        torch.set_float32_matmul_precision("highest")  # fp32 is fp32: TF32 would blur the fp32 tolerances
-    name = device_name(device)
-    path = report_path(out, name, plan)
-    report = Report(
+def new_report(plan: Plan, device: str, argv: list[str]) -> Report:
+    speed = plan.speed
+    return Report(
         meta={
-            "device": name,
+            "device": device_name(device),
             "plan": plan.name,
             "torch": torch.__version__,
             "cuda": torch.version.cuda,
@@ -1020,12 +1019,12 @@ def run_check(plan: Plan, device: str, out: Path, argv: list[str]) -> Report:
             "command": " ".join(["python benchmarks/gpu_check.py", *argv]),
             "numerics_model": f"dim {plan.dim}, {plan.n_layers} layers, {plan.n_heads} heads (GQA: "
             f"{plan.n_heads // 2} kv heads; diff pairs as its paper does) at batch {plan.batch} × T {plan.seq_len}",
-            "speed_model": f"dim {plan.speed.dim}, {plan.speed.n_layers} layers, {plan.speed.n_heads} heads, "
-            f"vocabulary {plan.speed.vocab_size:,}",
-            "tokens_per_step": plan.speed.tokens_per_step,
-            "decode_prompt": plan.speed.decode_prompt,
-            "decode_tokens": plan.speed.decode_tokens,
-            "matmul_n": plan.speed.matmul_n,
+            "speed_model": f"dim {speed.dim}, {speed.n_layers} layers, {speed.n_heads} heads, "
+            f"vocabulary {speed.vocab_size:,}",
+            "tokens_per_step": speed.tokens_per_step,
+            "decode_prompt": speed.decode_prompt,
+            "decode_tokens": speed.decode_tokens,
+            "matmul_n": speed.matmul_n,
             "budget_s": plan.budget_s,
             "float32_matmul_precision": torch.get_float32_matmul_precision(),
             "elapsed_s": 0.0,
@@ -1034,17 +1033,9 @@ def run_check(plan: Plan, device: str, out: Path, argv: list[str]) -> Report:
         }
     )
 
-    section_start = [0.0]
 
-    def save(section: str) -> None:
-        """Rewrite the report after a section, so a run cut short still leaves what it measured."""
-        report.meta["elapsed_s"] = deadline.elapsed()
-        report.meta["sections_s"][section] = round(deadline.elapsed() - section_start[0], 1)
-        section_start[0] = deadline.elapsed()
-        write_report(report, path)
-
+def run_numerics(report: Report, plan: Plan, device: str, deadline: Deadline) -> None:
     combos = plan.combos()
-    print(f"gpu_check: {plan.name} plan on {name}: {len(combos)} combinations; report → {path}")
     for i, combo in enumerate(combos, 1):
         if deadline.left() < 0:
             report.add(Check(combo.label, "numerics", SKIPPED, detail="time budget"))
@@ -1059,19 +1050,9 @@ def run_check(plan: Plan, device: str, out: Path, argv: list[str]) -> Report:
         print(f"  [{i}/{len(combos)}] {combo.label:32s} {'; '.join(bad) or 'pass'}")
         sys.stdout.flush()
         free_memory()
-    save("numerics")
 
-    print("gpu_check: speed")
-    for label, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
-        seconds = 0.5 if torch.device(device).type == "cuda" else 0.05
-        report.matmul_tflops[label] = matmul_tflops(plan.speed.matmul_n, dtype, device, seconds)
-    print("  matmul peak: " + ", ".join(f"{d} {t:,.1f} TFLOP/s" for d, t in report.matmul_tflops.items()))
-    measure_training(report, plan, device, deadline)
-    save("training speed")
-    measure_decoding(report, plan, device, deadline)
-    save("decoding speed")
 
-    print("gpu_check: torch.compile")
+def run_compile_checks(report: Report, plan: Plan, device: str, deadline: Deadline) -> None:
     for combo in plan.compile_combos:
         for name, check_fn in (("compile train", check_compiled_training), ("compile decode", check_compiled_decode)):
             if deadline.left() < 30:
@@ -1084,16 +1065,47 @@ def run_check(plan: Plan, device: str, out: Path, argv: list[str]) -> Report:
             print(f"  {combo.label:32s} {name:15s} {check.status} {check.detail}")
             free_memory()
     torch._dynamo.reset()
+
+
+def run_check(plan: Plan, device: str, out: Path, argv: list[str]) -> Report:
+    """Every section in turn, cheapest and most important first, the report rewritten after each."""
+    deadline = Deadline(plan.budget_s)
+    if torch.device(device).type == "cuda":
+        torch.set_float32_matmul_precision("highest")  # fp32 is fp32: TF32 would blur the fp32 tolerances
+    report = new_report(plan, device, argv)
+    path = report_path(out, report.meta["device"], plan)
+    section_start = [0.0]
+
+    def save(section: str) -> None:
+        """Rewrite the report after a section, so a run cut short still leaves what it measured."""
+        report.meta["elapsed_s"] = deadline.elapsed()
+        report.meta["sections_s"][section] = round(deadline.elapsed() - section_start[0], 1)
+        section_start[0] = deadline.elapsed()
+        write_report(report, path)
+
+    print(f"gpu_check: {plan.name} plan on {report.meta['device']}: {len(plan.combos())} combinations; report → {path}")
+    run_numerics(report, plan, device, deadline)
+    save("numerics")
+    print("gpu_check: speed")
+    seconds = 0.5 if torch.device(device).type == "cuda" else 0.05
+    for label, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+        report.matmul_tflops[label] = matmul_tflops(plan.speed.matmul_n, dtype, device, seconds)
+    print("  matmul peak: " + ", ".join(f"{d} {t:,.1f} TFLOP/s" for d, t in report.matmul_tflops.items()))
+    measure_training(report, plan, device, deadline)
+    save("training speed")
+    measure_decoding(report, plan, device, deadline)
+    save("decoding speed")
+    print("gpu_check: torch.compile")
+    run_compile_checks(report, plan, device, deadline)
     save("compile")
     measure_compiled_decoding(report, plan, device, deadline)
     report.meta["finished"] = True
     save("compiled decoding speed")
+
     print(f"\ngpu_check: {'FAIL' if report.failures else 'PASS'}, {len(report.failures)} failure(s); wrote {path} "
           f"and {path.with_suffix('.json')} in {deadline.elapsed():.0f} s")  # fmt: skip
-    for check in report.failures:
-        print(
-            f"  {check.status}: {check.case} {check.name} {fmt(check.value)} (limit {fmt(check.limit)}) {check.detail}"
-        )
+    for c in report.failures:
+        print(f"  {c.status}: {c.case} {c.name} {fmt(c.value)} (limit {fmt(c.limit)}) {c.detail}")
     return report
 
 
