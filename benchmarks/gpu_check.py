@@ -991,13 +991,14 @@ def write_report(report: Report, path: Path) -> None:
 
 
 def git_commit() -> str:
+    """The checkout's commit, marked when tracked files differ from it: what the report verified."""
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10, cwd=SCRIPT_DIR
-        )
-        return out.stdout.strip() or "unknown"
+        run = dict(capture_output=True, text=True, timeout=10, cwd=SCRIPT_DIR)
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], **run).stdout.strip()
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], **run).returncode == 1
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+    return f"{commit} with uncommitted changes" if commit and dirty else commit or "unknown"
 
 
 def device_name(device: str) -> str:
