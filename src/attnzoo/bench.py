@@ -314,6 +314,13 @@ def measure(
     return BenchResult(**result)
 
 
+def measure_here(case: BenchCase, *, repeats: int = 5, warmup: int = 1, device: str = "cpu") -> BenchResult:
+    """Measure one case in this process at its thread count: no process start per case, which a GPU check of
+    dozens of cases cannot afford, but the case shares the caller's allocator, so the caller frees between cases
+    (peak memory is still the case's own: the allocator's peak is reset first and its base subtracted)."""
+    return _run_case(case, repeats, warmup, torch.get_num_threads(), device)
+
+
 def ratio_table(results: list[BenchResult], baseline: str) -> Table:
     """Each case's throughput and peak memory, and their ratios to ``baseline`` at the same sequence length and
     mode: speed is tok/s ÷ the baseline's (above 1 is faster), memory is peak ÷ the baseline's. Decode with a
