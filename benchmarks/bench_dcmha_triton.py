@@ -74,7 +74,7 @@ def cuda_refusal() -> str | None:
     if not torch.cuda.is_available():
         return "needs a CUDA device, and none is visible"
     if dcmha_triton.triton is None:
-        return "needs Triton: pip install 'attnzoo[triton]'"
+        return 'needs Triton (Linux): pip install -e ".[triton]" in the clone'
     return None
 
 

@@ -160,6 +160,18 @@ def test_the_comparison_can_fail(device):
     assert (out.double().cpu() - reference(leaves, case)).abs().max() > 0.1
 
 
+def test_any_gradient_layout(device):
+    """The gradient of a sum reaches the kernel with every stride 0; it must act as the dense ones."""
+    case = CASES["local-pre-only"]
+    leaves = make_inputs(case, torch.float32, device)
+    q, k, v, pre, _ = split(leaves, case)
+    out = dcmha_triton.dcmha_attention(q, k, v, pre, None, num_groups=1, window=case.window, block=16)
+    dense = torch.autograd.grad(out, leaves, torch.ones_like(out), retain_graph=True)
+    of_sum = torch.autograd.grad(out.sum(), leaves)
+    for got, want in zip(of_sum, dense, strict=True):
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
 # ---------------------------------------------------------------------------------------------------
 # The layer's dispatch: the kernel where it applies, the PyTorch path everywhere else
 
@@ -253,7 +265,7 @@ def test_runs_on_needs_cuda_and_triton(monkeypatch):
     assert not dcmha_triton.runs_on(torch.zeros(1))  # CPU tensors: the PyTorch path, whatever is installed
     monkeypatch.setattr(dcmha_triton, "triton", None)
     assert not dcmha_triton.runs_on(torch.zeros(1))
-    with pytest.raises(RuntimeError, match=r"pip install 'attnzoo\[triton\]'"):
+    with pytest.raises(RuntimeError, match=r'pip install -e "\.\[triton\]"'):
         dcmha_triton.dcmha_attention(*(torch.zeros(1, 1, 1, 16),) * 3, None, None, num_groups=1, window=None)
 
 

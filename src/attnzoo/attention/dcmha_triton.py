@@ -125,7 +125,18 @@ def dcmha_attention(
         block,
         "must be a power of 2 >= 16 (tl.dot's smallest tile), or None",
     )
-    n_heads, head_dim = q.shape[1], q.shape[-1]
+    require(q.dtype in KERNEL_DTYPES, "q.dtype", q.dtype, "must be float32, bfloat16 or float16")
+    n_heads, seq_len, head_dim = q.shape[1:]
+    n_kv_heads = k.shape[1]
+    require(
+        k.shape == v.shape == (q.shape[0], n_kv_heads, seq_len, head_dim) and k.dtype == v.dtype == q.dtype,
+        "k, v shapes",
+        (tuple(k.shape), tuple(v.shape)),
+        f"must both be (B, H_kv, T, d) = (·, ·, {seq_len}, {head_dim}) in {q.dtype}, as q {tuple(q.shape)}",
+    )
+    require(n_heads % n_kv_heads == 0, "n_kv_heads", n_kv_heads, f"must divide n_heads={n_heads}")
+    require(is_int(num_groups) and num_groups >= 1 and n_heads % num_groups == 0, "num_groups", num_groups,
+            f"must divide n_heads={n_heads}")  # fmt: skip
     heads_per_group = n_heads // num_groups
     mixings = [m for m in (pre, post) if m is not None]
     key_wise = bool(mixings) and mixings[0].kw1 is not None
@@ -141,14 +152,14 @@ def dcmha_attention(
         scale=1.0 / math.sqrt(head_dim) if scale is None else scale,
         block=block,
     )
-    query_w = pack_weights([(m.qw1, m.qw2, m.qdd) for m in mixings], q, spec)
-    key_w = pack_weights([(m.kw1, m.kw2, m.kdd) for m in mixings] if key_wise else [], q, spec)
-    return FusedDCMHA.apply(q, k, v, query_w, key_w, spec)
+    query_w = pack_weights([(m.qw1, m.qw2, m.qdd) for m in mixings], q)
+    key_w = pack_weights([(m.kw1, m.kw2, m.kdd) for m in mixings] if key_wise else [], q)
+    return FusedDCMHA.apply(*map(unit_stride_last, (q, k, v)), query_w, key_w, spec)
 
 
 def require_triton() -> None:
     if triton is None:
-        raise RuntimeError("the fused DCMHA kernel needs Triton: pip install 'attnzoo[triton]' (Linux)")
+        raise RuntimeError('the fused DCMHA kernel needs Triton (Linux): pip install -e ".[triton]" in the clone')
 
 
 @dataclass(frozen=True)
@@ -163,16 +174,13 @@ class KernelSpec:
     scale: float
     block: int | None = None
 
-    @property
-    def slots(self) -> int:
-        """Compositions packed per token: pre at slot 0 if on, post at the last slot if on."""
-        return int(self.pre) + int(self.post)
-
     def constants(self, head_dim: int) -> dict[str, Any]:
-        """The kernels' compile-time arguments. Tiles shrink as M grows: a tile holds R·M·BT·BS products."""
+        """The kernels' compile-time arguments and launch options. Tiles shrink and warps grow with M, since a
+        tile holds R·M·BT·BS mixing products; the choice is a guess, not yet tuned on a GPU."""
         heads_p2 = triton.next_power_of_2(self.heads_per_group)
         tile = self.block or (32 if heads_p2 * triton.next_power_of_2(self.rank) <= 8 else 16)
         return dict(
+            num_warps=4 if heads_p2 <= 4 else 8,
             M=self.heads_per_group,
             MP=heads_p2,
             R=self.rank,
@@ -188,7 +196,12 @@ class KernelSpec:
         )
 
 
-def pack_weights(sides: list[tuple[Tensor, Tensor, Tensor]], q: Tensor, spec: KernelSpec) -> Tensor:
+def unit_stride_last(x: Tensor) -> Tensor:
+    """The kernels take any batch, head and token strides, but consecutive features."""
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def pack_weights(sides: list[tuple[Tensor, Tensor, Tensor]], q: Tensor) -> Tensor:
     """One side's weights of every composition as one fp32 tensor (B, G, L, C, 2R+1, M): rows w1 (R), w2 (R), dd.
 
     A differentiable copy, so autograd hands the packed gradient back to each weight. Without weights a
@@ -221,6 +234,7 @@ class FusedDCMHA(torch.autograd.Function):
     def backward(fctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
         q, k, v, query_w, key_w, out, lse = fctx.saved_tensors
         spec: KernelSpec = fctx.spec
+        grad_out = unit_stride_last(grad_out)  # e.g. the all-zero-stride gradient of a sum
         batch, n_heads, seq_len, head_dim = q.shape
         n_kv_heads = k.shape[1]
         const = spec.constants(head_dim)
