@@ -269,10 +269,17 @@ def test_runs_on_needs_cuda_and_triton(monkeypatch):
         dcmha_triton.dcmha_attention(*(torch.zeros(1, 1, 1, 16),) * 3, None, None, num_groups=1, window=None)
 
 
-def test_bad_block_is_refused():
-    q = torch.zeros(1, 1, 4, 16)
-    with pytest.raises(ValueError, match="block"):
-        dcmha_triton.dcmha_attention(q, q, q, None, None, num_groups=1, window=None, block=24)
+def test_bad_input_is_refused():
+    q = torch.zeros(1, 4, 8, 16)
+    attention = partial(dcmha_triton.dcmha_attention, pre=None, post=None, window=None)
+    with pytest.raises(ValueError, match=r"block=24 .*power of 2"):
+        attention(q, q, q, num_groups=1, block=24)
+    with pytest.raises(ValueError, match=r"q\.dtype=torch\.float64"):
+        attention(q.double(), q.double(), q.double(), num_groups=1)
+    with pytest.raises(ValueError, match="k, v shapes"):
+        attention(q, q[:, :, :5], q[:, :, :5], num_groups=1)  # keys at other positions: a cached call
+    with pytest.raises(ValueError, match="num_groups=3 is invalid: must divide n_heads=4"):
+        attention(q, q, q, num_groups=3)
 
 
 def test_benchmark_refuses_without_cuda(capsys):
