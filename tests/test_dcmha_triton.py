@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnzoo import ModelConfig, Transformer
 from attnzoo.attention import AttentionContext
@@ -158,6 +159,34 @@ def test_the_comparison_can_fail(device):
     q, k, v, pre, _ = split(leaves, case)
     out = dcmha_triton.dcmha_attention(q, k, v, pre, None, num_groups=1, window=case.window, block=16)
     assert (out.double().cpu() - reference(leaves, case)).abs().max() > 0.1
+
+
+def test_no_tensor_is_quadratic_in_length(device):
+    """Forward and backward allocate nothing T×T: every torch op's output has at most one axis as long as T."""
+
+    class RecordShapes(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.shapes = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for tensor in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(tensor, torch.Tensor):
+                    self.shapes.append(tuple(tensor.shape))
+            return out
+
+    case = CASES["global"]  # T = 37 exceeds every other size (heads, head_dim, rank)
+    leaves = make_inputs(case, torch.float32, device)
+    q, k, v, pre, post = split(leaves, case)
+    with RecordShapes() as recorded:
+        out = dcmha_triton.dcmha_attention(q, k, v, pre, post, num_groups=1, window=None, block=16)
+        torch.autograd.grad(out, leaves, torch.randn_like(out))
+    assert (1, 4, 37, 16) in recorded.shapes  # the recording sees the kernels' outputs
+    assert max(sum(size >= case.length for size in shape) for shape in recorded.shapes) == 1
+    with RecordShapes() as eager:  # the check can fail: the reference's (B, N, T, T) scores break it
+        reference(leaves, case)
+    assert max(sum(size >= case.length for size in shape) for shape in eager.shapes) == 2
 
 
 def test_any_gradient_layout(device):
