@@ -1,8 +1,17 @@
+import os
+
 import pytest
 import torch
 
 # Two OpenMP threads collapse when the two CI cores are shared with anything else; one is steady.
 torch.set_num_threads(1)
+
+# Without CUDA, Triton's interpreter runs the fused DCMHA kernel on CPU tensors (tests/test_dcmha_triton.py).
+# Triton reads the variable as @triton.jit decorates each function: its own library's when triton.language is first
+# imported (importing attnzoo or torch._dynamo does), attnzoo's kernels when attnzoo is. So it is set here, before
+# any test module is imported; never with CUDA, where Triton compiles (inductor's kernels too).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(autouse=True)

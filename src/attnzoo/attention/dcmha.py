@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnzoo.attention import dcmha_triton
 from attnzoo.attention.base import ATTENTION, AttentionContext, CacheBuffer
 from attnzoo.attention.kernels import BlockHooks, Hooks, ScoreHook, attend
 from attnzoo.attention.mha import MultiHeadAttention
@@ -271,6 +272,10 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
         key_positions, cached_kw = None, None
         if cache is not None:
             key_positions, k, v, cached_kw = self._extend_cache(cache, ctx.start, k, v, pre, post)
+        elif dcmha_triton.runs_on(q):  # the fused Triton kernel (CUDA); None where it cannot compute this call
+            fused = dcmha_triton.fused_attention(q, k, v, ctx, pre, post, self)
+            if fused is not None:
+                return self.o_proj(fused.transpose(1, 2).reshape(batch, seq_len, -1))
         out, _ = attend(
             q,
             k,

@@ -1,0 +1,324 @@
+"""The fused DCMHA Triton kernel (``attention/dcmha_triton.py``) against the eager reference.
+
+Without CUDA the kernels run in Triton's interpreter on CPU tensors: ``conftest.py`` sets ``TRITON_INTERPRET=1``
+before Triton is imported, since Triton reads it as ``@triton.jit`` decorates each function. With CUDA the same
+tests run the compiled kernels on the GPU.
+
+The reference is the eager DCMHA attention in float64 (full (B, N, T, S) scores composed with the merged
+per-token matrices), fed the same inputs. Each output and gradient must agree to a tolerance relative to that
+tensor's largest entry: fp32 2e-5 (the kernel's fp32 rounding; about 1e-6 is seen), fp16 4e-3 and bf16 3e-2 (it
+rounds P' and dS to the input dtype before its matmuls, as flash attention does; about 5e-4 and 7e-3 are seen).
+"""
+
+import dataclasses
+import runpy
+from functools import partial
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from attnzoo import ModelConfig, Transformer
+from attnzoo.attention import AttentionContext
+from attnzoo.attention.dcmha import Mixing, compose_merged, key_matrices, query_matrices
+from attnzoo.attention.kernels import Hooks, eager_attention
+from attnzoo.positions import POSITIONS
+
+triton = pytest.importorskip("triton")
+
+from attnzoo.attention import dcmha_triton  # noqa: E402  (after the skip: the module needs triton to run)
+
+pytestmark = pytest.mark.triton
+
+INTERPRETED = not isinstance(dcmha_triton._forward_kernel, triton.runtime.JITFunction)
+TOLERANCE = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+
+
+@pytest.fixture
+def device() -> str:
+    """Where the kernels run: CPU tensors under the interpreter, else CUDA."""
+    if INTERPRETED:
+        return "cpu"
+    if not torch.cuda.is_available():
+        pytest.skip("Triton compiles (TRITON_INTERPRET is not 1) but there is no CUDA device")
+    return "cuda"
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    window: int | None = 8
+    pre: bool = True
+    post: bool = True
+    key_wise: bool = True
+    batch: int = 1
+    n_heads: int = 4
+    n_kv_heads: int = 2  # GQA: two query heads per kv head
+    groups: int = 1
+    rank: int = 2
+    head_dim: int = 16
+    length: int = 37  # with 16-row tiles: three query blocks, the last one partial
+
+
+CASES = {
+    "global": Case(window=None),
+    "local": Case(),
+    "local-pre-only": Case(post=False),
+    "local-post-only": Case(pre=False),
+    "global-query-wise": Case(window=None, key_wise=False),
+    "local-no-composition": Case(pre=False, post=False),
+    # M = 3 heads per group (padded to 4) whose kv heads straddle the groups, rank 3 (padded to 4), head_dim 12
+    # (padded to 16), two sequences.
+    "groups-padded": Case(batch=2, n_heads=6, n_kv_heads=3, groups=2, rank=3, head_dim=12, length=29),
+}
+
+
+def make_inputs(case: Case, dtype: torch.dtype, device: str = "cpu") -> list[torch.Tensor]:
+    """q, k, v and every mixing weight (leaves that need gradients), with composition strong enough to matter."""
+    per_group = case.n_heads // case.groups
+
+    def weights(length: int) -> list[torch.Tensor]:
+        shape = (case.batch, case.groups, length, case.rank, per_group)
+        return [0.5 * torch.randn(shape), 0.5 * torch.randn(shape), 0.5 * torch.randn((*shape[:3], per_group))]
+
+    def mixing() -> list[torch.Tensor | None]:
+        key_side = weights(case.length) if case.key_wise else [None] * 3
+        return weights(case.length) + key_side
+
+    q = torch.randn(case.batch, case.n_heads, case.length, case.head_dim).to(dtype)
+    k, v = (torch.randn(case.batch, case.n_kv_heads, case.length, case.head_dim).to(dtype) for _ in range(2))
+    pre = mixing() if case.pre else None
+    post = mixing() if case.post else None
+    return [x.to(device).requires_grad_() for x in [q, k, v, *(pre or []), *(post or [])] if x is not None]
+
+
+def split(leaves: list[torch.Tensor], case: Case) -> tuple[torch.Tensor, ...]:
+    """(q, k, v, pre Mixing or None, post Mixing or None) from the leaves of :func:`make_inputs`."""
+    q, k, v, *rest = leaves
+    per_mixing = 6 if case.key_wise else 3
+    mixings = []
+    for on in (case.pre, case.post):
+        if on:
+            fields, rest = rest[:per_mixing], rest[per_mixing:]
+            mixings.append(Mixing(*fields, *([None] * (6 - per_mixing))))
+        else:
+            mixings.append(None)
+    return q, k, v, *mixings
+
+
+def reference(leaves: list[torch.Tensor], case: Case) -> torch.Tensor:
+    """The eager DCMHA attention in float64: full scores composed with explicit QW[t] + KW[s]."""
+    q, k, v, pre, post = split([x.double().cpu() for x in leaves], case)
+    cfg = ModelConfig(vocab_size=8, dim=case.n_heads * case.head_dim, n_heads=case.n_heads, n_layers=1)
+    positions = torch.arange(case.length)
+    ctx = AttentionContext(positions, 0, POSITIONS.get("none")(cfg, case.head_dim), None, "eager", dtype=torch.float64)
+
+    def compose(mixing: Mixing | None):
+        if mixing is None:
+            return None
+        key_w = None if mixing.kw1 is None else key_matrices(mixing)
+        return partial(compose_merged, query_w=query_matrices(mixing, None), key_w=key_w)
+
+    out, _ = eager_attention(q, k, v, ctx, hooks=Hooks(scores=compose(pre), probs=compose(post)), window=case.window)
+    return out
+
+
+def assert_kernel_matches_reference(case: Case, dtype: torch.dtype, device: str) -> None:
+    leaves = make_inputs(case, dtype, device)
+    q, k, v, pre, post = split(leaves, case)
+    out = dcmha_triton.dcmha_attention(q, k, v, pre, post, num_groups=case.groups, window=case.window, block=16)
+    assert out.dtype == dtype and out.shape == q.shape and out.device == q.device
+    grad_out = torch.randn(out.shape).to(dtype)
+    grads = torch.autograd.grad(out, leaves, grad_out.to(device))
+
+    ref_leaves = [x.detach().double().cpu().requires_grad_() for x in leaves]
+    expected = reference(ref_leaves, case)
+    expected_grads = torch.autograd.grad(expected, ref_leaves, grad_out.double())
+    names = ["out", "q", "k", "v"] + [f"weight {i}" for i in range(len(leaves) - 3)]
+    for name, got, want in zip(names, (out, *grads), (expected, *expected_grads), strict=True):
+        assert got.shape == want.shape, name
+        error = (got.double().cpu() - want).abs().max().item()
+        scale = want.abs().max().item()
+        assert error <= TOLERANCE[dtype] * scale, f"{name}: error {error:.3g} against largest entry {scale:.3g}"
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_kernel_matches_eager_reference_fp32(device, name):
+    assert_kernel_matches_reference(CASES[name], torch.float32, device)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_kernel_matches_eager_reference_half_precision(device, dtype):
+    assert_kernel_matches_reference(CASES["local"], dtype, device)
+
+
+def test_the_comparison_can_fail(device):
+    """A kernel that skipped post-composition would be caught: leaving it out changes the output."""
+    case = CASES["local"]
+    leaves = make_inputs(case, torch.float32, device)
+    q, k, v, pre, _ = split(leaves, case)
+    out = dcmha_triton.dcmha_attention(q, k, v, pre, None, num_groups=1, window=case.window, block=16)
+    assert (out.double().cpu() - reference(leaves, case)).abs().max() > 0.1
+
+
+def test_no_tensor_is_quadratic_in_length(device):
+    """Forward and backward allocate nothing T×T: every torch op's output has at most one axis as long as T."""
+
+    class RecordShapes(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.shapes = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for tensor in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(tensor, torch.Tensor):
+                    self.shapes.append(tuple(tensor.shape))
+            return out
+
+    case = CASES["global"]  # T = 37 exceeds every other size (heads, head_dim, rank)
+    leaves = make_inputs(case, torch.float32, device)
+    q, k, v, pre, post = split(leaves, case)
+    with RecordShapes() as recorded:
+        out = dcmha_triton.dcmha_attention(q, k, v, pre, post, num_groups=1, window=None, block=16)
+        torch.autograd.grad(out, leaves, torch.randn_like(out))
+    assert (1, 4, 37, 16) in recorded.shapes  # the recording sees the kernels' outputs
+    assert max(sum(size >= case.length for size in shape) for shape in recorded.shapes) == 1
+    with RecordShapes() as eager:  # the check can fail: the reference's (B, N, T, T) scores break it
+        reference(leaves, case)
+    assert max(sum(size >= case.length for size in shape) for shape in eager.shapes) == 2
+
+
+def test_any_gradient_layout(device):
+    """The gradient of a sum reaches the kernel with every stride 0; it must act as the dense ones."""
+    case = CASES["local-pre-only"]
+    leaves = make_inputs(case, torch.float32, device)
+    q, k, v, pre, _ = split(leaves, case)
+    out = dcmha_triton.dcmha_attention(q, k, v, pre, None, num_groups=1, window=case.window, block=16)
+    dense = torch.autograd.grad(out, leaves, torch.ones_like(out), retain_graph=True)
+    of_sum = torch.autograd.grad(out.sum(), leaves)
+    for got, want in zip(of_sum, dense, strict=True):
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The layer's dispatch: the kernel where it applies, the PyTorch path everywhere else
+
+
+def make_model(device: str, **overrides) -> Transformer:
+    options = {"window_size": 6, "window_type": "LG", **overrides.pop("attention_options", {})}
+    cfg = ModelConfig(
+        vocab_size=31,
+        dim=32,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        max_seq_len=64,
+        attention="dcmha",
+        attention_options=options,
+        **{"position": "rope", **overrides},
+    )
+    model = Transformer(cfg)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "dyn_w_proj" in name or "static_w" in name:
+                param.normal_(std=0.5)  # composition strong enough to change the output
+    return model.to(device)
+
+
+@pytest.fixture
+def kernel_calls(device, monkeypatch) -> list[int]:
+    """Count the calls that reach the kernel; on CPU, let the layer route to it (the interpreter runs it)."""
+    calls = []
+    run = dcmha_triton.dcmha_attention
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return run(*args, **kwargs)
+
+    if device == "cpu":
+        monkeypatch.setattr(dcmha_triton, "runs_on", lambda q: True)
+    monkeypatch.setattr(dcmha_triton, "dcmha_attention", counted)
+    return calls
+
+
+def test_layer_uses_the_kernel_and_matches_the_pytorch_path(device, kernel_calls):
+    model = make_model(device).train()  # dropout 0: training mode is what the trainer runs
+    idx, targets = (torch.randint(0, 31, (2, 21), device=device) for _ in range(2))
+    _, loss = model(idx, targets)
+    loss.backward()
+    assert len(kernel_calls) == 2  # both layers, local and global
+    fused_grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(dcmha_triton, "runs_on", lambda q: False)
+        _, ref_loss = model(idx, targets)
+        ref_loss.backward()
+    assert len(kernel_calls) == 2
+    torch.testing.assert_close(loss, ref_loss, atol=1e-5, rtol=0)
+    for name, param in model.named_parameters():
+        # fp32 rounding, amplified by the strong composition: 1e-4 of the largest entry, as tests/test_dcmha.py.
+        assert (fused_grads[name] - param.grad).abs().max() <= 1e-4 * param.grad.abs().max(), name
+
+
+FALLBACKS = {
+    "alibi": dict(position="alibi"),
+    "static_proj": dict(attention_options={"static_proj": True}),
+    "dropout": dict(dropout=0.1),
+    "eager backend": dict(attn_backend="eager"),
+    "bidirectional": dict(causal=False, attention_options={"window_type": "G"}),
+    "float64": dict(),
+    "attention maps": dict(),
+    "cached decoding": dict(),
+}
+
+
+@pytest.mark.parametrize("name", FALLBACKS)
+def test_what_the_kernel_cannot_compute_takes_the_pytorch_path(device, kernel_calls, name):
+    model = make_model(device, **FALLBACKS[name]).train(name == "dropout")
+    if name == "float64":
+        model = model.double()
+    idx = torch.randint(0, 31, (2, 9), device=device)
+    if name == "attention maps":
+        model.attention_maps(idx)
+    elif name == "cached decoding":
+        cache = model.new_cache(2, 9)
+        model(idx[:, :5], cache=cache)
+        model(idx[:, 5:6], cache=cache)
+    else:
+        model(idx)
+    assert kernel_calls == []
+
+
+def test_runs_on_needs_cuda_and_triton(monkeypatch):
+    assert not dcmha_triton.runs_on(torch.zeros(1))  # CPU tensors: the PyTorch path, whatever is installed
+    monkeypatch.setattr(dcmha_triton, "triton", None)
+    assert not dcmha_triton.runs_on(torch.zeros(1))
+    with pytest.raises(RuntimeError, match=r'pip install -e "\.\[triton\]"'):
+        dcmha_triton.dcmha_attention(*(torch.zeros(1, 1, 1, 16),) * 3, None, None, num_groups=1, window=None)
+
+
+def test_bad_input_is_refused():
+    q = torch.zeros(1, 4, 8, 16)
+    attention = partial(dcmha_triton.dcmha_attention, pre=None, post=None, window=None)
+    with pytest.raises(ValueError, match=r"block=24 .*power of 2"):
+        attention(q, q, q, num_groups=1, block=24)
+    with pytest.raises(ValueError, match=r"q\.dtype=torch\.float64"):
+        attention(q.double(), q.double(), q.double(), num_groups=1)
+    with pytest.raises(ValueError, match="k, v shapes"):
+        attention(q, q[:, :, :5], q[:, :, :5], num_groups=1)  # keys at other positions: a cached call
+    with pytest.raises(ValueError, match="num_groups=3 is invalid: must divide n_heads=4"):
+        attention(q, q, q, num_groups=3)
+
+
+def test_benchmark_refuses_without_cuda(capsys):
+    """benchmarks/bench_dcmha_triton.py measures on a GPU only; elsewhere it says so and exits 2."""
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible: the benchmark would run")
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_dcmha_triton.py"
+    main = runpy.run_path(str(path), run_name="bench_dcmha_triton")["main"]
+    assert main(["--seq-lens", "2048", "--window-types", "L"]) == 2
+    assert "needs a CUDA device" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--tokens", "0"])
+    assert "'0' is not an integer >= 1" in capsys.readouterr().err
