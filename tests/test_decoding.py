@@ -21,7 +21,7 @@ from attnzoo.attention import AttentionContext
 from attnzoo.cache import WindowCache
 from attnzoo.cli import main
 from attnzoo.data.tokenizers import ByteTokenizer
-from attnzoo.decoding import CAPACITY_QUANTUM, CompiledDecoder, _step, cache_capacity
+from attnzoo.decoding import CAPACITY_QUANTUM, CompiledDecoder, cache_capacity
 from attnzoo.positions import POSITIONS
 
 MECHANISMS = ["mha", "diff", "diff_v2", "selective", "dcmha"]
@@ -37,17 +37,10 @@ def make_model(attention="mha", position="rope", n_kv_heads=2, **fields) -> Tran
     dynamic weights, selective's temperatures, Diff's λ) change the output. DCMHA alternates a local layer, whose
     cache is a ring of 5, with a global one."""
     options = {"window_type": "LG", "window_size": 5, "q_chunk_size": 4} if attention == "dcmha" else {}
+    options = {**options, **fields.pop("attention_options", {})}
+    base = dict(vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, max_seq_len=48)
     cfg = ModelConfig(
-        vocab_size=VOCAB,
-        dim=32,
-        n_layers=2,
-        n_heads=4,
-        n_kv_heads=n_kv_heads,
-        max_seq_len=48,
-        attention=attention,
-        position=position,
-        attention_options={**options, **fields.pop("attention_options", {})},
-        **fields,
+        **{**base, **fields}, n_kv_heads=n_kv_heads, attention=attention, position=position, attention_options=options
     )
     model = Transformer(cfg).eval()
     with torch.no_grad():
@@ -200,18 +193,16 @@ def fresh_dynamo():
 
 
 def trace_every_step(model, length=16, prefill=3) -> CompileCounter:
-    """Run ``decode_step`` under dynamo alone (no code generation, so fast) with ``fullgraph=True``, which fails on
-    any graph break, for every step past the prefill; return the counter of compiled frames."""
+    """Decode with a :class:`CompiledDecoder` under dynamo alone (no code generation, so fast) and
+    ``fullgraph=True``, which fails on any graph break, for every step past the prefill; return the counter of
+    compiled frames."""
     counter = CompileCounter()
-    step = torch.compile(_step, backend=counter, fullgraph=True, dynamic=False)
+    decoder = CompiledDecoder(model, 2, length, backend=counter)
     idx = torch.randint(0, VOCAB, (2, length))
-    cache = model.new_cache(2, length, static=True)
-    position = torch.zeros(1, dtype=torch.long)
     with torch.no_grad():
-        model(idx[:, :prefill], cache=cache)
-        for t in range(prefill, length):
-            position.fill_(t)
-            step(model, idx[:, t : t + 1], position, cache)
+        model(idx[:, :prefill], cache=decoder.cache)
+        steps = [decoder.step(model, idx[:, t : t + 1]) for t in range(prefill, length)]
+    assert decoder.cache.length == length and len(steps) == length - prefill
     return counter
 
 
@@ -239,6 +230,21 @@ def test_decode_step_is_one_graph_for_every_step(attention, position, fields, fr
 @pytest.mark.parametrize(("attention", "position"), itertools.product(MECHANISMS, POSITION_NAMES))
 def test_decode_step_is_one_graph_for_every_mechanism_and_position(attention, position, fresh_dynamo):
     assert trace_every_step(make_model(attention, position, n_kv_heads=1)).frame_count == 1
+
+
+def test_each_decoder_counts_its_own_recompiles(fresh_dynamo):
+    # Dynamo's recompile limit is per code object: with it at 1, decoders sharing one would fail from the second
+    # model on (fullgraph), as a check over every mechanism would at the default limit of 8.
+    mechanisms = ["mha", "diff_v2", "selective"]
+    counters = [CompileCounter() for _ in mechanisms]
+    with torch._dynamo.config.patch(recompile_limit=1):
+        for attention, counter in zip(mechanisms, counters, strict=True):
+            model = make_model(attention, n_layers=1)
+            decoder = CompiledDecoder(model, 1, 4, backend=counter)
+            with torch.no_grad():
+                model(torch.zeros(1, 1, dtype=torch.long), cache=decoder.cache)
+                decoder.step(model, torch.zeros(1, 1, dtype=torch.long))
+    assert [counter.frame_count for counter in counters] == [1, 1, 1]
 
 
 # --- compiled generation (inductor) ---------------------------------------------------------------------------

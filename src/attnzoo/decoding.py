@@ -10,6 +10,8 @@ its cache on the model between ``generate`` calls.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from types import FunctionType
 from typing import TYPE_CHECKING
 
 import torch
@@ -25,9 +27,16 @@ CAPACITY_QUANTUM = 256
 
 
 def _step(model: Transformer, token: Tensor, position: Tensor, cache: KVCache) -> Tensor:
-    # A module-level function rather than the bound method, so the compiled function holds no model: a copy of
+    # A function of the model rather than its bound method, so the compiled function holds no model: a copy of
     # the model that shares it still runs on its own weights.
     return model.decode_step(token, position, cache)
+
+
+def _own_step() -> Callable[[Transformer, Tensor, Tensor, KVCache], Tensor]:
+    """:func:`_step` with a code object of its own. Dynamo keeps compiled entries, and counts recompiles against
+    its limit (8), per code object: shared by every decoder, they would fail (fullgraph) once a process had
+    decoded with 9 models or batch sizes, as a check over every mechanism and scheme does."""
+    return FunctionType(_step.__code__.replace(), _step.__globals__, _step.__name__)
 
 
 def compile_mode(device: torch.device) -> str | None:
@@ -44,9 +53,10 @@ def cache_capacity(needed: int, max_seq_len: int) -> int:
 
 class CompiledDecoder:
     """The compiled one-token step and the static cache it decodes into, for ``batch_size`` sequences of up to
-    ``capacity`` positions on the model's device and dtype."""
+    ``capacity`` positions on the model's device and dtype. ``backend``: torch.compile's (inductor; the tests
+    trace with dynamo alone)."""
 
-    def __init__(self, model: Transformer, batch_size: int, capacity: int) -> None:
+    def __init__(self, model: Transformer, batch_size: int, capacity: int, *, backend: str | Callable = "inductor"):
         weight = model.embed_tokens.weight
         self.device, self.dtype = weight.device, weight.dtype
         self.cache = model.new_cache(batch_size, capacity, static=True)
@@ -54,7 +64,8 @@ class CompiledDecoder:
         # does not, so a CUDA graph reads it where it is.
         self.position = torch.zeros(1, dtype=torch.long, device=self.device)
         torch._dynamo.mark_static_address(self.position)
-        self.compiled = torch.compile(_step, mode=compile_mode(self.device), fullgraph=True, dynamic=False)
+        mode = compile_mode(self.device) if backend == "inductor" else None
+        self.compiled = torch.compile(_own_step(), backend=backend, mode=mode, fullgraph=True, dynamic=False)
 
     def fits(self, model: Transformer, batch_size: int, length: int) -> bool:
         """Whether this decoder serves ``batch_size`` sequences of ``length`` positions of ``model`` as it is now."""
