@@ -226,12 +226,6 @@ def test_decode_step_is_one_graph_for_every_step(attention, position, fields, fr
     assert trace_every_step(make_model(attention, position, **fields)).frame_count == 1
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(("attention", "position"), itertools.product(MECHANISMS, POSITION_NAMES))
-def test_decode_step_is_one_graph_for_every_mechanism_and_position(attention, position, fresh_dynamo):
-    assert trace_every_step(make_model(attention, position, n_kv_heads=1)).frame_count == 1
-
-
 def test_each_decoder_counts_its_own_recompiles(fresh_dynamo):
     # Dynamo's recompile limit is per code object: with it at 1, decoders sharing one would fail from the second
     # model on (fullgraph), as a check over every mechanism would at the default limit of 8.
@@ -283,7 +277,8 @@ def test_compiled_generate_equals_eager_and_does_not_recompile(fresh_dynamo):
     [("diff", "alibi"), ("diff_v2", "rope"), ("selective", "learned"), ("dcmha", "alibi"), ("dcmha", "rope")],
 )
 def test_compiled_generate_equals_eager_for_every_mechanism(attention, position, fresh_dynamo):
-    model = make_model(attention, position, n_kv_heads=2)
+    # One layer compiles in half the time; DCMHA keeps two, its local layer's ring and a global one.
+    model = make_model(attention, position, n_kv_heads=2, n_layers=2 if attention == "dcmha" else 1)
     prompt = torch.randint(0, VOCAB, (2, 4))
     before = graphs()
     # 24 new tokens: DCMHA's ring of 5 wraps several times under the compiled step.
@@ -310,18 +305,6 @@ def test_cli_generate_compile_passes_compile(tmp_path, monkeypatch, capsys):
     assert seen == [False, True]
     first, second = capsys.readouterr().out.splitlines()[:2]
     assert first == second
-
-
-@pytest.mark.slow
-def test_cli_generate_compile_prints_what_eager_does(tmp_path, capsys, fresh_dynamo):
-    model = Transformer(ModelConfig(vocab_size=256, dim=16, n_layers=1, n_heads=2))
-    model.save_pretrained(tmp_path)
-    (tmp_path / "tokenizer.json").write_text(json.dumps(ByteTokenizer().to_dict()))
-    argv = ["generate", str(tmp_path), "--prompt", "ab", "--max-new-tokens", "6", "--temperature", "0"]
-    assert main(argv) == 0
-    eager = capsys.readouterr().out
-    assert main([*argv, "--compile"]) == 0
-    assert capsys.readouterr().out == eager
 
 
 @pytest.mark.cuda
