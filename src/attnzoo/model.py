@@ -180,7 +180,7 @@ class Transformer(nn.Module):
         self.position.check_length(end)
         positions = torch.arange(start, end, device=self.embed_tokens.weight.device)
         if cache is not None and cache.static and seq_len == 1:
-            return self._static_context(positions)
+            return self._static_context(positions, maps, logits)
         dtype = compute_dtype(self.embed_tokens.weight.dtype)
         return AttentionContext(
             positions=positions,
@@ -194,9 +194,11 @@ class Transformer(nn.Module):
             dtype=dtype,
         )
 
-    def _static_context(self, position: Tensor) -> AttentionContext:
+    def _static_context(
+        self, position: Tensor, maps: list | None = None, logits: dict | None = None
+    ) -> AttentionContext:
         """The context of a static one-token step at ``position`` (1,): built from the tensor alone, with no Python
-        int that changes from step to step, so a compiled step is captured once (no maps are recorded)."""
+        int that changes from step to step, so a compiled step is captured once."""
         dtype = compute_dtype(self.embed_tokens.weight.dtype)
         return AttentionContext(
             positions=position,
@@ -205,6 +207,8 @@ class Transformer(nn.Module):
             position_state=self.position.prepare(position, position + 1, dtype=dtype),
             backend=self.config.attn_backend,
             causal=self.config.causal,
+            attention_maps=maps,
+            attention_logits=logits,
             dtype=dtype,
             static=True,
         )
