@@ -288,7 +288,7 @@ def test_window_cache_lives_in_cache_and_keeps_a_ring_of_the_window():
     cache = WindowCache(3, k=torch.zeros(1, 1, 3, 1))
 
     def extend(start, stop):
-        positions, entries = cache.extend(start, k=values[:, :, start:stop])
+        positions, entries = cache.extend(context("none", stop - start, start), k=values[:, :, start:stop])
         assert torch.equal(entries.flatten(), positions.float())  # every entry is its position's
         return positions.tolist()
 

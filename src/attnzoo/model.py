@@ -19,6 +19,7 @@ from attnzoo.attention import ATTENTION, AttentionContext
 from attnzoo.attention.base import residual_linear
 from attnzoo.cache import KVCache, LayerCache
 from attnzoo.config import ModelConfig
+from attnzoo.decoding import CompiledDecoder, cache_capacity
 from attnzoo.generation import check_sampling_args, sample_next_token
 from attnzoo.io import atomic_write, check_memory
 from attnzoo.positions import POSITIONS
@@ -108,6 +109,7 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+        self._decoder: CompiledDecoder | None = None  # generate(compile=True)'s, kept between calls
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -152,8 +154,12 @@ class Transformer(nn.Module):
         ]
         return sum(t.numel() * t.element_size() for t in _tensors(layers))
 
-    def new_cache(self, batch_size: int, max_len: int, *, dtype: torch.dtype | None = None) -> KVCache:
-        """A static cache for ``batch_size`` sequences of up to ``max_len`` positions."""
+    def new_cache(
+        self, batch_size: int, max_len: int, *, dtype: torch.dtype | None = None, static: bool = False
+    ) -> KVCache:
+        """A preallocated cache for ``batch_size`` sequences of up to ``max_len`` positions. ``static``: its
+        one-token steps attend over the whole buffers, every step the same shapes (``attnzoo.cache``), which
+        :meth:`decode_step` and ``torch.compile`` need; otherwise they read views that grow with the cache."""
         if batch_size < 1 or max_len < 1:
             raise ValueError(f"batch_size={batch_size} and max_len={max_len} must both be >= 1")
         self._require_causal("a KV cache")
@@ -164,7 +170,7 @@ class Transformer(nn.Module):
             block.self_attn.new_layer_cache(batch_size, max_len, device=weight.device, dtype=dtype)
             for block in self.layers
         ]
-        return KVCache(layers, batch_size, max_len)
+        return KVCache(layers, batch_size, max_len, static=static)
 
     def _context(
         self, batch: int, seq_len: int, cache: KVCache | None, maps: list | None, logits: dict | None = None
@@ -175,6 +181,8 @@ class Transformer(nn.Module):
         end = start + seq_len
         self.position.check_length(end)
         positions = torch.arange(start, end, device=self.embed_tokens.weight.device)
+        if cache is not None and cache.static and seq_len == 1:
+            return self._static_context(positions, maps, logits)
         dtype = compute_dtype(self.embed_tokens.weight.dtype)
         return AttentionContext(
             positions=positions,
@@ -186,6 +194,25 @@ class Transformer(nn.Module):
             attention_maps=maps,
             attention_logits=logits,
             dtype=dtype,
+        )
+
+    def _static_context(
+        self, position: Tensor, maps: list | None = None, logits: dict | None = None
+    ) -> AttentionContext:
+        """The context of a static one-token step at ``position`` (1,): built from the tensor alone, with no Python
+        int that changes from step to step, so a compiled step is captured once."""
+        dtype = compute_dtype(self.embed_tokens.weight.dtype)
+        return AttentionContext(
+            positions=position,
+            start=None,
+            position=self.position,
+            position_state=self.position.prepare(position, position + 1, dtype=dtype),
+            backend=self.config.attn_backend,
+            causal=self.config.causal,
+            attention_maps=maps,
+            attention_logits=logits,
+            dtype=dtype,
+            static=True,
         )
 
     def _hidden(
@@ -206,7 +233,10 @@ class Transformer(nn.Module):
                 bad = low if low < 0 else high
                 raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.config.vocab_size})")
         ctx = self._context(batch, seq_len, cache, maps, logits)
-        return self._transform(self.embed_tokens(idx), ctx, cache)
+        hidden = self._blocks(self.embed_tokens(idx), ctx, cache)
+        if cache is not None:
+            cache.length += seq_len
+        return hidden
 
     def encode(self, embeddings: Tensor) -> Tensor:
         """Final hidden states (B, T, dim) of input vectors that take the token embeddings' place (HF's
@@ -217,9 +247,11 @@ class Transformer(nn.Module):
                 f"got {tuple(embeddings.shape)}"
             )
         batch, seq_len, _ = embeddings.shape
-        return self._transform(embeddings, self._context(batch, seq_len, None, None), None)
+        return self._blocks(embeddings, self._context(batch, seq_len, None, None), None)
 
-    def _transform(self, x: Tensor, ctx: AttentionContext, cache: KVCache | None) -> Tensor:
+    def _blocks(self, x: Tensor, ctx: AttentionContext, cache: KVCache | None) -> Tensor:
+        """Token (or input) embeddings ``x`` through positions, every block and the final norm: the part of a
+        forward that runs on the device alone."""
         position_embedding = self.position.embed(ctx.positions)
         if position_embedding is not None:
             x = x + position_embedding.to(x.dtype)
@@ -228,9 +260,18 @@ class Transformer(nn.Module):
         x = self.dropout(x)
         for i, block in enumerate(self.layers):
             x = block(x, ctx, cache.layers[i] if cache is not None else None)
-        if cache is not None:
-            cache.length = ctx.end
         return self.norm(x)
+
+    def decode_step(self, token: Tensor, position: Tensor, cache: KVCache) -> Tensor:
+        """Logits (B, vocab) of one token per sequence, ``token`` (B, 1) at ``position`` (1,) (int64, on the
+        model's device), stored into a static ``cache`` (``new_cache(..., static=True)``): the step that
+        ``generate(compile=True)`` compiles.
+
+        Every call has the same shapes and the position is a tensor, so nothing here syncs with the host or
+        branches on a value: the caller checks that the position fits and keeps ``cache.length`` (``generate``
+        does), which ``model(token, cache=cache)`` does for itself on the same path.
+        """
+        return self.lm_head(self._blocks(self.embed_tokens(token), self._static_context(position), cache))[:, -1]
 
     def forward(
         self, idx: Tensor, targets: Tensor | None = None, *, cache: KVCache | None = None
@@ -279,15 +320,21 @@ class Transformer(nn.Module):
         eos_token_id: int | None = None,
         generator: torch.Generator | None = None,
         use_cache: bool = True,
+        compile: bool = False,
     ) -> Tensor:
         """Extend ``idx`` (B, T) by up to ``max_new_tokens``; greedy when ``temperature`` is 0.
 
         Sequences that emit ``eos_token_id`` are padded with it until all have finished. ``use_cache=False``
-        recomputes the whole prefix each step: the reference the cached path must reproduce.
+        recomputes the whole prefix each step: the reference the cached path must reproduce. ``compile=True``
+        prefills eagerly and decodes every later token with one compiled static-shape step (``attnzoo.decoding``;
+        CUDA graphs on CUDA), kept on the model with its cache so that later calls of the same batch size and at
+        most the same length reuse it without recompiling.
         """
         check_sampling_args(temperature, top_k, top_p)
         self._require_causal("generate")
         require(is_int(max_new_tokens) and max_new_tokens >= 0, "max_new_tokens", max_new_tokens, "must be an int >= 0")
+        require(isinstance(compile, bool), "compile", compile, "must be true or false")
+        require(use_cache or not compile, "compile", compile, "needs use_cache=True: the compiled step is cached")
         vocab = self.config.vocab_size
         require(
             eos_token_id is None or (is_int(eos_token_id) and 0 <= eos_token_id < vocab),
@@ -300,15 +347,27 @@ class Transformer(nn.Module):
         batch, prompt_len = idx.shape
         if batch == 0:
             raise ValueError("idx holds no sequences (batch=0)")
-        if use_cache and max_new_tokens:
-            self.position.check_length(prompt_len + max_new_tokens - 1)
-            check_memory(self.cache_bytes(batch, prompt_len + max_new_tokens - 1), "the KV cache", idx.device)
         # The last sampled token is returned, never fed back: the cache needs one position less than the output.
-        cache = self.new_cache(batch, prompt_len + max_new_tokens - 1) if use_cache and max_new_tokens else None
+        cache_len = prompt_len + max_new_tokens - 1
+        cache, decoder = None, None
+        if use_cache and max_new_tokens:
+            self.position.check_length(cache_len)
+            if compile:
+                decoder = self._compiled_decoder(batch, cache_len)
+                cache = decoder.cache
+                cache.reset()
+            else:
+                check_memory(self.cache_bytes(batch, cache_len), "the KV cache", idx.device)
+                cache = self.new_cache(batch, cache_len)
         finished = torch.zeros(batch, dtype=torch.bool, device=idx.device)
         step_input = idx
-        for _ in range(max_new_tokens):
-            logits = self(step_input, cache=cache)[:, -1] if use_cache else self(idx)[:, -1]
+        for step in range(max_new_tokens):
+            if not use_cache:
+                logits = self(idx)[:, -1]
+            elif decoder is not None and step > 0:
+                logits = decoder.step(self, step_input)
+            else:
+                logits = self(step_input, cache=cache)[:, -1]
             next_token = sample_next_token(
                 logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
             )
@@ -320,6 +379,16 @@ class Transformer(nn.Module):
             if eos_token_id is not None and bool(finished.all()):
                 break
         return idx
+
+    def _compiled_decoder(self, batch_size: int, length: int) -> CompiledDecoder:
+        """The model's compiled decoder if it serves ``batch_size`` sequences of ``length`` positions, else a new one
+        (whose first step compiles), kept for the next call."""
+        if self._decoder is None or not self._decoder.fits(self, batch_size, length):
+            self._decoder = None  # the old cache is freed before the new one is allocated
+            capacity = cache_capacity(length, self.config.max_seq_len)
+            check_memory(self.cache_bytes(batch_size, capacity), "the KV cache", self.embed_tokens.weight.device)
+            self._decoder = CompiledDecoder(self, batch_size, capacity)
+        return self._decoder
 
     def _require_causal(self, what: str) -> None:
         if not self.config.causal:

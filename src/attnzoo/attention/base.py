@@ -49,7 +49,7 @@ class AttentionContext:
     """What every layer needs to know about the current forward call, computed once per call."""
 
     positions: Tensor  # (T,) absolute positions of the tokens in this call
-    start: int  # positions already in the cache; 0 without one
+    start: int | None  # positions already in the cache; 0 without one; None on a static step (only a tensor knows)
     position: PositionalEncoding
     position_state: Any  # from position.prepare(): e.g. RoPE's cos/sin for these positions
     backend: str  # the config's attn_backend, "auto", "eager" or "sdpa": kernels.attend interprets it
@@ -58,6 +58,9 @@ class AttentionContext:
     attention_logits: dict[int, list[Tensor]] | None = None
     causal: bool = True  # False: queries see later keys too (the config's ``causal``)
     dtype: torch.dtype = torch.float32  # of positional biases and tables: the model's compute_dtype
+    # A static decoding step (``attnzoo.cache``): one query attends over a cache's whole buffers, the keys at
+    # ``key_positions``, and only the mask built here from ``positions`` excludes the slots it may not see.
+    static: bool = False
     # Biases and masks depend only on the call, not the layer: built by the first layer, reused by the rest.
     _memo: dict[tuple, Tensor | None] = field(default_factory=dict, repr=False)
 
@@ -70,7 +73,20 @@ class AttentionContext:
         return self.position.rotate(x, self.position_state)
 
     def key_positions(self, key_len: int) -> Tensor:
-        return torch.arange(key_len, device=self.positions.device)
+        """(key_len,) absolute positions of the keys: 0 .. key_len−1, or on a static step those of a cache buffer
+        of key_len slots, where slot s holds the latest position ≡ s (mod key_len) up to the query, and a slot not
+        yet written the future position s, which the causal mask excludes (a buffer of max_len slots: 0 .. max_len−1
+        again; a ring of the window: the window's positions)."""
+        slots = torch.arange(key_len, device=self.positions.device)
+        if not self.static:
+            return slots
+
+        def ring_positions() -> Tensor:
+            last = self.positions[-1]
+            latest = last - (last - slots) % key_len
+            return torch.where(latest < 0, latest + key_len, latest)
+
+        return self._memoized(("key_positions", key_len), ring_positions)
 
     def _memoized(self, key: tuple, build: Callable[[], Tensor | None]) -> Tensor | None:
         if key not in self._memo:

@@ -271,7 +271,7 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
         pre, post = self._mixings(x)
         key_positions, cached_kw = None, None
         if cache is not None:
-            key_positions, k, v, cached_kw = self._extend_cache(cache, ctx.start, k, v, pre, post)
+            key_positions, k, v, cached_kw = self._extend_cache(cache, ctx, k, v, pre, post)
         elif dcmha_triton.runs_on(q):  # the fused Triton kernel (CUDA); None where it cannot compute this call
             fused = dcmha_triton.fused_attention(q, k, v, ctx, pre, post, self)
             if fused is not None:
@@ -335,7 +335,7 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
         return hooks
 
     def _extend_cache(
-        self, cache: WindowCache, start: int, k: Tensor, v: Tensor, pre: Mixing | None, post: Mixing | None
+        self, cache: WindowCache, ctx: AttentionContext, k: Tensor, v: Tensor, pre: Mixing | None, post: Mixing | None
     ) -> tuple[Tensor, Tensor, Tensor, dict[int, Tensor]]:
         """Store keys, values and each key's merged KW; return the key positions, keys, values and
         {composition: KW (B, G, M, M, S)} the new queries may see."""
@@ -344,7 +344,7 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
         if composed and not self.options.query_wise:
             # One buffer for both compositions: (B, C, G, M, M, T) → (B, C·G·M·M, T), key positions last.
             new["kw"] = torch.stack([key_matrices(m) for m in (pre, post) if m is not None], dim=1).flatten(1, -2)
-        key_positions, k, v, *kw = cache.extend(start, **new)
+        key_positions, k, v, *kw = cache.extend(ctx, **new)
         if not kw:
             return key_positions, k, v, {}
         heads_per_group = self.n_heads // self.num_groups

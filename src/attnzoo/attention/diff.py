@@ -139,7 +139,7 @@ class DifferentialAttention(Attention[DiffOptions]):
         v = self.v_proj(x).view(batch, seq_len, self.n_kv_heads, 2 * d).transpose(1, 2)
         q, k = ctx.rotate(q), ctx.rotate(k)
         if cache is not None:
-            k, v = cache.update(ctx.start, k=k, v=v)
+            k, v = cache.update(ctx, k=k, v=v)
         q1, q2, k1, k2 = q[:, 0::2], q[:, 1::2], k[:, 0::2], k[:, 1::2]
         lam = self.lambda_full()
         # Wider values than queries: the SDPA kernel pads q and k where it must (sdpa_pads_queries).

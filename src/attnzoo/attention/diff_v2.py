@@ -54,7 +54,7 @@ class DiffV2Attention(Attention[NoOptions]):
         v = self.v_proj(x).view(batch, seq_len, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = ctx.rotate(q), ctx.rotate(k)
         if cache is not None:
-            k, v = cache.update(ctx.start, k=k, v=v)
+            k, v = cache.update(ctx, k=k, v=v)
         lam = torch.sigmoid(self.lambda_proj(x)).transpose(1, 2)[..., None]  # (B, h, T, 1)
         attn, probs = attend(q, k, v, ctx, dropout_p=self.attn_dropout, bias_repeat=2, record=False)
         if probs is not None:

@@ -142,8 +142,9 @@ def sdpa_attention(
         q, k = F.pad(q, (0, width)), F.pad(k, (0, width))  # zeros add nothing to q·k
     n_heads, query_len, key_len = q.shape[1], q.shape[2], k.shape[2]
     k, v = repeat_kv(k, n_heads // k.shape[1]), repeat_kv(v, n_heads // v.shape[1])
-    if ctx.score_bias(n_heads, key_len, bias_repeat) is None and query_len in (1, key_len):
-        # A fresh sequence is plain causal (or bidirectional); a single new token sees every cached key.
+    if not ctx.static and ctx.score_bias(n_heads, key_len, bias_repeat) is None and query_len in (1, key_len):
+        # A fresh sequence is plain causal (or bidirectional); a single new token sees every cached key (on a
+        # growing cache: a static step's keys include slots only its mask excludes).
         is_causal = query_len > 1 and ctx.causal
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
     mask = ctx.sdpa_mask(n_heads, key_len, bias_repeat, q.dtype)

@@ -47,7 +47,7 @@ class MultiHeadAttention(Attention[OptionsT]):
         q, k, v = self._project(x)
         q, k = ctx.rotate(q), ctx.rotate(k)
         if cache is not None:
-            k, v = cache.update(ctx.start, k=k, v=v)
+            k, v = cache.update(ctx, k=k, v=v)
         out, _ = attend(q, k, v, ctx, dropout_p=self.attn_dropout)
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq_len, -1))
 

@@ -284,6 +284,6 @@ class SelectiveAttention(MultiHeadAttention[SelectiveOptions]):
             v = v * tau_v[..., None].to(v.dtype)
         q, k = ctx.rotate(q), ctx.rotate(k)
         if cache is not None:
-            k, v = cache.update(ctx.start, k=k, v=v)
+            k, v = cache.update(ctx, k=k, v=v)
         out, _ = attend(q, k, v, ctx, dropout_p=self.attn_dropout, query_scale=tau_q)
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq_len, -1))

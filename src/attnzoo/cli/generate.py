@@ -22,6 +22,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-samples", type=int, default=1, help="independent continuations (default: 1)")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="decode with one torch.compile'd static-shape step (CUDA graphs on CUDA); the first step compiles",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
         top_k=args.top_k,
         top_p=args.top_p,
         generator=generator,
+        compile=args.compile,
     )
     for i, ids in enumerate(out.tolist()):
         if args.num_samples > 1:

@@ -42,9 +42,10 @@ class PositionalEncoding(nn.Module):
     def embed(self, positions: Tensor) -> Tensor | None:
         return None
 
-    def prepare(self, positions: Tensor, end: int, dtype: torch.dtype = torch.float32) -> Any:
-        """Per-forward state for ``rotate``; ``end`` is one past the last position of the sequence so far;
-        ``dtype`` the model's compute dtype (:func:`attnzoo.precision.compute_dtype`), fp32 or float64."""
+    def prepare(self, positions: Tensor, end: int | Tensor, dtype: torch.dtype = torch.float32) -> Any:
+        """Per-forward state for ``rotate``; ``end`` is one past the last position of the sequence so far (a
+        tensor on a static decoding step, which must not branch on it on the host); ``dtype`` the model's compute
+        dtype (:func:`attnzoo.precision.compute_dtype`), fp32 or float64."""
         return None
 
     def rotate(self, x: Tensor, state: Any) -> Tensor:

@@ -72,21 +72,28 @@ def rope_inv_freq(
     options: RopeOptions,
     rotary_dim: int,
     max_seq_len: int,
-    seq_len: int | None = None,
+    seq_len: int | Tensor | None = None,
     dtype: torch.dtype = torch.float32,
 ):
     """Inverse frequencies over the rotated dims, computed in float64 and returned in ``dtype``, and the factor
     that scales cos and sin.
 
-    ``seq_len`` (the length so far) matters only for ``dynamic``. Formulas as in HF transformers'
+    ``seq_len`` (the length so far) matters only for ``dynamic``; a static decoding step gives it as a tensor,
+    and θ is then computed on its device with no host branch. Formulas as in HF transformers'
     ``modeling_rope_utils``.
     """
     theta = options.rope_theta
     original_len = options.original_max_position_embeddings or max_seq_len
-    if options.rope_type == "dynamic" and seq_len is not None and seq_len > original_len:
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim
+    if options.rope_type == "dynamic" and isinstance(seq_len, Tensor):
+        length = seq_len.to(torch.float64).reshape(())
+        growth = options.factor * length / original_len - (options.factor - 1)
+        theta = torch.where(length > original_len, theta * growth ** (rotary_dim / (rotary_dim - 2)), theta)
+        exponents = exponents.to(length.device)
+    elif options.rope_type == "dynamic" and seq_len is not None and seq_len > original_len:
         growth = options.factor * seq_len / original_len - (options.factor - 1)
         theta = theta * growth ** (rotary_dim / (rotary_dim - 2))
-    inv_freq = 1.0 / theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
+    inv_freq = 1.0 / theta**exponents
 
     if options.rope_type == "linear":
         return (inv_freq / options.factor).to(dtype), 1.0
@@ -174,7 +181,9 @@ class RoPE(PositionalEncoding):
             f"needs more than 2 rotated dims (got {rotary_dim}): dynamic NTK raises θ to the power d/(d−2)",
         )
 
-    def prepare(self, positions: Tensor, end: int, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
+    def prepare(
+        self, positions: Tensor, end: int | Tensor, dtype: torch.dtype = torch.float32
+    ) -> tuple[Tensor, Tensor]:
         inv_freq = self.inv_freq
         # The fp32 buffer is exact for fp32; a float64 model (whose buffer .double() made from fp32 values) and
         # dynamic scaling (θ depends on the length) recompute it.
