@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Installs attnzoo (editable, with the dev extra) into the active Python environment.
+# Installs attnzoo (editable) into the active Python environment.
 #
-#   bash scripts/install.sh                       install
+#   bash scripts/install.sh                       install what running attnzoo needs
+#   bash scripts/install.sh --dev                 also the dev extra: pytest, ruff, transformers, and Triton
+#                                                 (~290 MB, whose interpreter runs the kernel tests on a CPU)
 #   bash scripts/install.sh --dry-run [REPORT]    resolve the torch a machine without torch would get
 #                                                 (pip install --dry-run --report), install nothing
 #
@@ -77,6 +79,12 @@ PY
     exit 0
 fi
 
+case "${1:-}" in
+    "") PACKAGE=. ;;
+    --dev) PACKAGE=".[dev]" ;;
+    *) say "unknown option '$1': expected nothing, --dev or --dry-run [REPORT]"; exit 2 ;;
+esac
+
 if "$PYTHON" -c "import torch" 2>/dev/null; then
     say "keeping torch $("$PYTHON" -c 'import torch; print(torch.__version__)')"
 else
@@ -84,6 +92,6 @@ else
     say "installing torch==$TORCH_VERSION ..."
     "$PYTHON" -m pip install ${TORCH_SOURCE[@]+"${TORCH_SOURCE[@]}"} "torch==$TORCH_VERSION"
 fi
-say "installing attnzoo (editable, with the dev extra) and its other dependencies ..."
-"$PYTHON" -m pip install -e ".[dev]"
+say "installing attnzoo (editable${1:+, with the dev extra}) and its other dependencies ..."
+"$PYTHON" -m pip install -e "$PACKAGE"
 say "done: $("$PYTHON" -c 'import attnzoo, torch; print(f"attnzoo {attnzoo.__version__}, torch {torch.__version__}")')"

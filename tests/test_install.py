@@ -97,3 +97,10 @@ def test_with_an_nvidia_driver_the_default_index_gives_the_cuda_build(tmp_path, 
     assert "an NVIDIA driver is present" in out
     assert sorted(resolved) == [("nvidia-cublas-cu12", "12.8.4.1"), ("torch", VERSION)]
     assert "1 nvidia-* package(s): nvidia-cublas-cu12" in out
+
+
+def test_an_unknown_option_is_refused_before_anything_is_installed():
+    done = subprocess.run(["bash", str(INSTALL), "--devv"], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 2
+    assert "unknown option '--devv': expected nothing, --dev or --dry-run [REPORT]" in done.stdout
+    assert "installing" not in done.stdout
