@@ -12,7 +12,7 @@ For each mechanism (parameter-matched to MHA of dim 256, 4 layers, 8 heads, byte
 * ``compiled``: the step of ``generate(compile=True)`` (``attnzoo.decoding.CompiledDecoder``): inductor's default
   mode on the CPU, CUDA graphs ("reduce-overhead") on CUDA.
 
-tok/s = batch × new tokens ÷ seconds, the median over ``--repeats`` (each rewinds the cache to the prefill's end),
+tok/s = batch × new tokens ÷ seconds, the median over ``--repeats`` (each after its own untimed prefill),
 after one untimed warm-up, whose first compiled step is the compile time shown. "same tokens" says whether a path
 decoded the greedy tokens eager did. Writes a markdown table and the raw numbers as JSON beside it (default
 ``benchmarks/results/decode-<cpu|cuda>.md``). Nothing here asserts on time.
@@ -80,11 +80,12 @@ def measure(model: Transformer, batch: int, args: argparse.Namespace, device: to
             def step(token: Tensor, cache=cache) -> Tensor:
                 return model(token, cache=cache)[:, -1]
 
-        # One prefill; each repeat rewinds to its end and decodes over the same positions again.
-        first = model(prompt, cache=cache)[:, -1].argmax(dim=-1, keepdim=True)
         rates, compile_s, tokens = [], None, None
         for repeat in range(args.repeats + 1):  # the first is the warm-up (and, compiled, the compile)
-            cache.length = args.context
+            # A fresh, untimed prefill each repeat: rewinding cache.length would not restore a ring (DCMHA's local
+            # layers), whose slots the previous repeat overwrote with later positions.
+            cache.reset()
+            first = model(prompt, cache=cache)[:, -1].argmax(dim=-1, keepdim=True)
             tokens, seconds, first_step = greedy_decode(step, first, args.new_tokens, device)
             if repeat == 0:
                 compile_s = first_step if path == "compiled" else None

@@ -1128,6 +1128,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.budget is not None:
         plan = dataclasses.replace(plan, budget_s=args.budget)
     out = args.out or (Path(tempfile.mkdtemp(prefix="gpu-check-")) if dry_run else RESULTS_DIR)
+    try:  # now, not when the first section is written minutes later
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        parser.error(f"--out={out} is invalid: cannot create the report's directory ({err.strerror})")
     report = run_check(plan, "cpu" if dry_run else "cuda", out, argv)
     return 1 if report.failures else 0
 

@@ -8,6 +8,8 @@
 * Compiled greedy decoding equals eager greedy decoding token for token, and later calls do not recompile.
 """
 
+import copy
+import io
 import itertools
 import json
 
@@ -239,6 +241,22 @@ def test_each_decoder_counts_its_own_recompiles(fresh_dynamo):
                 model(torch.zeros(1, 1, dtype=torch.long), cache=decoder.cache)
                 decoder.step(model, torch.zeros(1, 1, dtype=torch.long))
     assert [counter.frame_count for counter in counters] == [1, 1, 1]
+
+
+def test_a_model_with_a_compiled_decoder_pickles_and_copies_without_it(fresh_dynamo):
+    # The compiled step's function is made at run time (_own_step), which pickle cannot find by name: torch.save of
+    # the whole model failed once it had decoded with compile=True.
+    model = make_model(n_layers=1)
+    model._decoder = CompiledDecoder(model, 1, 4, backend=CompileCounter())
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    assert loaded._decoder is None and model._decoder is not None
+    assert copy.deepcopy(model)._decoder is None  # a copy compiles its own, rather than carry a second cache
+    idx = torch.randint(0, VOCAB, (1, 5))
+    with torch.no_grad():
+        assert torch.equal(loaded(idx), model(idx))
 
 
 # --- compiled generation (inductor) ---------------------------------------------------------------------------

@@ -205,3 +205,12 @@ def test_the_quick_check_passes_on_this_gpu(tmp_path):
     text, payload = read(tmp_path)
     assert payload["meta"]["device"] == torch.cuda.get_device_name()
     assert "**PASS**" in text
+
+
+def test_an_out_that_cannot_be_a_directory_is_refused_before_any_check(tiny, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(gpu_check, "run_check", lambda *args: pytest.fail("ran the checks"))
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(SystemExit):
+        gpu_check.main(["--dry-run", "--out", str(blocker / "report")])
+    assert f"--out={blocker / 'report'} is invalid: cannot create the report's directory" in capsys.readouterr().err

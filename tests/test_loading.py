@@ -5,6 +5,7 @@ Every way in (``Transformer.from_pretrained``; ``load_pretrained``, which the co
 field of the architecture, and says so when floats of another dtype are converted.
 """
 
+import dataclasses
 import json
 import logging
 
@@ -114,6 +115,23 @@ def test_a_config_without_the_fields_that_leave_outputs_alone_loads(saved):
     loaded = Transformer.from_pretrained(directory).eval()
     idx = torch.randint(0, 64, (1, 8))
     assert torch.equal(loaded(idx), model(idx))
+
+
+def test_sinusoidal_positions_need_init_std_which_scales_their_table(tmp_path):
+    """init_std sets the sinusoidal table's amplitude, so a config without it loaded other logits silently, and
+    --init-from with another init_std was reported as computing what the source did."""
+    config = ModelConfig(vocab_size=64, dim=16, n_layers=1, n_heads=2, max_seq_len=16, position="sinusoidal")
+    source = dataclasses.replace(config, init_std=0.05)
+    Transformer(source).save_pretrained(tmp_path)
+    _edit_config(tmp_path, lambda c: c.pop("init_std"))
+    with pytest.raises(ValueError, match=r"does not record init_std \(default 0\.02\)"):
+        Transformer.from_pretrained(tmp_path)
+
+    Transformer(source).save_pretrained(tmp_path)
+    started = init_from_pretrained(Transformer(config), read_checkpoint(tmp_path))
+    assert "init_std changes (0.05 → 0.02)" in started.not_identity
+    same = init_from_pretrained(Transformer(source), read_checkpoint(tmp_path))
+    assert same.not_identity == ()
 
 
 @pytest.mark.parametrize(

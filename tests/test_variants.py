@@ -41,6 +41,11 @@ def test_parse(spec, expected):
         ("selective[bogus=1]+rope", r"'selective\[bogus=1\]\+rope'.*unknown option\(s\) \['bogus'\]"),
         ("selective[value_temperature=2]", "value_temperature=2 is invalid: must be true or false"),
         ("selective[value_temperature]", "must be KEY=VALUE"),
+        # The last value won silently: which one was meant is not for the parser to guess.
+        (
+            "selective[value_temperature=false,value_temperature=true]",
+            r"option value_temperature is given more than once \(false, true\)",
+        ),
     ],
 )
 def test_parse_errors_name_the_spec(spec, message):

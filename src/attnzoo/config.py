@@ -19,6 +19,12 @@ NORM_KINDS = ("rmsnorm", "layernorm")
 ATTN_BACKENDS = ("auto", "eager", "sdpa")
 
 
+def function_neutral(position: Any) -> tuple[str, ...]:
+    """:data:`NOT_ARCHITECTURE` for a model with the positional scheme ``position``: sinusoidal positions scale
+    their table by ``init_std`` (``positions/absolute.py``), so there it is architecture."""
+    return tuple(name for name in NOT_ARCHITECTURE if not (name == "init_std" and position == "sinusoidal"))
+
+
 def parse_key_value(text: str) -> tuple[str, Any]:
     """``KEY=VALUE`` → (key, value): the value as JSON (true, 3, 0.5, "x"), else the bare word as a string."""
     key, sep, value = text.strip().partition("=")
@@ -195,7 +201,8 @@ class ModelConfig:
         today's choice and may not be what the model was trained with (a model saved with another ``norm_eps`` or
         ``rope_theta`` would load with the same weights and other logits). attnzoo writes every field, options
         included, so only a hand-written or foreign file lacks one; adding the key is the fix. The fields in
-        :data:`NOT_ARCHITECTURE` do not change a trained model's outputs and take their defaults.
+        :data:`NOT_ARCHITECTURE` do not change a trained model's outputs and take their defaults
+        (:func:`function_neutral`: ``init_std`` does for sinusoidal positions).
         """
         if not isinstance(data, dict):
             raise ValueError(f"{source} must hold a JSON object of ModelConfig fields, not {type(data).__name__}")
@@ -203,7 +210,8 @@ class ModelConfig:
             f.name: f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
             for f in dataclasses.fields(cls)
         }
-        missing = {name: defaults[name] for name in defaults if name not in data and name not in NOT_ARCHITECTURE}
+        neutral = function_neutral(data.get("position", defaults["position"]))
+        missing = {name: defaults[name] for name in defaults if name not in data and name not in neutral}
         if not missing:  # the options are checked once the config has resolved their defaults
             config = cls.from_dict(data)
             for options in ("attention_options", "position_options"):

@@ -9,6 +9,7 @@ import json
 import math
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -111,6 +112,11 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self._decoder: CompiledDecoder | None = None  # generate(compile=True)'s, kept between calls
         self.reset_parameters()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The module's state without the compiled decoder: its step is a function made at run time, which pickle
+        cannot name, and a copy (``copy.deepcopy``) would carry a second cache. A copy compiles its own."""
+        return {**super().__getstate__(), "_decoder": None}
 
     def reset_parameters(self) -> None:
         """GPT-2 init: N(0, init_std), residual projections scaled by 1/√(2·n_layers); then each

@@ -64,7 +64,12 @@ class Variant:
                     f"variant {spec!r}: {name!r} is not a known {registry.kind}; choose one of {registry.names()}"
                 )
         try:
-            options = dict(parse_key_value(item) for item in (match["options"] or "").split(",") if item.strip())
+            pairs = [parse_key_value(item) for item in (match["options"] or "").split(",") if item.strip()]
+            options = dict(pairs)
+            for key in options:
+                values = [json.dumps(value) for name, value in pairs if name == key]
+                if len(values) > 1:
+                    raise ValueError(f"option {key} is given more than once ({', '.join(values)}): give it once")
             ATTENTION.parse_options(attention, options)
         except ValueError as err:
             raise ValueError(f"variant {spec!r}: {err}") from None

@@ -24,15 +24,13 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from attnzoo.attention import ATTENTION
-from attnzoo.config import ModelConfig
+from attnzoo.config import ModelConfig, function_neutral
 from attnzoo.data.tokenizers import Tokenizer
 from attnzoo.model import WEIGHTS_NAME, Transformer
 from attnzoo.positions import POSITIONS
 from attnzoo.training.checkpoint import TOKENIZER, Checkpoint, CheckpointError
 from attnzoo.weights import check_dtypes, check_finite
 
-# Settings that change how a model trains or which kernel runs it, not the function it computes.
-FUNCTION_NEUTRAL = frozenset({"dropout", "attn_backend", "init_std"})
 ATTENTION_PARAMETER = re.compile(r"layers\.(\d+)\.self_attn\.(.+)")
 
 
@@ -118,7 +116,7 @@ def init_from_pretrained(model: Transformer, checkpoint: Checkpoint) -> Pretrain
         f"{name} changes ({old!r} → {new!r})"
         for name, (old, new) in changes.items()
         # The attention layers' identity hooks answer for the attention settings.
-        if name not in FUNCTION_NEUTRAL and not name.startswith("attention")
+        if name not in function_neutral(config.position) and not name.startswith("attention")
     ]
     return PretrainedInit(
         source=checkpoint.directory,
