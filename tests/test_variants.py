@@ -85,3 +85,9 @@ def test_unmatchable_variant_is_refused():
     tiny = ModelConfig(vocab_size=4096, dim=16, n_layers=1, n_heads=2, mlp_hidden_dim=8)
     with pytest.raises(ValueError, match="cannot match"):
         matched_configs([Variant("mha", "learned")], tiny, tolerance=1e-6)
+
+
+def test_labels_spell_word_options_bare_and_quote_only_what_would_parse_otherwise():
+    assert Variant.parse('selective[temperature_fn="mlp"]').label == "selective[temperature_fn=mlp]+rope"
+    quoted = Variant("selective", options=(("temperature_fn", "3"),))  # the string "3", not the number
+    assert quoted.label == 'selective[temperature_fn="3"]+rope' and Variant.parse(quoted.label) == quoted

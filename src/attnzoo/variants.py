@@ -38,7 +38,7 @@ class Variant:
 
     @property
     def label(self) -> str:
-        options = ",".join(f"{key}={json.dumps(value)}" for key, value in self.options)
+        options = ",".join(f"{key}={_spelled(value)}" for key, value in self.options)
         kv = f"+kv{self.n_kv_heads}" if self.n_kv_heads is not None else ""
         return f"{self.attention}{f'[{options}]' if options else ''}+{self.position}{kv}"
 
@@ -74,6 +74,14 @@ class Variant:
         except ValueError as err:
             raise ValueError(f"variant {spec!r}: {err}") from None
         return cls(attention, position, kv, tuple(sorted(options.items())))
+
+
+def _spelled(value: Any) -> str:
+    """An option value as a label writes it: JSON, but a word that parses back as itself stays bare (``fn=mlp``),
+    since labels name directories."""
+    if isinstance(value, str) and parse_key_value(f"_={value}")[1] == value and not set(value) & set(',[]+"='):
+        return value
+    return json.dumps(value)
 
 
 def count_parameters(cfg: ModelConfig) -> int:
