@@ -72,7 +72,6 @@ def unsupported(q: Tensor, k: Tensor, ctx: AttentionContext, layer: DynamicallyC
     reasons = {
         "the backend is not 'auto' ('eager' forces the reference)": ctx.backend != "auto",
         "attention maps or logits are recorded": ctx.records_scores,
-        "a cached call (decoding) keeps keys at explicit positions": ctx.start != 0,
         "the model is bidirectional": not ctx.causal,
         "the positional scheme adds a score bias": ctx.position_bias(1, ctx.positions[:1], ctx.positions[:1])
         is not None,
