@@ -113,6 +113,41 @@ def test_sdpa_expresses_the_row_scale_exactly(start):
     torch.testing.assert_close(sdpa_attention(q, k, v, ctx, query_scale=tau), expected, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("length", [7, 300])  # 300: several of the flash kernel's query and key blocks
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_alibi_with_the_causal_flag_equals_the_masked_form(monkeypatch, length, dtype):
+    """On CPU a fresh ALiBi sequence passes the bias with the causal flag (``sdpa_with_causal_bias``): equal to
+    SDPA with the one additive mask, in output and in the gradients to q, k and v (GQA, 2 kv heads)."""
+    spy = KernelSpy(monkeypatch)
+    ctx = context(length=length)
+    leaves = [x.to(dtype).requires_grad_() for x in qkv(length, length)]
+    twins = [x.detach().clone().requires_grad_() for x in leaves]
+    out = sdpa_attention(*leaves, ctx)
+    assert spy.calls["sdpa"] == 1 and kernels.sdpa_takes_bias_with_causal(*leaves, 0.0)
+    k, v = (kernels.repeat_kv(x, H // H_KV) for x in twins[1:])
+    masked = F.scaled_dot_product_attention(twins[0], k, v, attn_mask=ctx.sdpa_mask(H, length, 1, dtype))
+    # fp32: the same sums in other blocks (≤ 1e-5); bf16: the kernels round their partial sums differently.
+    atol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out, masked, atol=atol, rtol=0)
+    grad = torch.randn_like(out)
+    grads = torch.autograd.grad(out, leaves, grad), torch.autograd.grad(masked, twins, grad)
+    for leaf_grad, twin_grad in zip(*grads, strict=True):
+        torch.testing.assert_close(leaf_grad, twin_grad, atol=10 * atol, rtol=0)
+    if dtype == torch.float32:
+        torch.testing.assert_close(out, reference(*(x.detach() for x in leaves))[0], atol=1e-5, rtol=0)
+
+
+@pytest.mark.cuda
+def test_alibi_on_cuda_keeps_the_additive_mask():
+    """The bias-with-causal kernel is CPU's: on CUDA SDPA gets the one additive mask and equals the reference."""
+    ctx = context(length=64)
+    q, k, v = (x.cuda() for x in qkv(64, 64))
+    ctx.positions = ctx.positions.cuda()
+    assert not kernels.sdpa_takes_bias_with_causal(q, k, v, 0.0)
+    expected = reference(*(x.cpu() for x in (q, k, v)))[0]
+    torch.testing.assert_close(sdpa_attention(q, k, v, ctx).cpu(), expected, atol=1e-4, rtol=0)
+
+
 @pytest.mark.parametrize("pad", [True, False])
 def test_sdpa_with_values_wider_than_queries(monkeypatch, pad):
     monkeypatch.setattr(kernels, "sdpa_pads_queries", lambda device: pad)
@@ -177,12 +212,14 @@ def test_chunked_keys_at_explicit_positions_are_masked_by_position():
 
 
 class KernelSpy:
-    """Counts the kernels attend reaches: SDPA itself (the torch function), the chunked form and eager calls."""
+    """Counts the kernels attend reaches: SDPA itself (the torch function, or its CPU kernel called directly with a
+    bias and the causal flag), the chunked form and eager calls."""
 
     def __init__(self, monkeypatch):
         self.calls = {"sdpa": 0, "chunked": 0, "eager": 0}
         for name, module, attr in (
             ("sdpa", F, "scaled_dot_product_attention"),
+            ("sdpa", kernels, "sdpa_with_causal_bias"),
             ("chunked", kernels, "chunked_attention"),
             ("eager", kernels, "eager_attention"),
         ):

@@ -64,6 +64,38 @@ def sdpa_pads_queries(device: torch.device) -> bool:
     return device.type != "cuda"
 
 
+def sdpa_takes_bias_with_causal(q: Tensor, k: Tensor, v: Tensor, dropout_p: float) -> bool:
+    """Whether SDPA's causal kernel can also add a positional bias for these inputs.
+
+    The CPU flash kernel (``aten._scaled_dot_product_flash_attention_for_cpu``) takes an ``attn_mask`` together
+    with ``is_causal`` and keeps its causal block skipping; its public entry point refuses the pair, which PyTorch
+    documents as exclusive, so the kernel is called directly, on CPU only, without dropout (which it does not
+    run), for equal dtypes (the entry point would cast them under autocast) and equal head sizes (unless
+    ``sdpa_pads_queries``, Diff's wider values). Elsewhere the bias and the causal
+    mask become one additive mask, which loses the block skipping: fwd+bwd of (4, 8, 1024, 32) ALiBi attention
+    took 267 ms with the bias and the causal flag, 753 ms with one additive mask and 109 ms for plain causal
+    attention (CPU, 1 thread, contended), and the 4-layer training step at T = 1024 1.7× plain causal against
+    3.4×. What is left is the kernel's backward pass with a mask, 3× its causal one (forward 1.6×). Folding ALiBi
+    into q·k (an extra head dimension holding m·j, softmax dropping the row's m·i) would run the plain kernel but
+    round the logits of nearby keys to the precision of m·T, so it is not done.
+    """
+    return (
+        q.device.type == "cpu"
+        and dropout_p == 0
+        and q.dtype == k.dtype == v.dtype
+        and q.shape[-1] == v.shape[-1]
+        and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
+    )
+
+
+def sdpa_with_causal_bias(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float | None) -> Tensor:
+    """Causal attention of q over k, v (B, H, T, d) with the additive ``bias`` (1, H, T, T) on the scaled logits,
+    by the CPU flash kernel (:func:`sdpa_takes_bias_with_causal` says when it applies)."""
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True, attn_mask=bias, scale=scale)[
+        0
+    ]
+
+
 def eager_attention(
     q: Tensor,
     k: Tensor,
@@ -131,9 +163,9 @@ def sdpa_attention(
     """``F.scaled_dot_product_attention`` with the semantics of :func:`eager_attention` without hooks.
 
     Plain causal attention over a fresh sequence uses ``is_causal`` (block skipping, no T×S mask), and
-    bidirectional attention (``ctx.causal`` false) no mask at all. A positional bias or a non-empty cache needs an
-    explicit mask; the bias enters as one additive mask, since SDPA refuses ``attn_mask`` together with
-    ``is_causal``.
+    bidirectional attention (``ctx.causal`` false) no mask at all. With a positional bias, a fresh causal sequence
+    passes the bias with the causal flag where the kernel takes both (:func:`sdpa_takes_bias_with_causal`: CPU);
+    otherwise, and on a non-empty cache, bias and mask enter as one additive mask.
     """
     if query_scale is not None:
         # Scaling query row t scales logit row t before the bias is added: the eager kernel's row scale.
@@ -144,10 +176,14 @@ def sdpa_attention(
         q, k = F.pad(q, (0, width)), F.pad(k, (0, width))  # zeros add nothing to q·k
     n_heads, query_len, key_len = q.shape[1], q.shape[2], k.shape[2]
     k, v = repeat_kv(k, n_heads // k.shape[1]), repeat_kv(v, n_heads // v.shape[1])
-    if ctx.score_bias(n_heads, key_len, bias_repeat) is None and query_len in (1, key_len):
+    has_bias = ctx.score_bias(n_heads, key_len, bias_repeat) is not None
+    if not has_bias and query_len in (1, key_len):
         # A fresh sequence is plain causal (or bidirectional); a single new token sees every cached key.
         is_causal = query_len > 1 and ctx.causal
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
+    if has_bias and ctx.causal and query_len == key_len > 1 and sdpa_takes_bias_with_causal(q, k, v, dropout_p):
+        # A fresh causal sequence with a bias (ALiBi): the causal kernel adds the bias itself.
+        return sdpa_with_causal_bias(q, k, v, ctx.sdpa_bias(n_heads, key_len, bias_repeat, q.dtype), scale)
     mask = ctx.sdpa_mask(n_heads, key_len, bias_repeat, q.dtype)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
 
