@@ -163,7 +163,7 @@ def block_hooks(length):
     """Hooks that depend on the block: a per-(t, s) term on the scores and a per-row factor on the probs."""
     extra, factor = torch.randn(length, length), torch.rand(length) + 0.5
 
-    def hooks(rows, cols):
+    def hooks(rows, cols, inputs):
         return Hooks(scores=lambda s: s + extra[rows, cols], probs=lambda p: p * factor[rows, None])
 
     return hooks
@@ -174,18 +174,40 @@ def test_chunked_equals_eager(window):
     length = 11  # 3 blocks of 4 and a partial one
     q, k, v = qkv(length, length)
     ctx, hooks = context(length=length), block_hooks(length)
-    full, _ = eager_attention(q, k, v, ctx, hooks=hooks(slice(None), slice(None)), window=window)
+    full, _ = eager_attention(q, k, v, ctx, hooks=hooks(slice(None), slice(None), ()), window=window)
     seen = []
 
-    def spy(rows, cols):
+    def spy(rows, cols, inputs):
         seen.append((rows, cols))
-        return hooks(rows, cols)
+        return hooks(rows, cols, inputs)
 
     chunked = chunked_attention(q, k, v, ctx, hooks=spy, chunk=4, window=window)
     torch.testing.assert_close(chunked, full, atol=1e-6, rtol=0)
     # Each block reads only the keys it can see: its causal range, or its window.
     first_key = (lambda row: 0) if window is None else (lambda row: max(0, row - window + 1))
-    assert seen == [(slice(r, min(r + 4, length)), slice(first_key(r), min(r + 4, length))) for r in (0, 4, 8)]
+    # Blocks run from the last to the first (see chunked_attention).
+    assert seen == [(slice(r, min(r + 4, length)), slice(first_key(r), min(r + 4, length))) for r in (8, 4, 0)]
+
+
+def test_recomputed_block_replays_dropout_and_gives_each_input_its_gradient():
+    """The block runs again in the backward pass with the same dropout mask; inputs that need no gradient (or are
+    None) get None."""
+    x, weight, fixed = torch.randn(6, 5, requires_grad=True), torch.randn(5, requires_grad=True), torch.randn(5)
+
+    def run(x, weight, fixed, absent):
+        return F.dropout(x * weight + fixed, p=0.5).pow(2)
+
+    grad = torch.randn(6, 5)
+    torch.manual_seed(0)
+    out = kernels.RecomputedBlock.apply(run, True, x, weight, fixed, None)
+    torch.rand(100)  # the generator moves on before the backward pass, which must replay the first draw
+    grads = torch.autograd.grad(out, (x, weight), grad)
+    torch.manual_seed(0)
+    expected = run(x, weight, fixed, None)
+    torch.testing.assert_close(out, expected, atol=0, rtol=0)
+    for got, want in zip(grads, torch.autograd.grad(expected, (x, weight), grad), strict=True):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+    assert (out == 0).any()  # dropout did drop something: the replay matters
 
 
 def test_chunked_keys_at_explicit_positions_are_masked_by_position():
@@ -293,7 +315,7 @@ def test_auto_and_sdpa_agree_where_both_apply():
 def test_the_kernel_refuses_hooks_on_sdpa():
     q, k, v = qkv()
     with pytest.raises(ValueError, match="'sdpa' cannot run score hooks"):
-        attend(q, k, v, context(backend="sdpa"), hooks=lambda rows, cols: Hooks(), chunk=4)
+        attend(q, k, v, context(backend="sdpa"), hooks=lambda rows, cols, inputs: Hooks(), chunk=4)
 
 
 def test_old_configs_keep_loading():

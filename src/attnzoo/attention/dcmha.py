@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from attnzoo.attention.base import ATTENTION, AttentionContext, CacheBuffer
 from attnzoo.attention.dcmha_compiled import compiled_compose
-from attnzoo.attention.kernels import BlockHooks, Hooks, ScoreHook, attend
+from attnzoo.attention.kernels import BlockHooks, HookInputs, Hooks, ScoreHook, attend
 from attnzoo.attention.mha import MultiHeadAttention
 from attnzoo.cache import LayerCache, WindowCache
 from attnzoo.precision import compute_dtype
@@ -266,13 +266,15 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
         key_positions, cached_kw = None, None
         if cache is not None:
             key_positions, k, v, cached_kw = self._extend_cache(cache, ctx.start, k, v, pre, post)
+        hooks, hook_inputs = self._block_hooks(pre, post, cached_kw)
         out, _ = attend(
             q,
             k,
             v,
             ctx,
             dropout_p=self.attn_dropout,
-            hooks=self._block_hooks(pre, post, cached_kw),
+            hooks=hooks,
+            hook_inputs=hook_inputs,
             window=self.window,
             key_positions=key_positions,
             chunk=self.options.q_chunk_size,
@@ -296,9 +298,12 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
             mixing(POST_Q, POST_K) if opts.post_compose else None,
         )
 
-    def _block_hooks(self, pre: Mixing | None, post: Mixing | None, cached_kw: dict[int, Tensor] | None) -> BlockHooks:
-        """The kernel hooks of a block of queries ``rows`` × keys ``cols``: pre-compose the scores, post-compose
-        the probabilities (``compose_merged``, or ``compiled_compose`` with ``compile_composition``).
+    def _block_hooks(
+        self, pre: Mixing | None, post: Mixing | None, cached_kw: dict[int, Tensor] | None
+    ) -> tuple[BlockHooks, list[Tensor | None]]:
+        """The kernel hooks of a block of queries ``rows`` × keys ``cols`` (pre-compose the scores, post-compose
+        the probabilities: ``compose_merged``, or ``compiled_compose`` with ``compile_composition``), and the
+        tensors they read: QW and KW of the pre and of the post composition, None where one is off.
 
         Each block is composed with the merged matrices QW[t] (B, G, rows, M, M) and KW[s] (B, G, M, M, cols), the
         form of Eq. 5–7 with W = QW + KW, on the chunks of the training path as on the eager reference's full
@@ -306,34 +311,34 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
         fewer layout copies) than the rank-R factors: fwd+bwd of one (8, 8, 128, 256) block took 61 ms against
         105 ms for the rank-R form (CPU, 1 thread), and the 4-layer training step 1.3–1.6× less time. Compiled,
         the two forms ran equally fast, so the merged one serves both. QW and KW are formed once for all tokens and
-        sliced per block, so neither is recomputed for each block nor kept per block for the backward pass; on a
-        cached call KW comes from ``cached_kw`` (absent when query-wise).
+        sliced per block, so neither is recomputed for each block; on a cached call KW comes from ``cached_kw``
+        (absent when query-wise).
         """
         # Compiled on fresh sequences only: a cached call's blocks are single tokens or short prompts.
         compose = compiled_compose if self.options.compile_composition and cached_kw is None else compose_merged
-
-        def matrices(which: int, mixing: Mixing | None) -> tuple[Tensor, Tensor | None] | None:
+        inputs: list[Tensor | None] = []
+        for which, mixing in enumerate((pre, post)):
             if mixing is None:
-                return None
+                inputs += [None, None]
+                continue
             static_w = None if self.static_w is None else self.static_w[which].to(compute_dtype(self.static_w.dtype))
             if cached_kw is not None:  # the cache holds every visible key's KW; the mixing only the new ones
                 key_w = cached_kw.get(which)
             else:
                 key_w = None if mixing.kw1 is None else key_matrices(mixing)
-            return query_matrices(mixing, static_w), key_w
+            inputs += [query_matrices(mixing, static_w), key_w]
 
-        composed = [matrices(which, mixing) for which, mixing in enumerate((pre, post))]
+        def hooks(rows: slice, cols: slice, inputs: HookInputs) -> Hooks:
+            def block(which: int) -> ScoreHook | None:
+                query_w, key_w = inputs[2 * which], inputs[2 * which + 1]
+                if query_w is None:
+                    return None
+                key_w = None if key_w is None else key_w[..., cols]
+                return partial(compose, query_w=query_w[:, :, rows], key_w=key_w)
 
-        def block(which: int, rows: slice, cols: slice) -> ScoreHook | None:
-            if composed[which] is None:
-                return None
-            query_w, key_w = composed[which]
-            return partial(compose, query_w=query_w[:, :, rows], key_w=None if key_w is None else key_w[..., cols])
+            return Hooks(scores=block(0), probs=block(1))
 
-        def hooks(rows: slice, cols: slice) -> Hooks:
-            return Hooks(scores=block(0, rows, cols), probs=block(1, rows, cols))
-
-        return hooks
+        return hooks, inputs
 
     def _extend_cache(
         self, cache: WindowCache, start: int, k: Tensor, v: Tensor, pre: Mixing | None, post: Mixing | None

@@ -10,15 +10,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
-from functools import partial
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.utils.checkpoint import checkpoint
 
 from attnzoo.attention.base import AttentionContext, visible
 from attnzoo.precision import compute_dtype
@@ -36,10 +35,14 @@ class Hooks(NamedTuple):
 
 
 NO_HOOKS = Hooks()
-BlockHooks = Callable[[slice, slice], Hooks]  # (query rows, key columns) of a block → that block's hooks
+HookInputs = Sequence[Tensor | None]
+# (query rows, key columns, hook inputs) of a block → that block's hooks. A hook reads every tensor that needs a
+# gradient from the hook inputs (``attend``'s ``hook_inputs``), never from a closure: a block recomputed in the
+# backward pass (``chunked_attention``) is differentiated with respect to its inputs only.
+BlockHooks = Callable[[slice, slice, HookInputs], Hooks]
 
 
-def no_hooks(rows: slice, cols: slice) -> Hooks:
+def no_hooks(rows: slice, cols: slice, inputs: HookInputs) -> Hooks:
     return NO_HOOKS
 
 
@@ -196,10 +199,10 @@ def chunked_attention(
     *,
     hooks: BlockHooks,
     chunk: int,
+    hook_inputs: HookInputs = (),
     window: int | None = None,
     key_positions: Tensor | None = None,
     query_scale: Tensor | None = None,
-    recompute: bool = False,
     **kernel: Any,
 ) -> Tensor:
     """:func:`eager_attention` over blocks of ``chunk`` queries, each against the keys it can see.
@@ -209,15 +212,16 @@ def chunked_attention(
     ``key_positions`` (a ring cache, in slot order) are all kept and masked by position. ``kernel``: the
     remaining arguments of :func:`eager_attention` (scale, dropout_p, bias_repeat).
 
-    With ``recompute``, each block runs under ``torch.utils.checkpoint``: autograd keeps only the block's inputs
-    (views of q, k, v and of whatever the hooks hold) and its output, and the backward pass recomputes the block's
-    scores one block at a time, so training memory grows with T, not T·S. That costs one more forward pass of
-    each block: 1.16× the DCMHA training step at T = 1024 (CPU, contended).
+    When autograd records, each block is one :class:`RecomputedBlock`: autograd keeps the block's inputs (views of
+    q, k, v and the hook inputs) and the backward pass recomputes its scores, one block at a time, so training
+    memory grows with T, not T·S. That costs one more forward pass of each block: 1.16× the eager DCMHA training
+    step at T = 1024 (CPU, contended). Blocks run from the last (the most keys) to the first, so each block's
+    score-sized temporaries fit in memory its larger predecessor freed.
     """
     query_len = q.shape[2]
     k_positions = ctx.key_positions(k.shape[2]) if key_positions is None else key_positions
     outs = []
-    for first in range(0, query_len, chunk):
+    for first in reversed(range(0, query_len, chunk)):
         rows = slice(first, min(query_len, first + chunk))
         cols = slice(None)
         if key_positions is None:
@@ -226,21 +230,82 @@ def chunked_attention(
                 cols = slice(lowest, ctx.start + rows.stop)
             else:
                 cols = slice(lowest, None if window is None else ctx.start + rows.stop - 1 + window)
-        block = partial(
-            eager_attention,
-            q[:, :, rows],
-            k[:, :, cols],
-            v[:, :, cols],
-            ctx,
-            query_scale=None if query_scale is None else query_scale[:, :, rows],
-            hooks=hooks(rows, cols),
-            window=window,
-            positions=(ctx.positions[rows], k_positions[cols]),
-            **kernel,
+        block = _Block(ctx, hooks, rows, cols, (ctx.positions[rows], k_positions[cols]), window, kernel)
+        args = (q[:, :, rows], k[:, :, cols], v[:, :, cols], None if query_scale is None else query_scale[:, :, rows])
+        args += tuple(hook_inputs)
+        records = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in args)
+        random = kernel.get("dropout_p", 0.0) > 0
+        outs.append(RecomputedBlock.apply(block, random, *args) if records else block(*args))
+    return torch.cat(outs[::-1], dim=2)
+
+
+class _Block(NamedTuple):
+    """One block of :func:`chunked_attention` as a function of its tensors: q, k, v, query_scale, hook inputs."""
+
+    ctx: AttentionContext
+    hooks: BlockHooks
+    rows: slice
+    cols: slice
+    positions: tuple[Tensor, Tensor]
+    window: int | None
+    kernel: dict[str, Any]
+
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, query_scale: Tensor | None, *inputs: Tensor | None) -> Tensor:
+        hooks = self.hooks(self.rows, self.cols, inputs)
+        out, _ = eager_attention(
+            q,
+            k,
+            v,
+            self.ctx,
+            query_scale=query_scale,
+            hooks=hooks,
+            window=self.window,
+            positions=self.positions,
+            **self.kernel,
         )
-        out, _ = checkpoint(block, use_reentrant=False) if recompute else block()
-        outs.append(out)
-    return torch.cat(outs, dim=2)
+        return out
+
+
+class RecomputedBlock(torch.autograd.Function):
+    """``run(*inputs)`` with only its inputs kept for the backward pass, which runs it again to differentiate it.
+
+    The forward pass records nothing, so no score-sized tensor and no graph node per operation stays alive
+    between the passes. (``torch.utils.checkpoint``'s non-reentrant form keeps the graph: its nodes, allocated
+    among the blocks' temporaries, pinned glibc's heap and doubled the resident peak of DCMHA training at
+    T = 2048.) The recomputation draws the same dropout masks, under the same autocast, as the forward pass.
+    Gradients reach ``run``'s tensor inputs only; one that needs none gets None.
+    """
+
+    @staticmethod
+    def forward(ctx, run: Callable[..., Tensor], random: bool, *inputs: Tensor | None) -> Tensor:
+        """``random``: whether ``run`` draws random numbers (dropout), whose generator states are then kept."""
+        ctx.run = run
+        ctx.save_for_backward(*inputs)
+        device = next(x.device for x in inputs if x is not None)
+        ctx.cuda_devices = [device] if random and device.type == "cuda" else []
+        ctx.rng_states = (torch.get_rng_state(), *map(torch.cuda.get_rng_state, ctx.cuda_devices)) if random else ()
+        ctx.autocast = (device.type, torch.get_autocast_dtype(device.type), torch.is_autocast_enabled(device.type))
+        return run(*inputs)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
+        needs = ctx.needs_input_grad[2:]
+        leaves = [
+            None if x is None else x.detach().requires_grad_(need)
+            for x, need in zip(ctx.saved_tensors, needs, strict=True)
+        ]
+        device_type, dtype, enabled = ctx.autocast
+        replay = torch.random.fork_rng(devices=ctx.cuda_devices) if ctx.rng_states else contextlib.nullcontext()
+        with replay, torch.enable_grad(), torch.autocast(device_type, dtype=dtype, enabled=enabled):
+            if ctx.rng_states:
+                torch.set_rng_state(ctx.rng_states[0])
+                for device, state in zip(ctx.cuda_devices, ctx.rng_states[1:], strict=True):
+                    torch.cuda.set_rng_state(state, device)
+            out = ctx.run(*leaves)
+        wanted = [leaf for leaf in leaves if leaf is not None and leaf.requires_grad]
+        grads = iter(torch.autograd.grad(out, wanted, grad, allow_unused=True))
+        return None, None, *(next(grads) if leaf is not None and leaf.requires_grad else None for leaf in leaves)
 
 
 def attend(
@@ -254,6 +319,7 @@ def attend(
     bias_repeat: int = 1,
     query_scale: Tensor | None = None,
     hooks: BlockHooks | None = None,
+    hook_inputs: HookInputs = (),
     window: int | None = None,
     key_positions: Tensor | None = None,
     chunk: int | None = None,
@@ -269,7 +335,8 @@ def attend(
     * otherwise ``chunked_attention`` over blocks of ``chunk`` queries, since hooks, a window or keys at
       explicit positions cannot run inside SDPA; the "sdpa" backend refuses that.
 
-    ``hooks(rows, cols)`` gives the :class:`Hooks` of the block of queries ``rows`` × keys ``cols``; with
+    ``hooks(rows, cols, hook_inputs)`` gives the :class:`Hooks` of the block of queries ``rows`` × keys ``cols``,
+    reading the tensors that need gradients from ``hook_inputs`` (:data:`BlockHooks`); with
     ``window`` a query sees its last ``window`` keys, itself included; ``key_positions`` (S,) are the keys'
     absolute positions when they are not 0 .. S−1. Returns the output (B, H, T, d_v) and, when the context
     records maps, the probabilities after ``hooks.probs``, which are recorded as this layer's map unless
@@ -277,7 +344,7 @@ def attend(
     """
     kernel = dict(scale=scale, dropout_p=dropout_p, bias_repeat=bias_repeat, query_scale=query_scale)
     if ctx.backend == "eager" or ctx.records_scores:
-        block_hooks = (hooks or no_hooks)(slice(None), slice(None))
+        block_hooks = (hooks or no_hooks)(slice(None), slice(None), hook_inputs)
         positions = None if key_positions is None else (ctx.positions, key_positions)
         out, probs = eager_attention(q, k, v, ctx, hooks=block_hooks, window=window, positions=positions, **kernel)
         if ctx.attention_maps is None:
@@ -297,9 +364,9 @@ def attend(
         ctx,
         hooks=hooks or no_hooks,
         chunk=chunk,
+        hook_inputs=hook_inputs,
         window=window,
         key_positions=key_positions,
-        recompute=torch.is_grad_enabled(),
         **kernel,
     )
     return out, None
