@@ -41,7 +41,8 @@ def compose_sum(scores: Tensor, query_w: Tensor, key_w: Tensor | None) -> Tensor
         weights = by_query[:, :, head] if by_key is None else by_query[:, :, head] + by_key[:, :, head]
         term = grouped[:, :, head] * weights
         out = term if out is None else out + term
-    return out.reshape(scores.shape)
+    # Contiguous, as the einsums' output: left to itself inductor writes (b, t, m, s), and every op after it copies.
+    return out.reshape(scores.shape).contiguous()
 
 
 def composition_weight_grads(scores: Tensor, grad: Tensor, groups: int) -> tuple[Tensor, Tensor]:
@@ -52,7 +53,7 @@ def composition_weight_grads(scores: Tensor, grad: Tensor, groups: int) -> tuple
     products = scores.view(batch, groups, heads_per_group, 1, query_len, key_len) * grad.view(
         batch, groups, 1, heads_per_group, query_len, key_len
     )  # [b, g, n, m, t, s]
-    return products.sum(-1).permute(0, 1, 4, 2, 3), products.sum(-2)
+    return products.sum(-1).permute(0, 1, 4, 2, 3).contiguous(), products.sum(-2).contiguous()
 
 
 @cache

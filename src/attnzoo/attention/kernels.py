@@ -127,8 +127,13 @@ def eager_attention(
     n_kv_heads, key_len = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
     # GQA without copying k and v: the n_rep query heads of a kv head are stacked along the query axis.
-    logits = (q.reshape(batch, n_kv_heads, -1, head_dim) @ k.transpose(-2, -1)).to(compute_dtype(q.dtype))
-    logits = logits.view(batch, n_heads, query_len, key_len) * scale
+    if q.dtype == compute_dtype(q.dtype):
+        # fp32/fp64: scaling the (T, d) queries instead of the (T, S) logits is one rounding either way, S/d
+        # times less work, and one pass over the scores fewer forward and backward.
+        logits = (q * scale).reshape(batch, n_kv_heads, -1, head_dim) @ k.transpose(-2, -1)
+    else:
+        logits = (q.reshape(batch, n_kv_heads, -1, head_dim) @ k.transpose(-2, -1)).to(compute_dtype(q.dtype)) * scale
+    logits = logits.view(batch, n_heads, query_len, key_len)
     if query_scale is not None:
         logits = logits * query_scale[..., None]
     if positions is None:
@@ -220,6 +225,8 @@ def chunked_attention(
     """
     query_len = q.shape[2]
     k_positions = ctx.key_positions(k.shape[2]) if key_positions is None else key_positions
+    # Projections come head-transposed; copied once here, rather than by each block's matmuls.
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     outs = []
     for first in reversed(range(0, query_len, chunk)):
         rows = slice(first, min(query_len, first + chunk))
