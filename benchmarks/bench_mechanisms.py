@@ -16,9 +16,9 @@ and on a quiet machine: run nothing else, never two benchmarks at once (``../sha
 
 Run time: the sweep is 7 mechanisms × 5 lengths of training plus 7 × 2 decode cases, at 2 thread counts, each
 case warmup + 3 repeats in a fresh process. DCMHA's quadratic composition dominates: at T = 8192 one eager DCMHA
-step took 5–6 minutes on 1 contended thread. Expect about 2–3 hours on a quiet 2-core machine (``--seq-lens``,
-``--mechanisms``, ``--threads`` and ``--repeats`` cut it down). A case that dies (out of memory) is listed under
-its section and the sweep goes on.
+step took about 5 minutes on 1 contended thread. Estimated from such single steps: 1–2 hours on a quiet 2-core
+machine, over 3 when contended (``--seq-lens``, ``--mechanisms``, ``--threads`` and ``--repeats`` cut it down).
+A case that dies (out of memory) is listed under its section and the sweep goes on.
 
 ``--malloc-mmap-threshold BYTES`` (e.g. 131072) fixes glibc's mmap threshold in every case process: tensors above
 it are then mapped and unmapped one by one, so the resident peak follows the tensors alive rather than glibc's
