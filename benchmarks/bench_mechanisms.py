@@ -1,72 +1,141 @@
-"""Each mechanism against parameter-matched MHA, measured in one run (issues 4, 5 and 6).
+"""Each mechanism against parameter-matched MHA, measured in one run, at 1 and 2 threads (issues 4–6 and 13).
 
-    python benchmarks/bench_mechanisms.py [--threads 2] [--repeats 3] [--out benchmarks/results/mechanisms.md]
+    python benchmarks/bench_mechanisms.py     # the full sweep below; writes benchmarks/results/mechanisms.md
 
-Training: forward+backward tokens/s and peak memory at T = 256, 1024, 2048, 4096 tokens per step, fp32.
-Decode: tokens/s of single-token steps with the cache after a 1024-token prefill (batch 1), and without
-the cache (recomputing the prefix) for MHA. Baseline: `mha+rope` on the SDPA path; `mha-eager` is listed too,
-since DCMHA's target is stated against it. Configs: dim 256, 4 layers, 8 heads, byte vocab, matched to the
-baseline's parameter count within 2% by `attnzoo.variants.matched_configs`.
+Training rows: forward + backward + AdamW (mode ``train+adamw``), fp32, 4096 tokens per step (batch = 4096 // T,
+at least 1, so T = 8192 runs one sequence of 8192 tokens), at T = 256, 1024, 2048, 4096, 8192. Decode rows:
+single-token steps with the cache after a prefill of 1024 and 4096 tokens (batch 1). Peak memory is the rise of
+the case process's resident high-water mark (``attnzoo.bench``). Mechanisms: ``mha`` (RoPE, SDPA: the baseline),
+``alibi`` (MHA with ALiBi), ``diff``, ``diff_v2``, ``selective``, ``dcmha`` and ``dcmha-compiled`` (DCMHA with
+``compile_composition``; its first step, a warmup, compiles), all but ``alibi`` with RoPE, matched to the
+baseline's parameter count within 2% (``attnzoo.variants``). Dim 256, 4 layers, 8 heads, byte vocab.
+
+Each thread count is one section of the output, headed by the machine and the load average at its start; every
+case also records the load average when it started (in the JSON). Times are only comparable within a section
+and on a quiet machine: run nothing else, never two benchmarks at once (``../shared/notes/cpu_perf.md``).
+
+Run time: the sweep is 7 mechanisms × 5 lengths of training plus 7 × 2 decode cases, at 2 thread counts, each
+case warmup + 3 repeats in a fresh process. DCMHA's quadratic composition dominates: at T = 8192 one eager DCMHA
+step took about 5 minutes on 1 contended thread. Estimated from such single steps: 1–2 hours on a quiet 2-core
+machine, over 3 when contended (``--seq-lens``, ``--mechanisms``, ``--threads`` and ``--repeats`` cut it down).
+A case that dies (out of memory) is listed under its section and the sweep goes on.
+
+``--malloc-mmap-threshold BYTES`` (e.g. 131072) fixes glibc's mmap threshold in every case process: tensors above
+it are then mapped and unmapped one by one, so the resident peak follows the tensors alive rather than glibc's
+heap high-water mark, which its default dynamic threshold inflates with fragmentation (for DCMHA's many
+score-sized blocks of changing sizes most of all). It also changes the allocator's speed: use it for memory.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+import os
 from pathlib import Path
 
 from attnzoo import ModelConfig
-from attnzoo.bench import BenchCase, machine_description, measure, write_results
+from attnzoo.bench import BenchCase, BenchResult, machine_description, measure, ratio_table
+from attnzoo.io import atomic_write_text
 from attnzoo.variants import Variant, matched_configs
 
 TOKENS_PER_STEP = 4096
-MECHANISMS = ["mha", "diff", "diff_v2", "selective", "dcmha"]
+# label → (mechanism, position, attention options added to the matched config)
+MECHANISMS: dict[str, tuple[str, str, dict]] = {
+    "mha": ("mha", "rope", {}),
+    "alibi": ("mha", "alibi", {}),
+    "diff": ("diff", "rope", {}),
+    "diff_v2": ("diff_v2", "rope", {}),
+    "selective": ("selective", "rope", {}),
+    "dcmha": ("dcmha", "rope", {}),
+    "dcmha-compiled": ("dcmha", "rope", {"compile_composition": True}),
+}
+
+
+def configs(labels: list[str], baseline: ModelConfig) -> dict[str, ModelConfig]:
+    """Each label's config, matched to ``baseline``'s parameter count."""
+    variants = {label: Variant(*MECHANISMS[label][:2]) for label in labels}
+    matched = matched_configs(list(dict.fromkeys(variants.values())), baseline)
+    out = {}
+    for label, variant in variants.items():
+        cfg = matched[variant.label]
+        extra = MECHANISMS[label][2]
+        out[label] = dataclasses.replace(cfg, attention_options={**cfg.attention_options, **extra}) if extra else cfg
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--seq-lens", type=int, nargs="+", default=[256, 1024, 2048])
-    parser.add_argument("--decode-context", type=int, default=1024)
-    parser.add_argument("--mechanisms", nargs="+", default=MECHANISMS)
+    parser.add_argument("--seq-lens", type=int, nargs="+", default=[256, 1024, 2048, 4096, 8192])
+    parser.add_argument("--decode-contexts", type=int, nargs="+", default=[1024, 4096])
+    parser.add_argument("--decode-tokens", type=int, default=32)
+    parser.add_argument("--mechanisms", nargs="+", default=list(MECHANISMS), choices=list(MECHANISMS))
+    parser.add_argument("--tokens-per-step", type=int, default=TOKENS_PER_STEP)
+    parser.add_argument("--dim", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--malloc-mmap-threshold", type=int, metavar="BYTES", help="see above; default: glibc's own")
     parser.add_argument(
-        "--out", type=Path, default=Path("benchmarks/results/mechanisms.md"), help="markdown table; JSON beside it"
+        "--out", type=Path, default=Path("benchmarks/results/mechanisms.md"), help="markdown tables; JSON beside it"
     )
     args = parser.parse_args()
+    if "mha" not in args.mechanisms:
+        parser.error("--mechanisms must include mha, the baseline every ratio is taken against")
+    if args.malloc_mmap_threshold is not None:
+        os.environ["MALLOC_MMAP_THRESHOLD_"] = str(args.malloc_mmap_threshold)  # read by each spawned case process
 
-    results = []
-
-    def run(case: BenchCase) -> None:
-        result = measure(case, repeats=args.repeats, threads=args.threads)
-        results.append(result)
-        print(
-            f"{case.label:12s} {case.mode:7s} T={case.seq_len:5d} {result.tokens_per_s:9,.0f} tok/s "
-            f"{result.peak_mem_mb:8,.0f} MB",
-            flush=True,
+    def baseline(max_seq_len: int) -> ModelConfig:
+        return ModelConfig(
+            vocab_size=256, dim=args.dim, n_layers=args.layers, n_heads=args.heads, max_seq_len=max_seq_len
         )
 
+    cases = []
     for seq_len in args.seq_lens:
-        baseline = ModelConfig(vocab_size=256, dim=256, n_layers=4, n_heads=8, max_seq_len=seq_len)
-        configs = matched_configs([Variant(m, "rope") for m in args.mechanisms], baseline)
-        batch = max(1, TOKENS_PER_STEP // seq_len)
-        for label, cfg in configs.items():
-            run(BenchCase(label.removesuffix("+rope"), cfg, batch, seq_len))
-        eager = dataclasses.replace(configs["mha+rope"], attn_backend="eager")
-        run(BenchCase("mha-eager", eager, batch, seq_len))
+        batch = max(1, args.tokens_per_step // seq_len)
+        for label, cfg in configs(args.mechanisms, baseline(seq_len)).items():
+            cases.append(BenchCase(label, cfg, batch, seq_len, mode="train+adamw"))
+    for context in args.decode_contexts:
+        for label, cfg in configs(args.mechanisms, baseline(context + args.decode_tokens)).items():
+            cases.append(BenchCase(label, cfg, 1, context, mode="decode", decode_tokens=args.decode_tokens))
 
-    context = args.decode_context
-    baseline = ModelConfig(vocab_size=256, dim=256, n_layers=4, n_heads=8, max_seq_len=context + 64)
-    for label, cfg in matched_configs([Variant(m, "rope") for m in args.mechanisms], baseline).items():
-        run(BenchCase(label.removesuffix("+rope"), cfg, 1, context, mode="decode", decode_tokens=32))
-    mha = matched_configs([Variant("mha", "rope")], baseline)["mha+rope"]
-    run(BenchCase("mha", mha, 1, context, mode="decode-nocache", decode_tokens=32))
-
-    header = (
-        f"Machine: {machine_description(args.threads)}. fp32; training rows do {TOKENS_PER_STEP} tokens per "
-        f"forward+backward step; decode rows time 32 single-token steps after a {context}-token prefill."
+    allocator = (
+        "glibc's default malloc"
+        if args.malloc_mmap_threshold is None
+        else f"MALLOC_MMAP_THRESHOLD_={args.malloc_mmap_threshold}"
     )
-    write_results(args.out, header, results, baseline="mha")
+    sections, payload = [], []
+    for threads in args.threads:
+        header = (
+            f"### {threads} thread(s)\n\nMachine: {machine_description(threads)}. fp32; {allocator}; training rows "
+            f"do forward + backward + AdamW on {args.tokens_per_step} tokens per step (batch × T, batch ≥ 1); decode "
+            f"rows time {args.decode_tokens} single-token steps after a prefill of T tokens."
+        )
+        results: list[BenchResult] = []
+        failed = []
+        for case in cases:
+            try:
+                result = measure(case, repeats=args.repeats, threads=threads)
+            except RuntimeError as err:  # a case that runs out of memory is reported, and the sweep goes on
+                failed.append(f"- {case.label} {case.mode} T={case.seq_len}: {err}")
+                print(failed[-1], flush=True)
+                continue
+            results.append(result)
+            print(
+                f"{threads}t {case.label:15s} {case.mode:11s} T={case.seq_len:5d} {result.tokens_per_s:9,.0f} tok/s "
+                f"{result.peak_mem_mb:8,.0f} MB  load {result.extra['load_average']:.2f}",
+                flush=True,
+            )
+        table = ratio_table(results, baseline="mha").to_markdown()
+        sections.append("\n\n".join([header, table, *(["Not measured:\n" + "\n".join(failed)] if failed else [])]))
+        payload.append({"threads": threads, "header": header, "results": [dataclasses.asdict(r) for r in results]})
+        print(f"\n{sections[-1]}\n", flush=True)
+
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(args.out, "\n\n".join(sections) + "\n")
+    atomic_write_text(args.out.with_suffix(".json"), json.dumps(payload, indent=2))
+    print(f"wrote {args.out} and {args.out.with_suffix('.json')}")
 
 
 if __name__ == "__main__":

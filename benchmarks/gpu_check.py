@@ -345,23 +345,29 @@ def cached_logits(model: Transformer, idx: Tensor, cache_dtype: torch.dtype) -> 
 
 
 class _FusedKernels(TorchDispatchMode):
-    """The fused SDPA kernels dispatched (``bench.SDPA_KERNELS``), in order. SDPA's math path never shows here: it
-    decomposes into ordinary ops before the dispatcher reaches a mode."""
+    """The fused SDPA kernels dispatched (``bench.SDPA_KERNELS``), in order, and those among them called directly
+    rather than by ``F.scaled_dot_product_attention`` (kernels.py calls the CPU flash kernel itself for ALiBi's
+    bias with the causal flag). SDPA's math path never shows here: it decomposes into ordinary ops before the
+    dispatcher reaches a mode."""
 
     def __init__(self) -> None:
         super().__init__()
         self.ran: list[str] = []
+        self.direct: list[str] = []
+        self.in_sdpa_call = False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         label = SDPA_KERNELS.get(func.__name__.split(".")[0])
         if label is not None:
             self.ran.append(label)
+            if not self.in_sdpa_call:
+                self.direct.append(label)
         return func(*args, **(kwargs or {}))
 
 
 class SdpaCalls(TorchFunctionMode):
     """The backend each ``F.scaled_dot_product_attention`` call ran: the fused kernel dispatched during the call,
-    or "math" when the call dispatched none."""
+    or "math" when the call dispatched none. ``fused.direct`` holds the fused kernels called without it."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -372,25 +378,29 @@ class SdpaCalls(TorchFunctionMode):
         if func is not F.scaled_dot_product_attention:
             return func(*args, **(kwargs or {}))
         before = len(self.fused.ran)
-        with self.fused:
+        self.fused.in_sdpa_call = True
+        try:
             out = func(*args, **(kwargs or {}))
+        finally:
+            self.fused.in_sdpa_call = False
         ran = self.fused.ran[before:]
         self.backends.append(ran[0] if ran else "math")
         return out
 
 
 def sdpa_backends(fn: Callable[[], object]) -> list[str]:
-    """The SDPA backends the calls inside ``fn`` ran, each once; empty when nothing called SDPA."""
-    with SdpaCalls() as calls:
+    """The SDPA backends the calls inside ``fn`` ran, each once, direct calls of a fused kernel included; empty
+    when nothing called SDPA."""
+    with SdpaCalls() as calls, calls.fused:
         fn()
-    return sorted(set(calls.backends))
+    return sorted({*calls.backends, *calls.fused.direct})
 
 
 @contextlib.contextmanager
 def attend_choices() -> Iterator[set[str]]:
     """The kernels attnzoo's ``attend`` picks while the block runs: it calls them through ``kernels``' module
     globals, so counting wrappers there see every call. The eager kernel counts only where ``attend`` calls it
-    itself, not inside the chunked kernel."""
+    itself, not inside the chunked kernel's blocks (which the backward pass recomputes, outside the kernel's call)."""
     chosen: set[str] = set()
     originals = {name: getattr(kernels, name) for name in ("sdpa_attention", "chunked_attention", "eager_attention")}
     depth = [0]
@@ -409,13 +419,24 @@ def attend_choices() -> Iterator[set[str]]:
 
         return counted
 
+    block_call = kernels._Block.__call__
+
+    def inside_block(*args, **kwargs):  # a chunked block, also when its backward pass recomputes it
+        depth[0] += 1
+        try:
+            return block_call(*args, **kwargs)
+        finally:
+            depth[0] -= 1
+
     try:
         for name, label in (("sdpa_attention", "sdpa"), ("chunked_attention", "chunked"), ("eager_attention", "eager")):
             setattr(kernels, name, wrap(name, label))
+        kernels._Block.__call__ = inside_block
         yield chosen
     finally:
         for name, original in originals.items():
             setattr(kernels, name, original)
+        kernels._Block.__call__ = block_call
 
 
 def runnable_backends(fn: Callable[[], object]) -> dict[str, str]:

@@ -5,12 +5,14 @@ All comparisons are in fp32; the tolerance of each is stated where it is asserte
 
 import dataclasses
 import math
+from functools import cache
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnzoo import ModelConfig, Transformer
+from attnzoo.attention import dcmha_compiled
 from attnzoo.attention.dcmha import (
     POST_K,
     POST_Q,
@@ -22,6 +24,7 @@ from attnzoo.attention.dcmha import (
     key_matrices,
     query_matrices,
 )
+from attnzoo.attention.dcmha_compiled import compiled_compose, compose_sum
 
 POSITIONS = ["none", "learned", "sinusoidal", "rope", "alibi"]
 KV_HEADS = {"mha": 4, "gqa": 2, "mqa": 1}
@@ -147,6 +150,21 @@ def test_low_rank_and_merged_equal_explicit_matrix_form(groups, key_wise, static
     torch.testing.assert_close(merged, expected, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("groups", [1, 2])
+@pytest.mark.parametrize("key_wise", [True, False])
+def test_compiled_composition_form_and_its_backward_equal_merged(groups, key_wise, monkeypatch):
+    """The sum form and the hand-written backward of the compiled composition, run eagerly (compiling nothing):
+    float64 ``gradcheck`` of the Function, and its value against ``compose_merged``."""
+    monkeypatch.setattr(dcmha_compiled, "_compiled", lambda function: function)
+    batch, n_heads, query_len, key_len = 2, 4, 5, 6
+    mixing = random_mixing(batch, groups, n_heads // groups, query_len, key_len, key_wise=key_wise)
+    inputs = [torch.randn(batch, n_heads, query_len, key_len), query_matrices(mixing, None)]
+    inputs.append(key_matrices(mixing) if key_wise else None)
+    inputs = [None if x is None else x.double().requires_grad_() for x in inputs]
+    assert torch.autograd.gradcheck(compiled_compose, inputs)
+    torch.testing.assert_close(compose_sum(*inputs), compose_merged(*inputs), atol=1e-12, rtol=1e-12)
+
+
 def test_single_query_merged_form_equals_explicit():
     """One decoding step takes its own branch (W[s] = QW + KW[s] as one broadcast multiply-sum)."""
     scores = torch.randn(3, 4, 1, 7)
@@ -207,6 +225,8 @@ VARIANTS = {
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_chunked_training_path_equals_eager_reference(variant):
+    """The training path recomputes each block in the backward pass (``checkpoint``, see the next test); local and
+    global layers, GQA (2 kv heads), ALiBi."""
     model = make_model("alibi", n_kv_heads=2, window_type="LG", **VARIANTS[variant])
     model.train()  # dropout is 0; train mode exercises the same path the trainer runs
     eager = with_backend(model, "eager").train()
@@ -257,6 +277,89 @@ def test_chunked_path_never_builds_full_score_tensor():
         assert max(map(long_axes, fast.outputs)) == 1  # nothing is T×T, composition temporaries included
         # Each block's scores are (B, N, chunk, keys in reach): O(T·chunk), and O(chunk·window) when local.
         assert all(shape[-2] <= chunk and shape[-1] <= keys for shape in fast.softmax)
+
+
+def saved_for_backward_bytes(model: Transformer, length: int) -> int:
+    """Bytes of the distinct storages autograd keeps for the backward pass of one training forward."""
+    storages: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+        return tensor
+
+    idx = tokens(2, length)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        model(idx, idx)
+    return sum(storages.values())
+
+
+def test_training_path_keeps_memory_linear_in_length():
+    """Autograd keeps no block's scores: what it saves doubles with T (projections, dynamic weights, outputs),
+    where the eager reference's (B, N, T, T) scores make it grow much faster. Global layers, 8-query blocks."""
+    model = make_model(window_type="G", q_chunk_size=8, n_layers=1).train()
+    eager = with_backend(model, "eager").train()
+    growth = saved_for_backward_bytes(model, 128) / saved_for_backward_bytes(model, 64)
+    eager_growth = saved_for_backward_bytes(eager, 128) / saved_for_backward_bytes(eager, 64)
+    assert growth < 2.1  # measured 1.87: linear, plus a constant (parameters)
+    assert eager_growth > 2.5  # measured 2.9 (and the chunked path without recomputation 2.85)
+
+
+def test_compiled_composition_compiles_once_for_every_block_and_length(monkeypatch):
+    """Blocks of every query and key length share one graph for the composition and one for its weight gradients,
+    at any sequence length; a block of one query compiles both once more (dynamo specialises axes of size 1).
+    Counted with dynamo's counting backend, which compiles nothing, so the test is fast; the inductor path's
+    numerics are checked by the slow test below."""
+    from torch._dynamo.testing import CompileCounter
+
+    counter = CompileCounter()
+    monkeypatch.setattr(dcmha_compiled, "_compiled", cache(lambda function: torch.compile(function, backend=counter)))
+    torch._dynamo.reset()
+    try:
+        model = make_model(window_type="LG", compile_composition=True).train()
+        for length in (22, 31, 40):  # blocks of 4 queries, then a last block of 2, 3 and 4
+            model(tokens(length=length), tokens(length=length))[1].backward()
+        assert counter.frame_count == 2
+        model(tokens(length=21), tokens(length=21))[1].backward()  # a last block of one query
+        assert counter.frame_count == 4
+    finally:
+        torch._dynamo.reset()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["default", "query_wise", "grouped_static_qknorm"])
+def test_compiled_composition_equals_eager_reference(variant):
+    """The inductor-compiled composition against the eager reference (eager backend, composition not compiled),
+    output and every gradient, as the plain training path is checked above; then the same model at another length
+    reuses the compiled graphs."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    model = make_model("alibi", n_kv_heads=2, window_type="LG", compile_composition=True, **VARIANTS[variant])
+    eager = Transformer(
+        dataclasses.replace(
+            model.config,
+            attn_backend="eager",
+            attention_options=model.config.attention_options | {"compile_composition": False},
+        )
+    ).train()
+    eager.load_state_dict(model.state_dict())
+    model.train()
+    for length in (22, 27):  # last blocks of 2 and 3 queries
+        model.zero_grad()
+        eager.zero_grad()
+        idx, targets = tokens(length=length), tokens(length=length)
+        logits, loss = model(idx, targets)
+        ref_logits, ref_loss = eager(idx, targets)
+        torch.testing.assert_close(logits, ref_logits, atol=1e-5, rtol=0)
+        loss.backward()
+        ref_loss.backward()
+        for (name, param), ref_param in zip(model.named_parameters(), eager.parameters(), strict=True):
+            assert (param.grad - ref_param.grad).abs().max() <= 1e-4 * ref_param.grad.abs().max(), name
+        if length == 22:
+            graphs = counters["stats"]["unique_graphs"]
+    assert graphs >= 1  # the composition did compile
+    assert counters["stats"]["unique_graphs"] == graphs  # the second length compiled nothing new
+    torch._dynamo.reset()
 
 
 @pytest.mark.parametrize("kv", KV_HEADS)

@@ -113,6 +113,41 @@ def test_sdpa_expresses_the_row_scale_exactly(start):
     torch.testing.assert_close(sdpa_attention(q, k, v, ctx, query_scale=tau), expected, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("length", [7, 300])  # 300: several of the flash kernel's query and key blocks
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_alibi_with_the_causal_flag_equals_the_masked_form(monkeypatch, length, dtype):
+    """On CPU a fresh ALiBi sequence passes the bias with the causal flag (``sdpa_with_causal_bias``): equal to
+    SDPA with the one additive mask, in output and in the gradients to q, k and v (GQA, 2 kv heads)."""
+    spy = KernelSpy(monkeypatch)
+    ctx = context(length=length)
+    leaves = [x.to(dtype).requires_grad_() for x in qkv(length, length)]
+    twins = [x.detach().clone().requires_grad_() for x in leaves]
+    out = sdpa_attention(*leaves, ctx)
+    assert spy.calls["sdpa"] == 1 and kernels.sdpa_takes_bias_with_causal(*leaves, 0.0)
+    k, v = (kernels.repeat_kv(x, H // H_KV) for x in twins[1:])
+    masked = F.scaled_dot_product_attention(twins[0], k, v, attn_mask=ctx.sdpa_mask(H, length, 1, dtype))
+    # fp32: the same sums in other blocks (≤ 1e-5); bf16: the kernels round their partial sums differently.
+    atol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out, masked, atol=atol, rtol=0)
+    grad = torch.randn_like(out)
+    grads = torch.autograd.grad(out, leaves, grad), torch.autograd.grad(masked, twins, grad)
+    for leaf_grad, twin_grad in zip(*grads, strict=True):
+        torch.testing.assert_close(leaf_grad, twin_grad, atol=10 * atol, rtol=0)
+    if dtype == torch.float32:
+        torch.testing.assert_close(out, reference(*(x.detach() for x in leaves))[0], atol=1e-5, rtol=0)
+
+
+@pytest.mark.cuda
+def test_alibi_on_cuda_keeps_the_additive_mask():
+    """The bias-with-causal kernel is CPU's: on CUDA SDPA gets the one additive mask and equals the reference."""
+    ctx = context(length=64)
+    q, k, v = (x.cuda() for x in qkv(64, 64))
+    ctx.positions = ctx.positions.cuda()
+    assert not kernels.sdpa_takes_bias_with_causal(q, k, v, 0.0)
+    expected = reference(*(x.cpu() for x in (q, k, v)))[0]
+    torch.testing.assert_close(sdpa_attention(q, k, v, ctx).cpu(), expected, atol=1e-4, rtol=0)
+
+
 @pytest.mark.parametrize("pad", [True, False])
 def test_sdpa_with_values_wider_than_queries(monkeypatch, pad):
     monkeypatch.setattr(kernels, "sdpa_pads_queries", lambda device: pad)
@@ -128,7 +163,7 @@ def block_hooks(length):
     """Hooks that depend on the block: a per-(t, s) term on the scores and a per-row factor on the probs."""
     extra, factor = torch.randn(length, length), torch.rand(length) + 0.5
 
-    def hooks(rows, cols):
+    def hooks(rows, cols, inputs):
         return Hooks(scores=lambda s: s + extra[rows, cols], probs=lambda p: p * factor[rows, None])
 
     return hooks
@@ -139,18 +174,40 @@ def test_chunked_equals_eager(window):
     length = 11  # 3 blocks of 4 and a partial one
     q, k, v = qkv(length, length)
     ctx, hooks = context(length=length), block_hooks(length)
-    full, _ = eager_attention(q, k, v, ctx, hooks=hooks(slice(None), slice(None)), window=window)
+    full, _ = eager_attention(q, k, v, ctx, hooks=hooks(slice(None), slice(None), ()), window=window)
     seen = []
 
-    def spy(rows, cols):
+    def spy(rows, cols, inputs):
         seen.append((rows, cols))
-        return hooks(rows, cols)
+        return hooks(rows, cols, inputs)
 
     chunked = chunked_attention(q, k, v, ctx, hooks=spy, chunk=4, window=window)
     torch.testing.assert_close(chunked, full, atol=1e-6, rtol=0)
     # Each block reads only the keys it can see: its causal range, or its window.
     first_key = (lambda row: 0) if window is None else (lambda row: max(0, row - window + 1))
-    assert seen == [(slice(r, min(r + 4, length)), slice(first_key(r), min(r + 4, length))) for r in (0, 4, 8)]
+    # Blocks run from the last to the first (see chunked_attention).
+    assert seen == [(slice(r, min(r + 4, length)), slice(first_key(r), min(r + 4, length))) for r in (8, 4, 0)]
+
+
+def test_recomputed_block_replays_dropout_and_gives_each_input_its_gradient():
+    """The block runs again in the backward pass with the same dropout mask; inputs that need no gradient (or are
+    None) get None."""
+    x, weight, fixed = torch.randn(6, 5, requires_grad=True), torch.randn(5, requires_grad=True), torch.randn(5)
+
+    def run(x, weight, fixed, absent):
+        return F.dropout(x * weight + fixed, p=0.5).pow(2)
+
+    grad = torch.randn(6, 5)
+    torch.manual_seed(0)
+    out = kernels.RecomputedBlock.apply(run, True, x, weight, fixed, None)
+    torch.rand(100)  # the generator moves on before the backward pass, which must replay the first draw
+    grads = torch.autograd.grad(out, (x, weight), grad)
+    torch.manual_seed(0)
+    expected = run(x, weight, fixed, None)
+    torch.testing.assert_close(out, expected, atol=0, rtol=0)
+    for got, want in zip(grads, torch.autograd.grad(expected, (x, weight), grad), strict=True):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+    assert (out == 0).any()  # dropout did drop something: the replay matters
 
 
 def test_chunked_keys_at_explicit_positions_are_masked_by_position():
@@ -177,12 +234,14 @@ def test_chunked_keys_at_explicit_positions_are_masked_by_position():
 
 
 class KernelSpy:
-    """Counts the kernels attend reaches: SDPA itself (the torch function), the chunked form and eager calls."""
+    """Counts the kernels attend reaches: SDPA itself (the torch function, or its CPU kernel called directly with a
+    bias and the causal flag), the chunked form and eager calls."""
 
     def __init__(self, monkeypatch):
         self.calls = {"sdpa": 0, "chunked": 0, "eager": 0}
         for name, module, attr in (
             ("sdpa", F, "scaled_dot_product_attention"),
+            ("sdpa", kernels, "sdpa_with_causal_bias"),
             ("chunked", kernels, "chunked_attention"),
             ("eager", kernels, "eager_attention"),
         ):
@@ -256,7 +315,7 @@ def test_auto_and_sdpa_agree_where_both_apply():
 def test_the_kernel_refuses_hooks_on_sdpa():
     q, k, v = qkv()
     with pytest.raises(ValueError, match="'sdpa' cannot run score hooks"):
-        attend(q, k, v, context(backend="sdpa"), hooks=lambda rows, cols: Hooks(), chunk=4)
+        attend(q, k, v, context(backend="sdpa"), hooks=lambda rows, cols, inputs: Hooks(), chunk=4)
 
 
 def test_old_configs_keep_loading():

@@ -35,7 +35,8 @@ from attnzoo.model import Transformer
 from attnzoo.tables import Table, memory_header, ratio, speed_header
 from attnzoo.variants import Variant, matched_configs
 
-MODES = ("train", "prefill", "decode", "decode-nocache")
+MODES = ("train", "train+adamw", "prefill", "decode", "decode-nocache")
+TRAINING_MODES = ("train", "train+adamw")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # The fused kernels SDPA may dispatch to; its math fallback decomposes into ordinary ops and shows as none.
 SDPA_KERNELS = {
@@ -52,7 +53,8 @@ class BenchCase:
     config: ModelConfig
     batch_size: int
     seq_len: int
-    mode: str = "train"  # train: forward+backward; prefill: forward; decode(-nocache): new tokens after seq_len
+    # train: forward+backward; train+adamw: and an AdamW step; prefill: forward; decode(-nocache): new tokens after T
+    mode: str = "train"
     decode_tokens: int = 32
     dtype: str = "float32"  # bfloat16 runs under autocast, as training does on CUDA
 
@@ -148,7 +150,7 @@ def _run_case(case: BenchCase, repeats: int, warmup: int, threads: int, device: 
     on_cuda = device.startswith("cuda")
     dtype = DTYPES[case.dtype]
     autocast = torch.autocast(device_type=torch.device(device).type, dtype=dtype, enabled=dtype != torch.float32)
-    measured: dict[str, int] = {}
+    measured: dict[str, float] = {}
 
     def timed(fn) -> float:
         if on_cuda:
@@ -160,10 +162,14 @@ def _run_case(case: BenchCase, repeats: int, warmup: int, threads: int, device: 
             torch.cuda.synchronize()
         return time.perf_counter() - start
 
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4) if case.mode == "train+adamw" else None
+
     def train() -> tuple[int, float]:
         def step():
             model.zero_grad(set_to_none=True)
             model(idx, idx)[1].backward()
+            if optimizer is not None:
+                optimizer.step()
 
         return idx.numel(), timed(step)
 
@@ -196,8 +202,10 @@ def _run_case(case: BenchCase, repeats: int, warmup: int, threads: int, device: 
 
         return new_tokens.numel(), timed(steps)
 
-    step = {"train": train, "prefill": prefill, "decode": decode, "decode-nocache": decode_without_cache}[case.mode]
-    model.train(case.mode == "train")
+    modes = {"train": train, "train+adamw": train, "prefill": prefill, "decode": decode}
+    step = {**modes, "decode-nocache": decode_without_cache}[case.mode]
+    model.train(case.mode in TRAINING_MODES)
+    measured["load_average"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
 
     def peak_mb() -> float:
         if on_cuda:
@@ -361,7 +369,7 @@ class BenchSweep:
 
     variants: tuple[str, ...] = ("mha+rope", "diff+rope", "diff_v2+rope", "selective+rope", "dcmha+rope")
     seq_lens: tuple[int, ...] = (256, 1024)
-    modes: tuple[str, ...] = MODES
+    modes: tuple[str, ...] = ("train", "prefill", "decode", "decode-nocache")
     tokens_per_step: int = 4096  # the train and prefill batch is this // T sequences (at least 1)
     decode_tokens: int = 32
     dim: int = 256
@@ -417,7 +425,7 @@ def run_bench(sweep: BenchSweep, out: Path, *, progress: bool = True) -> list[Be
     for seq_len in sweep.seq_lens:
         configs = matched_configs(variants, sweep.baseline(seq_len))
         for mode in sweep.modes:
-            batch = max(1, sweep.tokens_per_step // seq_len) if mode in ("train", "prefill") else 1
+            batch = max(1, sweep.tokens_per_step // seq_len) if mode in (*TRAINING_MODES, "prefill") else 1
             for label, cfg in configs.items():
                 cases.append(BenchCase(label, cfg, batch, seq_len, mode, sweep.decode_tokens, sweep.dtype))
     results = []

@@ -128,6 +128,14 @@ class AttentionContext:
 
         return self._memoized(("sdpa_mask", n_heads, key_len, bias_repeat, dtype), build)
 
+    def sdpa_bias(self, n_heads: int, key_len: int, bias_repeat: int, dtype: torch.dtype) -> Tensor:
+        """The positional bias alone as a (1, H, T, S) ``attn_mask`` in ``dtype``, for a kernel that applies the
+        causal mask itself (:func:`~attnzoo.attention.kernels.sdpa_attention` on CPU)."""
+        return self._memoized(
+            ("sdpa_bias", n_heads, key_len, bias_repeat, dtype),
+            lambda: self.score_bias(n_heads, key_len, bias_repeat)[None].to(dtype),
+        )
+
     def record(self, attention_map: Tensor) -> None:
         if self.attention_maps is not None:
             self.attention_maps.append(attention_map.detach())

@@ -31,7 +31,8 @@ from torch import Tensor, nn
 
 from attnzoo.attention import dcmha_triton
 from attnzoo.attention.base import ATTENTION, AttentionContext, CacheBuffer
-from attnzoo.attention.kernels import BlockHooks, Hooks, ScoreHook, attend
+from attnzoo.attention.dcmha_compiled import compiled_compose
+from attnzoo.attention.kernels import BlockHooks, HookInputs, Hooks, ScoreHook, attend
 from attnzoo.attention.mha import MultiHeadAttention
 from attnzoo.cache import LayerCache, WindowCache
 from attnzoo.precision import compute_dtype
@@ -56,9 +57,12 @@ class DCMHAOptions:
     window_size: int = 256  # keys a local layer's query sees, itself included
     window_type: str = "LG"  # layer i is local if window_type[i % len] is "L", global if "G"
     q_chunk_size: int = 128  # queries per block on the training path
+    # torch.compile the composition on the training path (fused loops, about 3× faster on CPU); the first
+    # forward pass compiles it, which takes tens of seconds
+    compile_composition: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("pre_compose", "post_compose", "query_wise", "static_proj", "qk_norm"):
+        for name in ("pre_compose", "post_compose", "query_wise", "static_proj", "qk_norm", "compile_composition"):
             require(isinstance(getattr(self, name), bool), name, getattr(self, name), "must be true or false")
         for name in ("num_groups", "rank", "window_size", "q_chunk_size"):
             value = getattr(self, name)
@@ -95,15 +99,6 @@ class Mixing(NamedTuple):
     kw1: Tensor | None
     kw2: Tensor | None
     kdd: Tensor | None
-
-    def block(self, queries: slice, keys: slice) -> Mixing:
-        def take(w: Tensor | None, rows: slice) -> Tensor | None:
-            return None if w is None else w[:, :, rows]
-
-        return Mixing(
-            *(take(w, queries) for w in (self.qw1, self.qw2, self.qdd)),
-            *(take(w, keys) for w in (self.kw1, self.kw2, self.kdd)),
-        )
 
 
 def query_matrices(mixing: Mixing, static_w: Tensor | None) -> Tensor:
@@ -276,13 +271,15 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
             fused = dcmha_triton.fused_attention(q, k, v, ctx, pre, post, self)
             if fused is not None:
                 return self.o_proj(fused.transpose(1, 2).reshape(batch, seq_len, -1))
+        hooks, hook_inputs = self._block_hooks(pre, post, cached_kw)
         out, _ = attend(
             q,
             k,
             v,
             ctx,
             dropout_p=self.attn_dropout,
-            hooks=self._block_hooks(pre, post, cached_kw),
+            hooks=hooks,
+            hook_inputs=hook_inputs,
             window=self.window,
             key_positions=key_positions,
             chunk=self.options.q_chunk_size,
@@ -306,33 +303,47 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
             mixing(POST_Q, POST_K) if opts.post_compose else None,
         )
 
-    def _block_hooks(self, pre: Mixing | None, post: Mixing | None, cached_kw: dict[int, Tensor] | None) -> BlockHooks:
-        """The kernel hooks of a block of queries ``rows`` × keys ``cols``: pre-compose the scores, post-compose
-        the probabilities (``compose_merged``).
+    def _block_hooks(
+        self, pre: Mixing | None, post: Mixing | None, cached_kw: dict[int, Tensor] | None
+    ) -> tuple[BlockHooks, list[Tensor | None]]:
+        """The kernel hooks of a block of queries ``rows`` × keys ``cols`` (pre-compose the scores, post-compose
+        the probabilities: ``compose_merged``, or ``compiled_compose`` with ``compile_composition``), and the
+        tensors they read: QW and KW of the pre and of the post composition, None where one is off.
 
         Each block is composed with the merged matrices QW[t] (B, G, rows, M, M) and KW[s] (B, G, M, M, cols), the
         form of Eq. 5–7 with W = QW + KW, on the chunks of the training path as on the eager reference's full
         scores. Both are memory-bound passes over the scores, and at N = 8 the N×N form takes fewer of them (and
         fewer layout copies) than the rank-R factors: fwd+bwd of one (8, 8, 128, 256) block took 61 ms against
-        105 ms for the rank-R form (CPU, 1 thread), and the 4-layer training step 1.3–1.6× less time. KW comes
-        from the block's keys, or on a cached call from ``cached_kw`` (absent when query-wise).
+        105 ms for the rank-R form (CPU, 1 thread), and the 4-layer training step 1.3–1.6× less time. Compiled,
+        the two forms ran equally fast, so the merged one serves both. QW and KW are formed once for all tokens and
+        sliced per block, so neither is recomputed for each block; on a cached call KW comes from ``cached_kw``
+        (absent when query-wise).
         """
-
-        def compose(which: int, mixing: Mixing | None, rows: slice, cols: slice) -> ScoreHook | None:
+        # Compiled on fresh sequences only: a cached call's blocks are single tokens or short prompts.
+        compose = compiled_compose if self.options.compile_composition and cached_kw is None else compose_merged
+        inputs: list[Tensor | None] = []
+        for which, mixing in enumerate((pre, post)):
             if mixing is None:
-                return None
+                inputs += [None, None]
+                continue
             static_w = None if self.static_w is None else self.static_w[which].to(compute_dtype(self.static_w.dtype))
-            block = mixing.block(rows, cols)
             if cached_kw is not None:  # the cache holds every visible key's KW; the mixing only the new ones
-                key_w = cached_kw[which][..., cols] if which in cached_kw else None
+                key_w = cached_kw.get(which)
             else:
-                key_w = None if block.kw1 is None else key_matrices(block)
-            return partial(compose_merged, query_w=query_matrices(block, static_w), key_w=key_w)
+                key_w = None if mixing.kw1 is None else key_matrices(mixing)
+            inputs += [query_matrices(mixing, static_w), key_w]
 
-        def hooks(rows: slice, cols: slice) -> Hooks:
-            return Hooks(scores=compose(0, pre, rows, cols), probs=compose(1, post, rows, cols))
+        def hooks(rows: slice, cols: slice, inputs: HookInputs) -> Hooks:
+            def block(which: int) -> ScoreHook | None:
+                query_w, key_w = inputs[2 * which], inputs[2 * which + 1]
+                if query_w is None:
+                    return None
+                key_w = None if key_w is None else key_w[..., cols]
+                return partial(compose, query_w=query_w[:, :, rows], key_w=key_w)
 
-        return hooks
+            return Hooks(scores=block(0), probs=block(1))
+
+        return hooks, inputs
 
     def _extend_cache(
         self, cache: WindowCache, ctx: AttentionContext, k: Tensor, v: Tensor, pre: Mixing | None, post: Mixing | None

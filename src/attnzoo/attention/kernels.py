@@ -10,8 +10,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -34,10 +35,14 @@ class Hooks(NamedTuple):
 
 
 NO_HOOKS = Hooks()
-BlockHooks = Callable[[slice, slice], Hooks]  # (query rows, key columns) of a block → that block's hooks
+HookInputs = Sequence[Tensor | None]
+# (query rows, key columns, hook inputs) of a block → that block's hooks. A hook reads every tensor that needs a
+# gradient from the hook inputs (``attend``'s ``hook_inputs``), never from a closure: a block recomputed in the
+# backward pass (``chunked_attention``) is differentiated with respect to its inputs only.
+BlockHooks = Callable[[slice, slice, HookInputs], Hooks]
 
 
-def no_hooks(rows: slice, cols: slice) -> Hooks:
+def no_hooks(rows: slice, cols: slice, inputs: HookInputs) -> Hooks:
     return NO_HOOKS
 
 
@@ -60,6 +65,38 @@ def sdpa_pads_queries(device: torch.device) -> bool:
     padding launches half the calls.
     """
     return device.type != "cuda"
+
+
+def sdpa_takes_bias_with_causal(q: Tensor, k: Tensor, v: Tensor, dropout_p: float) -> bool:
+    """Whether SDPA's causal kernel can also add a positional bias for these inputs.
+
+    The CPU flash kernel (``aten._scaled_dot_product_flash_attention_for_cpu``) takes an ``attn_mask`` together
+    with ``is_causal`` and keeps its causal block skipping; its public entry point refuses the pair, which PyTorch
+    documents as exclusive, so the kernel is called directly, on CPU only, without dropout (which it does not
+    run), for equal dtypes (the entry point would cast them under autocast) and equal head sizes (unless
+    ``sdpa_pads_queries``, Diff's wider values). Elsewhere the bias and the causal
+    mask become one additive mask, which loses the block skipping: fwd+bwd of (4, 8, 1024, 32) ALiBi attention
+    took 267 ms with the bias and the causal flag, 753 ms with one additive mask and 109 ms for plain causal
+    attention (CPU, 1 thread, contended), and the 4-layer training step at T = 1024 1.7× plain causal against
+    3.4×. What is left is the kernel's backward pass with a mask, 3× its causal one (forward 1.6×). Folding ALiBi
+    into q·k (an extra head dimension holding m·j, softmax dropping the row's m·i) would run the plain kernel but
+    round the logits of nearby keys to the precision of m·T, so it is not done.
+    """
+    return (
+        q.device.type == "cpu"
+        and dropout_p == 0
+        and q.dtype == k.dtype == v.dtype
+        and q.shape[-1] == v.shape[-1]
+        and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
+    )
+
+
+def sdpa_with_causal_bias(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float | None) -> Tensor:
+    """Causal attention of q over k, v (B, H, T, d) with the additive ``bias`` (1, H, T, T) on the scaled logits,
+    by the CPU flash kernel (:func:`sdpa_takes_bias_with_causal` says when it applies)."""
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True, attn_mask=bias, scale=scale)[
+        0
+    ]
 
 
 def eager_attention(
@@ -90,8 +127,13 @@ def eager_attention(
     n_kv_heads, key_len = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
     # GQA without copying k and v: the n_rep query heads of a kv head are stacked along the query axis.
-    logits = (q.reshape(batch, n_kv_heads, -1, head_dim) @ k.transpose(-2, -1)).to(compute_dtype(q.dtype))
-    logits = logits.view(batch, n_heads, query_len, key_len) * scale
+    if q.dtype == compute_dtype(q.dtype):
+        # fp32/fp64: scaling the (T, d) queries instead of the (T, S) logits is one rounding either way, S/d
+        # times less work, and one pass over the scores fewer forward and backward.
+        logits = (q * scale).reshape(batch, n_kv_heads, -1, head_dim) @ k.transpose(-2, -1)
+    else:
+        logits = (q.reshape(batch, n_kv_heads, -1, head_dim) @ k.transpose(-2, -1)).to(compute_dtype(q.dtype)) * scale
+    logits = logits.view(batch, n_heads, query_len, key_len)
     if query_scale is not None:
         logits = logits * query_scale[..., None]
     if positions is None:
@@ -129,9 +171,9 @@ def sdpa_attention(
     """``F.scaled_dot_product_attention`` with the semantics of :func:`eager_attention` without hooks.
 
     Plain causal attention over a fresh sequence uses ``is_causal`` (block skipping, no T×S mask), and
-    bidirectional attention (``ctx.causal`` false) no mask at all. A positional bias or a non-empty cache needs an
-    explicit mask; the bias enters as one additive mask, since SDPA refuses ``attn_mask`` together with
-    ``is_causal``.
+    bidirectional attention (``ctx.causal`` false) no mask at all. With a positional bias, a fresh causal sequence
+    passes the bias with the causal flag where the kernel takes both (:func:`sdpa_takes_bias_with_causal`: CPU);
+    otherwise, and on a non-empty cache, bias and mask enter as one additive mask.
     """
     if query_scale is not None:
         # Scaling query row t scales logit row t before the bias is added: the eager kernel's row scale.
@@ -142,11 +184,15 @@ def sdpa_attention(
         q, k = F.pad(q, (0, width)), F.pad(k, (0, width))  # zeros add nothing to q·k
     n_heads, query_len, key_len = q.shape[1], q.shape[2], k.shape[2]
     k, v = repeat_kv(k, n_heads // k.shape[1]), repeat_kv(v, n_heads // v.shape[1])
-    if not ctx.static and ctx.score_bias(n_heads, key_len, bias_repeat) is None and query_len in (1, key_len):
+    has_bias = ctx.score_bias(n_heads, key_len, bias_repeat) is not None
+    if not ctx.static and not has_bias and query_len in (1, key_len):
         # A fresh sequence is plain causal (or bidirectional); a single new token sees every cached key (on a
         # growing cache: a static step's keys include slots only its mask excludes).
         is_causal = query_len > 1 and ctx.causal
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
+    if has_bias and ctx.causal and query_len == key_len > 1 and sdpa_takes_bias_with_causal(q, k, v, dropout_p):
+        # A fresh causal sequence with a bias (ALiBi): the causal kernel adds the bias itself.
+        return sdpa_with_causal_bias(q, k, v, ctx.sdpa_bias(n_heads, key_len, bias_repeat, q.dtype), scale)
     mask = ctx.sdpa_mask(n_heads, key_len, bias_repeat, q.dtype)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
 
@@ -159,6 +205,7 @@ def chunked_attention(
     *,
     hooks: BlockHooks,
     chunk: int,
+    hook_inputs: HookInputs = (),
     window: int | None = None,
     key_positions: Tensor | None = None,
     query_scale: Tensor | None = None,
@@ -170,11 +217,19 @@ def chunked_attention(
     when the context is not causal: all keys, or a symmetric window); keys at explicit
     ``key_positions`` (a ring cache, in slot order) are all kept and masked by position. ``kernel``: the
     remaining arguments of :func:`eager_attention` (scale, dropout_p, bias_repeat).
+
+    When autograd records, each block is one :class:`RecomputedBlock`: autograd keeps the block's inputs (views of
+    q, k, v and the hook inputs) and the backward pass recomputes its scores, one block at a time, so training
+    memory grows with T, not T·S. That costs one more forward pass of each block: 1.16× the eager DCMHA training
+    step at T = 1024 (CPU, contended). Blocks run from the last (the most keys) to the first, so each block's
+    score-sized temporaries fit in memory its larger predecessor freed.
     """
     query_len = q.shape[2]
     k_positions = ctx.key_positions(k.shape[2]) if key_positions is None else key_positions
+    # Projections come head-transposed; copied once here, rather than by each block's matmuls.
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     outs = []
-    for first in range(0, query_len, chunk):
+    for first in reversed(range(0, query_len, chunk)):
         rows = slice(first, min(query_len, first + chunk))
         cols = slice(None)
         if key_positions is None:
@@ -183,19 +238,82 @@ def chunked_attention(
                 cols = slice(lowest, ctx.start + rows.stop)
             else:
                 cols = slice(lowest, None if window is None else ctx.start + rows.stop - 1 + window)
+        block = _Block(ctx, hooks, rows, cols, (ctx.positions[rows], k_positions[cols]), window, kernel)
+        args = (q[:, :, rows], k[:, :, cols], v[:, :, cols], None if query_scale is None else query_scale[:, :, rows])
+        args += tuple(hook_inputs)
+        records = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in args)
+        random = kernel.get("dropout_p", 0.0) > 0
+        outs.append(RecomputedBlock.apply(block, random, *args) if records else block(*args))
+    return torch.cat(outs[::-1], dim=2)
+
+
+class _Block(NamedTuple):
+    """One block of :func:`chunked_attention` as a function of its tensors: q, k, v, query_scale, hook inputs."""
+
+    ctx: AttentionContext
+    hooks: BlockHooks
+    rows: slice
+    cols: slice
+    positions: tuple[Tensor, Tensor]
+    window: int | None
+    kernel: dict[str, Any]
+
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, query_scale: Tensor | None, *inputs: Tensor | None) -> Tensor:
+        hooks = self.hooks(self.rows, self.cols, inputs)
         out, _ = eager_attention(
-            q[:, :, rows],
-            k[:, :, cols],
-            v[:, :, cols],
-            ctx,
-            query_scale=None if query_scale is None else query_scale[:, :, rows],
-            hooks=hooks(rows, cols),
-            window=window,
-            positions=(ctx.positions[rows], k_positions[cols]),
-            **kernel,
+            q,
+            k,
+            v,
+            self.ctx,
+            query_scale=query_scale,
+            hooks=hooks,
+            window=self.window,
+            positions=self.positions,
+            **self.kernel,
         )
-        outs.append(out)
-    return torch.cat(outs, dim=2)
+        return out
+
+
+class RecomputedBlock(torch.autograd.Function):
+    """``run(*inputs)`` with only its inputs kept for the backward pass, which runs it again to differentiate it.
+
+    The forward pass records nothing, so no score-sized tensor and no graph node per operation stays alive
+    between the passes. (``torch.utils.checkpoint``'s non-reentrant form keeps the graph: its nodes, allocated
+    among the blocks' temporaries, pinned glibc's heap and doubled the resident peak of DCMHA training at
+    T = 2048.) The recomputation draws the same dropout masks, under the same autocast, as the forward pass.
+    Gradients reach ``run``'s tensor inputs only; one that needs none gets None.
+    """
+
+    @staticmethod
+    def forward(ctx, run: Callable[..., Tensor], random: bool, *inputs: Tensor | None) -> Tensor:
+        """``random``: whether ``run`` draws random numbers (dropout), whose generator states are then kept."""
+        ctx.run = run
+        ctx.save_for_backward(*inputs)
+        device = next(x.device for x in inputs if x is not None)
+        ctx.cuda_devices = [device] if random and device.type == "cuda" else []
+        ctx.rng_states = (torch.get_rng_state(), *map(torch.cuda.get_rng_state, ctx.cuda_devices)) if random else ()
+        ctx.autocast = (device.type, torch.get_autocast_dtype(device.type), torch.is_autocast_enabled(device.type))
+        return run(*inputs)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
+        needs = ctx.needs_input_grad[2:]
+        leaves = [
+            None if x is None else x.detach().requires_grad_(need)
+            for x, need in zip(ctx.saved_tensors, needs, strict=True)
+        ]
+        device_type, dtype, enabled = ctx.autocast
+        replay = torch.random.fork_rng(devices=ctx.cuda_devices) if ctx.rng_states else contextlib.nullcontext()
+        with replay, torch.enable_grad(), torch.autocast(device_type, dtype=dtype, enabled=enabled):
+            if ctx.rng_states:
+                torch.set_rng_state(ctx.rng_states[0])
+                for device, state in zip(ctx.cuda_devices, ctx.rng_states[1:], strict=True):
+                    torch.cuda.set_rng_state(state, device)
+            out = ctx.run(*leaves)
+        wanted = [leaf for leaf in leaves if leaf is not None and leaf.requires_grad]
+        grads = iter(torch.autograd.grad(out, wanted, grad, allow_unused=True))
+        return None, None, *(next(grads) if leaf is not None and leaf.requires_grad else None for leaf in leaves)
 
 
 def attend(
@@ -209,6 +327,7 @@ def attend(
     bias_repeat: int = 1,
     query_scale: Tensor | None = None,
     hooks: BlockHooks | None = None,
+    hook_inputs: HookInputs = (),
     window: int | None = None,
     key_positions: Tensor | None = None,
     chunk: int | None = None,
@@ -224,7 +343,8 @@ def attend(
     * otherwise ``chunked_attention`` over blocks of ``chunk`` queries, since hooks, a window or keys at
       explicit positions cannot run inside SDPA; the "sdpa" backend refuses that.
 
-    ``hooks(rows, cols)`` gives the :class:`Hooks` of the block of queries ``rows`` × keys ``cols``; with
+    ``hooks(rows, cols, hook_inputs)`` gives the :class:`Hooks` of the block of queries ``rows`` × keys ``cols``,
+    reading the tensors that need gradients from ``hook_inputs`` (:data:`BlockHooks`); with
     ``window`` a query sees its last ``window`` keys, itself included; ``key_positions`` (S,) are the keys'
     absolute positions when they are not 0 .. S−1. Returns the output (B, H, T, d_v) and, when the context
     records maps, the probabilities after ``hooks.probs``, which are recorded as this layer's map unless
@@ -232,7 +352,7 @@ def attend(
     """
     kernel = dict(scale=scale, dropout_p=dropout_p, bias_repeat=bias_repeat, query_scale=query_scale)
     if ctx.backend == "eager" or ctx.records_scores:
-        block_hooks = (hooks or no_hooks)(slice(None), slice(None))
+        block_hooks = (hooks or no_hooks)(slice(None), slice(None), hook_inputs)
         positions = None if key_positions is None else (ctx.positions, key_positions)
         out, probs = eager_attention(q, k, v, ctx, hooks=block_hooks, window=window, positions=positions, **kernel)
         if ctx.attention_maps is None:
@@ -246,6 +366,15 @@ def attend(
         raise ValueError("attn_backend='sdpa' cannot run score hooks or windows; use 'auto' or 'eager'")
     chunk = chunk or q.shape[2]
     out = chunked_attention(
-        q, k, v, ctx, hooks=hooks or no_hooks, chunk=chunk, window=window, key_positions=key_positions, **kernel
+        q,
+        k,
+        v,
+        ctx,
+        hooks=hooks or no_hooks,
+        chunk=chunk,
+        hook_inputs=hook_inputs,
+        window=window,
+        key_positions=key_positions,
+        **kernel,
     )
     return out, None

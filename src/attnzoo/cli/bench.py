@@ -32,15 +32,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         default=list(default.modes),
         choices=MODES,
-        help="train: forward and backward; prefill: forward; decode: new tokens one at a time after T tokens, "
-        "with a KV cache; decode-nocache: the same, recomputing the prefix (default: all)",
+        help="train: forward and backward; train+adamw: and an AdamW step; prefill: forward; decode: new tokens one "
+        "at a time after T tokens, with a KV cache; decode-nocache: the same, recomputing the prefix "
+        f"(default: {' '.join(default.modes)})",
     )
     parser.add_argument(
         "--tokens-per-step",
         type=int,
         metavar="N",
         default=default.tokens_per_step,
-        help=f"train and prefill batch = N // T sequences (default: {default.tokens_per_step})",
+        help=f"training and prefill batch = N // T sequences (default: {default.tokens_per_step})",
     )
     parser.add_argument(
         "--decode-tokens",
