@@ -131,11 +131,11 @@ def main() -> None:
         sections.append("\n\n".join([header, table, *(["Not measured:\n" + "\n".join(failed)] if failed else [])]))
         payload.append({"threads": threads, "header": header, "results": [dataclasses.asdict(r) for r in results]})
         print(f"\n{sections[-1]}\n", flush=True)
-
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(args.out, "\n\n".join(sections) + "\n")
-    atomic_write_text(args.out.with_suffix(".json"), json.dumps(payload, indent=2))
-    print(f"wrote {args.out} and {args.out.with_suffix('.json')}")
+        # Written after each section, so a sweep stopped part-way keeps the thread counts it finished.
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(args.out, "\n\n".join(sections) + "\n")
+        atomic_write_text(args.out.with_suffix(".json"), json.dumps(payload, indent=2))
+        print(f"wrote {args.out} and {args.out.with_suffix('.json')}")
 
 
 if __name__ == "__main__":

@@ -226,8 +226,8 @@ def chunked_attention(
     """
     query_len = q.shape[2]
     k_positions = ctx.key_positions(k.shape[2]) if key_positions is None else key_positions
-    # Projections come head-transposed; copied once here, rather than by each block's matmuls.
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    if query_len > chunk:  # projections come head-transposed: copied once here, rather than by each block's matmuls
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     outs = []
     for first in reversed(range(0, query_len, chunk)):
         rows = slice(first, min(query_len, first + chunk))
