@@ -18,7 +18,8 @@ Run time: the sweep is 7 mechanisms × 5 lengths of training plus 7 × 2 decode 
 case warmup + 3 repeats in a fresh process. DCMHA's quadratic composition dominates: at T = 8192 one eager DCMHA
 step took about 5 minutes on 1 contended thread. Estimated from such single steps: 1–2 hours on a quiet 2-core
 machine, over 3 when contended (``--seq-lens``, ``--mechanisms``, ``--threads`` and ``--repeats`` cut it down).
-A case that dies (out of memory) is listed under its section and the sweep goes on.
+A case that dies (out of memory) is listed under its section and the sweep goes on. Each section opens with
+the ratios at a glance (one row per mechanism, "speed× / memory×" against MHA per length), then every measured row.
 
 ``--malloc-mmap-threshold BYTES`` (e.g. 131072) fixes glibc's mmap threshold in every case process: tensors above
 it are then mapped and unmapped one by one, so the resident peak follows the tensors alive rather than glibc's
@@ -35,7 +36,7 @@ import os
 from pathlib import Path
 
 from attnzoo import ModelConfig
-from attnzoo.bench import BenchCase, BenchResult, machine_description, measure, ratio_table
+from attnzoo.bench import BenchCase, BenchResult, machine_description, measure, ratio_matrix, ratio_table
 from attnzoo.io import atomic_write_text
 from attnzoo.variants import Variant, matched_configs
 
@@ -80,7 +81,16 @@ def main() -> None:
     parser.add_argument(
         "--out", type=Path, default=Path("benchmarks/results/mechanisms.md"), help="markdown tables; JSON beside it"
     )
+    parser.add_argument(
+        "--render", action="store_true", help="measure nothing: rewrite --out's markdown from the JSON beside it"
+    )
     args = parser.parse_args()
+    if args.render:
+        source = args.out.with_suffix(".json")
+        if not source.is_file():
+            parser.error(f"--render reads {source}, which does not exist: run the sweep first")
+        write(json.loads(source.read_text(encoding="utf-8")), args.out)
+        return
     if "mha" not in args.mechanisms:
         parser.error("--mechanisms must include mha, the baseline every ratio is taken against")
     if args.malloc_mmap_threshold is not None:
@@ -105,7 +115,7 @@ def main() -> None:
         if args.malloc_mmap_threshold is None
         else f"MALLOC_MMAP_THRESHOLD_={args.malloc_mmap_threshold}"
     )
-    sections, payload = [], []
+    payload: list[dict] = []
     for threads in args.threads:
         header = (
             f"### {threads} thread(s)\n\nMachine: {machine_description(threads)}. fp32; {allocator}; training rows "
@@ -127,15 +137,33 @@ def main() -> None:
                 f"{result.peak_mem_mb:8,.0f} MB  load {result.extra['load_average']:.2f}",
                 flush=True,
             )
-        table = ratio_table(results, baseline="mha").to_markdown()
-        sections.append("\n\n".join([header, table, *(["Not measured:\n" + "\n".join(failed)] if failed else [])]))
-        payload.append({"threads": threads, "header": header, "results": [dataclasses.asdict(r) for r in results]})
-        print(f"\n{sections[-1]}\n", flush=True)
-        # Written after each section, so a sweep stopped part-way keeps the thread counts it finished.
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(args.out, "\n\n".join(sections) + "\n")
-        atomic_write_text(args.out.with_suffix(".json"), json.dumps(payload, indent=2))
-        print(f"wrote {args.out} and {args.out.with_suffix('.json')}")
+        payload.append(
+            {
+                "threads": threads,
+                "header": header,
+                "results": [dataclasses.asdict(r) for r in results],
+                "failed": failed,
+            }
+        )
+        print(f"\n{render_section(payload[-1])}\n", flush=True)
+        write(payload, args.out)  # after each section: a sweep stopped part-way keeps the thread counts it finished
+
+
+def render_section(section: dict) -> str:
+    """One thread count's markdown: its header, the ratios at a glance, every measured row, and what failed."""
+    results = [BenchResult(**r) for r in section["results"]]
+    parts = [section["header"], ratio_matrix(results, baseline="mha").to_markdown()]
+    parts += [ratio_table(results, baseline="mha").to_markdown()]
+    if section.get("failed"):
+        parts.append("Not measured:\n" + "\n".join(section["failed"]))
+    return "\n\n".join(parts)
+
+
+def write(payload: list[dict], out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, "\n\n".join(map(render_section, payload)) + "\n")
+    atomic_write_text(out.with_suffix(".json"), json.dumps(payload, indent=2))
+    print(f"wrote {out} and {out.with_suffix('.json')}")
 
 
 if __name__ == "__main__":

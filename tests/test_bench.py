@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from attnzoo import ModelConfig, Transformer
-from attnzoo.bench import BenchCase, BenchSweep, measure, ratio_table, sdpa_kernels
+from attnzoo.bench import BenchCase, BenchResult, BenchSweep, measure, ratio_matrix, ratio_table, sdpa_kernels
 from attnzoo.cli import main
 from attnzoo.model import cache_bytes
 
@@ -167,3 +167,23 @@ def test_ctrl_c_while_a_case_runs_ends_it_without_a_traceback_from_its_process()
     os.killpg(process.pid, signal.SIGINT)
     out, err = process.communicate(timeout=120)
     assert out == "stopped\n" and "Traceback" not in err and "KeyboardInterrupt" not in err, err
+
+
+def _result(case: str, mode: str, seq_len: int, tokens_per_s: float, peak_mem_mb: float) -> BenchResult:
+    return BenchResult(case, mode, seq_len, 1, tokens_per_s, tokens_per_s, tokens_per_s, peak_mem_mb)
+
+
+def test_ratio_matrix_has_one_row_per_case_and_one_column_per_mode_and_length():
+    results = [
+        _result("base", "train", 256, 1000.0, 100.0),
+        _result("fast", "train", 256, 1500.0, 300.0),
+        _result("base", "train", 1024, 400.0, 200.0),
+        _result("fast", "decode", 1024, 50.0, 10.0),  # no baseline at decode: not a ratio
+        _result("base", "decode", 1024, 100.0, 0.0),  # a baseline with no measured rise: no memory ratio
+    ]
+    table = ratio_matrix(results, baseline="base")
+    assert table.header == ["speed / memory vs base", "train T=256", "train T=1024", "decode T=1024"]
+    assert table.rows == [
+        ["base", "1.00× / 1.00×", "1.00× / 1.00×", "1.00× / –"],
+        ["fast", "1.50× / 3.00×", "–", "0.50× / –"],
+    ]

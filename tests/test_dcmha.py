@@ -20,6 +20,7 @@ from attnzoo.attention.dcmha import (
     PRE_Q,
     DynamicWeightProjection,
     Mixing,
+    compose_low_rank,
     compose_merged,
     key_matrices,
     query_matrices,
@@ -103,32 +104,6 @@ def explicit_composition(scores, mixing: Mixing, static_w=None):
                 matrix = torch.eye(n_heads) + torch.block_diag(*blocks)
                 out[b, :, t, s] = matrix.T @ scores[b, :, t, s]
     return out
-
-
-def compose_low_rank(scores: torch.Tensor, mixing: Mixing, static_w: torch.Tensor | None) -> torch.Tensor:
-    """The reference rank-R form of the official ``_cross_head_proj``, written out here (the model uses the merged
-    N×N form, which is faster on CPU):
-
-    A'[m,t,s] = A[m,t,s]·(1 + qdd[t,m] + kdd[s,m]) + Σ_r qw2[t,r,m]·Σ_n qw1[t,r,n]·A[n,t,s]
-              + Σ_r kw2[s,r,m]·Σ_n kw1[s,r,n]·A[n,t,s]  (+ Σ_n W_b[n,m]·A[n,t,s]).
-
-    Each side is two batched matmuls over a view of A with its own token axis as the batch axis, so the
-    cost is O(R·N) per score instead of O(N²), and no per-token N×N matrix is formed. Fewer flops, but more
-    memory-bound passes over the scores than :func:`compose_merged`, which the training path uses instead.
-    """
-    batch, _, query_len, key_len = scores.shape
-    groups, heads_per_group = mixing.qdd.shape[1], mixing.qdd.shape[-1]
-    grouped = scores.view(batch, groups, heads_per_group, query_len, key_len)
-    out = grouped * (1 + mixing.qdd.mT[..., None])
-    by_query = grouped.transpose(2, 3)  # (B, G, T, M, S)
-    out = out + (mixing.qw2.mT @ (mixing.qw1 @ by_query)).transpose(2, 3)
-    if mixing.kw1 is not None:
-        out = torch.addcmul(out, grouped, mixing.kdd.mT[..., None, :])
-        by_key = grouped.permute(0, 1, 4, 2, 3)  # (B, G, S, M, T)
-        out = out + (mixing.kw2.mT @ (mixing.kw1 @ by_key)).permute(0, 1, 3, 4, 2)
-    if static_w is not None:
-        out = out + torch.einsum("bgnts,gnm->bgmts", grouped, static_w)
-    return out.reshape(scores.shape)
 
 
 @pytest.mark.parametrize("groups", [1, 2])

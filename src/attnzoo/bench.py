@@ -359,6 +359,28 @@ def ratio_table(results: list[BenchResult], baseline: str) -> Table:
     return Table(header, rows)
 
 
+def ratio_matrix(results: list[BenchResult], baseline: str) -> Table:
+    """:func:`ratio_table` folded to one row per case and one column per (mode, T): each cell is the case's speed
+    and peak memory against ``baseline`` at that mode and length, "speed× / memory×" ("–" where either was not
+    measured), so a sweep's ratios read at a glance."""
+    columns = list(dict.fromkeys((r.mode, r.seq_len) for r in results))
+    cases = list(dict.fromkeys(r.case for r in results))
+    measured = {(r.case, r.mode, r.seq_len): r for r in results}
+    rows = []
+    for case in cases:
+        cells = []
+        for mode, seq_len in columns:
+            r, b = measured.get((case, mode, seq_len)), measured.get((baseline, mode, seq_len))
+            if r is None or b is None:
+                cells.append("–")
+                continue
+            memory = ratio(r.peak_mem_mb / b.peak_mem_mb) if b.peak_mem_mb > 0 else "–"
+            cells.append(f"{ratio(r.tokens_per_s / b.tokens_per_s)} / {memory}")
+        rows.append([case, *cells])
+    header = [f"speed / memory vs {baseline}", *(f"{mode} T={seq_len}" for mode, seq_len in columns)]
+    return Table(header, rows)
+
+
 # ------------------------------------------------------------------------------------------ attnzoo bench
 
 

@@ -7,8 +7,8 @@ convert by renaming: ``dyn_w_proj.dw1`` (D, G, 4, K), ``dyn_w_proj.qkw`` (G, 4, 
 
 One computation through the shared kernel (``kernels.attend``), whose score and probability hooks are
 the pre- and post-composition with merged per-token matrices QW[t] + KW[s], tested three ways against each
-other (and against the rank-R form of the official ``_cross_head_proj``, which the tests keep as a
-reference; on CPU it is slower than the merged form, see ``_block_hooks``):
+other (and against :func:`compose_low_rank`, the rank-R form of the official ``_cross_head_proj``; on CPU it is
+slower than the merged form, see ``_block_hooks``):
 
 * the eager reference: the full (B, N, T, S) scores composed with explicit per-token N×N matrices;
 * the training path: the kernel's chunked form, queries in blocks each against its key range or window,
@@ -135,6 +135,32 @@ def compose_merged(scores: Tensor, query_w: Tensor, key_w: Tensor | None) -> Ten
     out = torch.einsum("bgnts,bgtnm->bgmts", grouped, query_w)
     if key_w is not None:
         out = out + torch.einsum("bgnts,bgnms->bgmts", grouped, key_w)
+    return out.reshape(scores.shape)
+
+
+def compose_low_rank(scores: Tensor, mixing: Mixing, static_w: Tensor | None) -> Tensor:
+    """The rank-R form of the official ``_cross_head_proj``, kept as a reference for the tests and
+    ``benchmarks/bench_composition.py`` (the model uses the merged N×N form, faster on CPU at N = 8):
+
+    A'[m,t,s] = A[m,t,s]·(1 + qdd[t,m] + kdd[s,m]) + Σ_r qw2[t,r,m]·Σ_n qw1[t,r,n]·A[n,t,s]
+              + Σ_r kw2[s,r,m]·Σ_n kw1[s,r,n]·A[n,t,s]  (+ Σ_n W_b[n,m]·A[n,t,s]).
+
+    Each side is two batched matmuls over a view of A with its own token axis as the batch axis, so the
+    cost is O(R·N) per score instead of O(N²), and no per-token N×N matrix is formed. Fewer flops, but more
+    memory-bound passes over the scores than :func:`compose_merged`, which the training path uses instead.
+    """
+    batch, _, query_len, key_len = scores.shape
+    groups, heads_per_group = mixing.qdd.shape[1], mixing.qdd.shape[-1]
+    grouped = scores.view(batch, groups, heads_per_group, query_len, key_len)
+    out = grouped * (1 + mixing.qdd.mT[..., None])
+    by_query = grouped.transpose(2, 3)  # (B, G, T, M, S)
+    out = out + (mixing.qw2.mT @ (mixing.qw1 @ by_query)).transpose(2, 3)
+    if mixing.kw1 is not None:
+        out = torch.addcmul(out, grouped, mixing.kdd.mT[..., None, :])
+        by_key = grouped.permute(0, 1, 4, 2, 3)  # (B, G, S, M, T)
+        out = out + (mixing.kw2.mT @ (mixing.kw1 @ by_key)).permute(0, 1, 3, 4, 2)
+    if static_w is not None:
+        out = out + torch.einsum("bgnts,gnm->bgmts", grouped, static_w)
     return out.reshape(scores.shape)
 
 

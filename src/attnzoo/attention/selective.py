@@ -186,7 +186,9 @@ class Temperature(nn.Module):
         tau = torch.ones(batch, self.n_heads, seq_len, device=x.device, dtype=compute_dtype(x.dtype))
         if self.token:
             if self.shared:
-                f = torch.einsum("bhtd,hd->bht", F.gelu(heads), self.weight)
+                # f = Σ_d GELU(heads)·weight as a matmul: its backward hands GELU a dense gradient, where the
+                # einsum's was a broadcast one, with which GELU's backward ran 4× slower (CPU, T = 4096).
+                f = (F.gelu(heads) @ self.weight[..., None]).squeeze(-1)
             else:
                 f = self.w2(F.gelu(self.w1(x))).transpose(1, 2)
             tau = tau + torch.tanh(f.to(tau.dtype))
