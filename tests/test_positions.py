@@ -18,6 +18,15 @@ def rotate(module, x, positions):
     return module.rotate(x, module.prepare(positions, int(positions[-1]) + 1))
 
 
+@pytest.mark.parametrize("name", POSITIONS.names())
+def test_adds_bias_says_whether_the_scheme_returns_a_bias(name):
+    """Kernels pick their path from ``adds_bias`` without building the (H, T, S) bias: it must tell the truth."""
+    cfg = ModelConfig(vocab_size=8, dim=32, n_heads=2, n_layers=1, max_seq_len=16, position=name)
+    scheme = POSITIONS.get(name)(cfg, 16)
+    positions = torch.arange(4)
+    assert (scheme.bias(2, positions, positions) is not None) == scheme.adds_bias
+
+
 # --- ALiBi -----------------------------------------------------------------------------------------------
 
 

@@ -38,6 +38,8 @@ class ALiBi(PositionalEncoding):
     of the full forward. It has no length limit.
     """
 
+    adds_bias = True
+
     def bias(
         self,
         n_heads: int,

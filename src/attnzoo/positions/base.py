@@ -27,6 +27,7 @@ POSITIONS: Registry[type[PositionalEncoding]] = Registry("positional scheme", "p
 class PositionalEncoding(nn.Module):
     Options: type = NoOptions
     registry_name: str
+    adds_bias: bool = False  # whether ``bias`` returns a tensor: kernels choose their path without building one
 
     def __init__(self, cfg: ModelConfig, qk_head_dim: int):
         super().__init__()
