@@ -16,10 +16,14 @@ and on a quiet machine: run nothing else, never two benchmarks at once (``../sha
 
 Run time: the sweep is 7 mechanisms × 5 lengths of training plus 7 × 2 decode cases, at 2 thread counts, each
 case warmup + 3 repeats in a fresh process. DCMHA's quadratic composition dominates: at T = 8192 one eager DCMHA
-step took about 5 minutes on 1 contended thread. Estimated from such single steps: 1–2 hours on a quiet 2-core
-machine, over 3 when contended (``--seq-lens``, ``--mechanisms``, ``--threads`` and ``--repeats`` cut it down).
+step takes about 80 s on 1 thread. With ``--repeats 2`` the whole sweep took 40 minutes on a quiet 2-core machine
+(``--seq-lens``, ``--mechanisms``, ``--threads``, ``--repeats`` and ``--rounds`` scale it).
 A case that dies (out of memory) is listed under its section and the sweep goes on. Each section opens with
 the ratios at a glance (one row per mechanism, "speed× / memory×" against MHA per length), then every measured row.
+
+``--rounds R`` runs the whole list of cases R times in turn and pools each case's repeats over its rounds: the
+machine's drift over minutes (even at 1 thread, MHA's own rate moved by ±10% between cases in one sweep) then falls
+on every case alike instead of on the cases that happened to run during it. Each round pays a warmup per case.
 
 ``--malloc-mmap-threshold BYTES`` (e.g. 131072) fixes glibc's mmap threshold in every case process: tensors above
 it are then mapped and unmapped one by one, so the resident peak follows the tensors alive rather than glibc's
@@ -36,7 +40,15 @@ import os
 from pathlib import Path
 
 from attnzoo import ModelConfig
-from attnzoo.bench import BenchCase, BenchResult, machine_description, measure, ratio_matrix, ratio_table
+from attnzoo.bench import (
+    BenchCase,
+    BenchResult,
+    machine_description,
+    measure,
+    pool_rounds,
+    ratio_matrix,
+    ratio_table,
+)
 from attnzoo.io import atomic_write_text
 from attnzoo.variants import Variant, matched_configs
 
@@ -68,7 +80,13 @@ def configs(labels: list[str], baseline: ModelConfig) -> dict[str, ModelConfig]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="timed steps per case process, after one warmup")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="measure the whole case list this many times in turn, pooling each case's repeats (see above)",
+    )
     parser.add_argument("--seq-lens", type=int, nargs="+", default=[256, 1024, 2048, 4096, 8192])
     parser.add_argument("--decode-contexts", type=int, nargs="+", default=[1024, 4096])
     parser.add_argument("--decode-tokens", type=int, default=32)
@@ -85,6 +103,9 @@ def main() -> None:
         "--render", action="store_true", help="measure nothing: rewrite --out's markdown from the JSON beside it"
     )
     args = parser.parse_args()
+    for name in ("repeats", "rounds"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} {getattr(args, name)} is invalid: must be >= 1")
     if args.render:
         source = args.out.with_suffix(".json")
         if not source.is_file():
@@ -122,21 +143,27 @@ def main() -> None:
             f"do forward + backward + AdamW on {args.tokens_per_step} tokens per step (batch × T, batch ≥ 1); decode "
             f"rows time {args.decode_tokens} single-token steps after a prefill of T tokens."
         )
-        results: list[BenchResult] = []
         failed = []
-        for case in cases:
-            try:
-                result = measure(case, repeats=args.repeats, threads=threads)
-            except RuntimeError as err:  # a case that runs out of memory is reported, and the sweep goes on
-                failed.append(f"- {case.label} {case.mode} T={case.seq_len}: {err}")
-                print(failed[-1], flush=True)
-                continue
-            results.append(result)
-            print(
-                f"{threads}t {case.label:15s} {case.mode:11s} T={case.seq_len:5d} {result.tokens_per_s:9,.0f} tok/s "
-                f"{result.peak_mem_mb:8,.0f} MB  load {result.extra['load_average']:.2f}",
-                flush=True,
-            )
+        rounds: dict[int, list[BenchResult]] = {index: [] for index in range(len(cases))}
+        for round_index in range(args.rounds):
+            for index, case in enumerate(cases):
+                if index not in rounds:  # failed in an earlier round
+                    continue
+                try:
+                    result = measure(case, repeats=args.repeats, threads=threads)
+                except RuntimeError as err:  # a case that runs out of memory is reported, and the sweep goes on
+                    failed.append(f"- {case.label} {case.mode} T={case.seq_len}: {err}")
+                    print(failed[-1], flush=True)
+                    del rounds[index]
+                    continue
+                rounds[index].append(result)
+                print(
+                    f"{threads}t round {round_index + 1}/{args.rounds} {case.label:15s} {case.mode:11s} "
+                    f"T={case.seq_len:5d} {result.tokens_per_s:9,.0f} tok/s {result.peak_mem_mb:8,.0f} MB  "
+                    f"load {result.extra['load_average']:.2f}",
+                    flush=True,
+                )
+        results = [pool_rounds(measured) for measured in rounds.values()]
         payload.append(
             {
                 "threads": threads,

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import os
 import signal
@@ -10,7 +11,16 @@ import pytest
 import torch
 
 from attnzoo import ModelConfig, Transformer
-from attnzoo.bench import BenchCase, BenchResult, BenchSweep, measure, ratio_matrix, ratio_table, sdpa_kernels
+from attnzoo.bench import (
+    BenchCase,
+    BenchResult,
+    BenchSweep,
+    measure,
+    pool_rounds,
+    ratio_matrix,
+    ratio_table,
+    sdpa_kernels,
+)
 from attnzoo.cli import main
 from attnzoo.model import cache_bytes
 
@@ -25,6 +35,7 @@ def test_measure_runs_each_mode_in_a_fresh_process_and_tables_ratios():
     ]
     for r in results:
         assert r.tokens_per_s_min <= r.tokens_per_s <= r.tokens_per_s_max and r.tokens_per_s > 0
+        assert len(r.extra["rates"]) == 2 and min(r.extra["rates"]) == r.tokens_per_s_min  # each repeat's rate
         assert r.peak_mem_mb >= 0
     assert results[0].extra["params"] == results[1].extra["params"]
     # Decode with a cache reports the bytes its buffers hold: the formula at T + decoded tokens positions.
@@ -187,3 +198,16 @@ def test_ratio_matrix_has_one_row_per_case_and_one_column_per_mode_and_length():
         ["base", "1.00× / 1.00×", "1.00× / 1.00×", "1.00× / –"],
         ["fast", "1.50× / 3.00×", "–", "0.50× / –"],
     ]
+
+
+def test_pool_rounds_pools_every_rounds_repeats():
+    rounds = [
+        dataclasses.replace(_result("a", "train", 256, 0.0, 100.0), extra={"rates": [10.0, 30.0], "load_average": 0.5}),
+        dataclasses.replace(_result("a", "train", 256, 0.0, 120.0), extra={"rates": [20.0], "load_average": 1.5}),
+    ]
+    pooled = pool_rounds(rounds)
+    assert (pooled.tokens_per_s, pooled.tokens_per_s_min, pooled.tokens_per_s_max) == (20.0, 10.0, 30.0)
+    assert pooled.peak_mem_mb == 120.0
+    assert pooled.extra["rates"] == [10.0, 30.0, 20.0] and pooled.extra["round_load_averages"] == [0.5, 1.5]
+    with pytest.raises(ValueError, match="rounds of one case"):
+        pool_rounds([rounds[0], _result("b", "train", 256, 1.0, 1.0)])

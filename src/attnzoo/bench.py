@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -235,7 +235,13 @@ def _run_case(case: BenchCase, repeats: int, warmup: int, threads: int, device: 
         tokens_per_s_min=min(rates),
         tokens_per_s_max=max(rates),
         peak_mem_mb=peak,
-        extra={"params": model.num_parameters(), "dtype": case.dtype, "sdpa_kernels": kernels, **measured},
+        extra={
+            "params": model.num_parameters(),
+            "dtype": case.dtype,
+            "sdpa_kernels": kernels,
+            "rates": rates,
+            **measured,
+        },
     )
 
 
@@ -357,6 +363,30 @@ def ratio_table(results: list[BenchResult], baseline: str) -> Table:
             ]
         )
     return Table(header, rows)
+
+
+def pool_rounds(rounds: list[BenchResult]) -> BenchResult:
+    """One case measured in several rounds (each in its own process) as one result: the median, min and max over
+    every round's repeats, the highest peak memory, and each round's load average (``round_load_averages``).
+    Rounds that interleave the cases of a sweep spread the machine's slow drift over all of them, where
+    back-to-back repeats leave it to whichever case ran during it."""
+    first = rounds[0]
+    if any((r.case, r.mode, r.seq_len) != (first.case, first.mode, first.seq_len) for r in rounds):
+        raise ValueError(
+            f"pool_rounds takes rounds of one case; got {sorted({(r.case, r.mode, r.seq_len) for r in rounds})}"
+        )
+    rates = [rate for r in rounds for rate in r.extra["rates"]]
+    extra = {**first.extra, "rates": rates}
+    if len(rounds) > 1 and "load_average" in first.extra:
+        extra["round_load_averages"] = [r.extra["load_average"] for r in rounds]
+    return replace(
+        first,
+        tokens_per_s=statistics.median(rates),
+        tokens_per_s_min=min(rates),
+        tokens_per_s_max=max(rates),
+        peak_mem_mb=max(r.peak_mem_mb for r in rounds),
+        extra=extra,
+    )
 
 
 def ratio_matrix(results: list[BenchResult], baseline: str) -> Table:
