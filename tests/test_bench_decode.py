@@ -1,30 +1,18 @@
 """benchmarks/bench_decode.py: every repeat decodes what the warm-up did (its timings are not tested)."""
 
 import argparse
-import importlib.util
-import sys
-from pathlib import Path
 
 import torch
+from benchmark_scripts import load_benchmark
 
 from attnzoo import ModelConfig, Transformer
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_decode.py"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("bench_decode", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("bench_decode", module)
-    spec.loader.exec_module(module)
-    return sys.modules["bench_decode"]
 
 
 def test_every_repeat_decodes_the_same_tokens_with_a_ring_cache(monkeypatch):
     # Rewinding cache.length between repeats left DCMHA's local ring holding the previous repeat's later
     # positions: the repeats decoded other tokens than the warm-up, and both eager paths alike, so "same tokens"
     # still said yes.
-    bench_decode = load_script()
+    bench_decode = load_benchmark("bench_decode")
     cfg = ModelConfig(
         vocab_size=64, dim=32, n_layers=2, n_heads=4, max_seq_len=32, attention="dcmha",
         attention_options={"window_size": 4, "window_type": "LG"},

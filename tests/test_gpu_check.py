@@ -1,31 +1,18 @@
 """benchmarks/gpu_check.py: its CPU dry run, its writers, its exit code, and the detectors its GPU verdicts rest on."""
 
 import dataclasses
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from benchmark_scripts import load_benchmark
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attnzoo import ModelConfig, Transformer
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
-
-
-def load_script():
-    """The script as a module (benchmarks/ is no package); registered first, as its dataclasses need."""
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("gpu_check", module)
-    spec.loader.exec_module(module)
-    return sys.modules["gpu_check"]
-
-
-gpu_check = load_script()
+gpu_check = load_benchmark("gpu_check")
 DRY_RUN_PLAN = gpu_check.make_plan("dry run")
 
 
