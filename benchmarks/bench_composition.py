@@ -106,6 +106,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/composition.md"))
     args = parser.parse_args()
+    counts = {name: [getattr(args, name)] for name in ("batch", "rows", "rank", "repeats", "threads")}
+    for name, values in {**counts, "heads": args.heads}.items():
+        if min(values) < 1:
+            parser.error(f"--{name} {' '.join(map(str, values))} is invalid: must be >= 1")
+    if args.seq_len < 2:
+        parser.error(f"--seq-len {args.seq_len} is invalid: must be >= 2 (the block sees T / 2 keys)")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     keys = args.seq_len // 2

@@ -4,11 +4,13 @@ import dataclasses
 import json
 import subprocess
 import sys
-from pathlib import Path
+
+import pytest
+from benchmark_scripts import BENCHMARKS
 
 from attnzoo.bench import BenchResult
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_mechanisms.py"
+SCRIPT = BENCHMARKS / "bench_mechanisms.py"
 
 
 def test_render_rewrites_the_markdown_from_the_json(tmp_path):
@@ -40,3 +42,11 @@ def test_render_without_a_sweep_is_refused(tmp_path):
     )
     assert run.returncode == 2
     assert "none.json, which does not exist: run the sweep first" in run.stderr
+
+
+@pytest.mark.parametrize("flag", ["--rounds", "--repeats"])
+def test_counts_below_one_are_refused(flag, tmp_path):
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT), flag, "0", "--out", str(tmp_path / "x.md")], capture_output=True, text=True
+    )
+    assert run.returncode == 2 and f"{flag} 0 is invalid: must be >= 1" in run.stderr
