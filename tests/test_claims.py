@@ -1,7 +1,9 @@
-"""The papers' claims as records, and the verdict rules, on synthetic values and on a stored comparison."""
+"""The papers' claims as records, the verdict rules, and the stored claims run re-rendered by them."""
 
 import dataclasses
+import itertools
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -9,21 +11,25 @@ import pytest
 from scipy import stats
 
 from attnzoo.compare import PRESETS, CompareResults
+from attnzoo.compare.checks import run_checks
 from attnzoo.compare.claims import (
     CLAIMS,
     HIGHER,
     LOWER,
-    RATIO,
-    WITHIN,
+    NONINFERIOR,
     Claim,
+    LossFlattened,
     Measure,
-    claim_variants,
-    judge,
-    judge_all,
+    TaskLearned,
 )
+from attnzoo.compare.paper_claims import claim_tasks, claim_variants
 from attnzoo.compare.report import write_report
+from attnzoo.compare.stats import holm
+from attnzoo.compare.verdicts import counts, judge, judge_all
 
 FIXTURE = Path(__file__).parent / "fixtures" / "compare_micro"  # mha+rope and diff+rope, seeds 0 and 1
+STORED = Path(__file__).parents[1] / "docs" / "claims"  # the claims preset's run, as committed
+ALWAYS_FLAT = LossFlattened(max_fall=100.0)
 
 
 @pytest.fixture(scope="module")
@@ -31,12 +37,27 @@ def results():
     return CompareResults.load(FIXTURE / "results.json")
 
 
-def _claim(values, rule=LOWER, target=0.0):
+def _claim(values, rule=LOWER, effect=0.1, gate=ALWAYS_FLAT, primary=False, paper="a paper", id="test.claim"):
     """A claim on diff+rope against mha+rope whose measure returns ``values[label]`` (a list, one per seed)."""
     measure = Measure(
         "x", "the test's runs", lambda _, label: dict(enumerate(values[label])) if label in values else None
     )
-    return Claim("test.claim", "a paper", "a statement", "diff+rope", "mha+rope", measure, rule, target)
+    return Claim(
+        id, paper, "A statement.", "a source", "diff+rope", "mha+rope", measure, rule, effect, "a reason", gate, primary
+    )
+
+
+@pytest.fixture
+def registered():
+    """Register claims for one test; the registry is restored after it."""
+    saved = dict(CLAIMS)
+    CLAIMS.clear()
+    yield lambda *claims: CLAIMS.update({c.id: c for c in claims})
+    CLAIMS.clear()
+    CLAIMS.update(saved)
+
+
+BASELINE = [2.0, 2.0, 2.1, 1.9]
 
 
 @pytest.mark.parametrize(
@@ -44,107 +65,186 @@ def _claim(values, rule=LOWER, target=0.0):
     [
         ([1.0, 1.1, 0.9, 1.05], LOWER, "supported"),  # every seed about 1 below the baseline
         ([1.0, 1.1, 0.9, 1.05], HIGHER, "contradicted"),
-        ([2.1, 1.9, 2.05, 1.95], LOWER, "inconclusive"),  # the differences straddle zero
+        ([2.1, 1.9, 2.05, 1.95], LOWER, "inconclusive"),  # the differences straddle zero, and reach past ±0.1
     ],
 )
-def test_the_verdict_follows_the_paired_interval(results, variant, rule, outcome):
-    baseline = [2.0, 2.0, 2.1, 1.9]
-    verdict = judge(_claim({"diff+rope": variant, "mha+rope": baseline}, rule), results)
-    assert verdict.outcome == outcome
-    expected = stats.ttest_rel(variant, baseline).confidence_interval(0.95)
-    assert (verdict.low, verdict.high) == pytest.approx((expected.low, expected.high))
-    assert verdict.effect == pytest.approx(sum(variant) / 4 - sum(baseline) / 4)
-    assert verdict.seeds == (0, 1, 2, 3) and verdict.would_change
-    assert verdict.parameters == results.variants["diff+rope"].parameters
-    assert verdict.tokens_per_run == results.budget.tokens_per_run
+def test_a_directional_verdict_follows_the_paired_t_test(results, variant, rule, outcome):
+    verdict = judge(_claim({"diff+rope": variant, "mha+rope": BASELINE}, rule), results)
+    assert verdict.outcome == outcome and verdict.role == "exploratory"
+    expected = stats.ttest_rel(variant, BASELINE)
+    interval = expected.confidence_interval(0.95)
+    assert verdict.interval == pytest.approx((interval.low, interval.high))
+    assert verdict.p_raw == pytest.approx(expected.pvalue) and verdict.p_adjusted is None
+    assert verdict.difference.per_seed == pytest.approx([v - b for v, b in zip(variant, BASELINE, strict=True)])
+    assert verdict.levels == {"mha+rope": pytest.approx(2.0), "diff+rope": pytest.approx(sum(variant) / 4)}
 
 
-def test_one_seed_and_all_equal_differences_are_inconclusive_with_the_reason(results):
-    one = judge(_claim({"diff+rope": [1.0], "mha+rope": [2.0]}), results)
-    assert one.outcome == "inconclusive" and "1 seed(s): a 95% interval needs at least 3" in one.reason
-    same = judge(_claim({"diff+rope": [1.0, 1.5, 2.0], "mha+rope": [1.0, 1.5, 2.0]}), results)
-    assert same.outcome == "inconclusive" and "no spread over seeds" in same.reason and same.effect == 0
+def test_an_interval_inside_the_smallest_effect_is_negligible_even_when_it_excludes_zero(results):
+    variant = [b - 0.01 + 0.001 * i for i, b in enumerate(BASELINE)]  # 0.01 lower, every seed
+    small = judge(_claim({"diff+rope": variant, "mha+rope": BASELINE}, effect=0.05), results)
+    assert small.p_raw < 0.001 and small.outcome == "negligible" and "inside ±0.05" in small.reason
+    # The same difference against a smaller smallest effect is a supported one.
+    assert judge(_claim({"diff+rope": variant, "mha+rope": BASELINE}, effect=0.005), results).outcome == "supported"
+
+
+def test_non_inferiority_is_scipys_one_sided_test_against_the_margin(results):
+    margin = 0.05
+    close = [2.01, 2.005, 2.11, 1.905]  # about 0.01 worse (higher), well inside the margin
+    verdict = judge(_claim({"diff+rope": close, "mha+rope": BASELINE}, NONINFERIOR, margin), results)
+    expected = stats.ttest_rel(close, [b + margin for b in BASELINE], alternative="less").pvalue
+    assert verdict.outcome == "supported" and verdict.p_raw == pytest.approx(expected)
+    assert "upper end" in verdict.reason and verdict.interval[1] < margin
+    worse = [b + 0.3 + 0.01 * i for i, b in enumerate(BASELINE)]
+    assert judge(_claim({"diff+rope": worse, "mha+rope": BASELINE}, NONINFERIOR, margin), results).outcome == (
+        "contradicted"
+    )
+    spread = [2.1, 1.9, 2.2, 1.85]
+    unclear = judge(_claim({"diff+rope": spread, "mha+rope": BASELINE}, NONINFERIOR, margin), results)
+    assert unclear.outcome == "inconclusive" and "crosses the margin" in unclear.reason
+    assert re.fullmatch(r"about \d+ seeds would make it supported if the mean .*", unclear.would_change)
+
+
+def test_what_would_change_it_points_where_the_mean_points(results):
+    toward_claim = judge(_claim({"diff+rope": [1.5, 2.1, 1.7, 2.0], "mha+rope": BASELINE}), results)
+    against = judge(_claim({"diff+rope": [2.5, 1.9, 2.3, 2.0], "mha+rope": BASELINE}), results)
+    assert toward_claim.outcome == against.outcome == "inconclusive"
+    assert "make it supported" in toward_claim.would_change and "make it contradicted" in against.would_change
+    n = int(re.search(r"about (\d+) seeds", toward_claim.would_change)[1])
+    d = toward_claim.difference  # n is the first whose interval at n − 1 degrees of freedom excludes zero
+    sd = d.se * 4**0.5
+    assert stats.t.ppf(0.975, n - 1) * sd / n**0.5 < abs(d.mean) <= stats.t.ppf(0.975, n - 2) * sd / (n - 1) ** 0.5
+
+
+def test_too_few_seeds_or_no_spread_is_inconclusive_with_the_reason(results):
+    one = judge(_claim({"diff+rope": [1.0, 1.2], "mha+rope": [2.0, 2.1]}), results)
+    assert one.outcome == "inconclusive" and "2 seed(s): an interval needs at least 3" in one.reason
     shifted = judge(_claim({"diff+rope": [0.5, 1.0, 1.5], "mha+rope": [1.0, 1.5, 2.0]}), results)
     assert shifted.outcome == "inconclusive" and "every seed gives the same difference (-0.5)" in shifted.reason
 
 
-def test_a_margin_claim_is_supported_only_inside_the_margin(results):
-    baseline = [2.0, 2.1, 1.9, 2.05]
-    close = [2.005, 2.1, 1.91, 2.05]
-    assert judge(_claim({"diff+rope": close, "mha+rope": baseline}, WITHIN, 0.05), results).outcome == "supported"
-    far = [b + 0.5 + 0.01 * i for i, b in enumerate(baseline)]
-    assert judge(_claim({"diff+rope": far, "mha+rope": baseline}, WITHIN, 0.05), results).outcome == "contradicted"
-    assert judge(_claim({"diff+rope": far, "mha+rope": baseline}, WITHIN, 1.0), results).outcome == "supported"
-
-
-def test_a_claim_whose_experiment_was_not_run_says_so(results):
-    verdict = judge(_claim({"mha+rope": [1.0, 2.0, 3.0]}), results)
-    assert verdict.outcome == "not run" and "for diff+rope" in verdict.reason and verdict.scale == "—"
-    # The registered claims on this micro comparison: tasks and variants it never ran are "not run", never dropped.
+def test_holm_corrects_the_primaries_together_and_leaves_the_rest_exploratory(results, registered):
+    weak = [b + d for b, d in zip(BASELINE, (-0.12, -0.03, -0.10, -0.04), strict=True)]  # p 0.047 alone
+    strong = [b - 1.0 + 0.01 * i for i, b in enumerate(BASELINE)]
+    registered(
+        _claim({"diff+rope": weak, "mha+rope": BASELINE}, effect=0.01, primary=True, paper="A", id="a.weak"),
+        _claim({"diff+rope": strong, "mha+rope": BASELINE}, effect=0.01, primary=True, paper="B", id="b.strong"),
+        _claim({"diff+rope": weak, "mha+rope": BASELINE}, effect=0.01, primary=True, paper="C", id="c.weak"),
+        _claim({"diff+rope": weak, "mha+rope": BASELINE}, effect=0.01, paper="A", id="a.other"),
+    )
     verdicts = {v.claim.id: v for v in judge_all(results)}
-    assert set(verdicts) == set(CLAIMS)
-    assert verdicts["dcmha.composition"].outcome == "not run"
-    assert "needs task 'composition' for dcmha+rope" in verdicts["dcmha.composition"].reason
-    assert verdicts["diff.multi_needle"].outcome == "inconclusive"  # run, but with 2 seeds
-    assert verdicts["diff.attention_logit_outliers"].outcome == "inconclusive"  # the probes run with every model
+    family = [verdicts[name] for name in ("a.weak", "b.strong", "c.weak")]
+    assert [v.p_adjusted for v in family] == pytest.approx(holm([v.p_raw for v in family]))
+    assert 0.025 < verdicts["a.weak"].p_raw < 0.05 < verdicts["a.weak"].p_adjusted  # significant alone only
+    assert [v.outcome for v in family] == ["inconclusive", "supported", "inconclusive"]
+    assert verdicts["a.other"].p_adjusted is None and verdicts["a.other"].outcome == "supported"  # exploratory
 
 
-def test_the_kv_cache_claim_is_exact(results):
+def test_the_task_gate_refuses_a_baseline_at_chance_or_a_variant_below_it(results):
+    data = json.loads((FIXTURE / "results.json").read_text())
+    needles = data["tasks"]["needles"]
+
+    def with_accuracy(baseline, variant):
+        for label, values in (("mha+rope", baseline), ("diff+rope", variant)):
+            for run, value in zip(needles["runs"][label], values, strict=True):
+                run["final"]["accuracy"] = value
+        return CompareResults.from_dict(data)
+
+    claim = dataclasses.replace(CLAIMS["diff.multi_needle"])
+    at_chance = judge(claim, with_accuracy([0.01, 0.015], [0.6, 0.7]))
+    assert at_chance.outcome == "not measurable" and "did not learn the task" in at_chance.reason
+    assert at_chance.gate.levels["chance"] == pytest.approx(1 / 90) and at_chance.gate.levels["gate"] > 0.5
+    failed = judge(claim, with_accuracy([0.8, 0.9], [0.7, 0.0]))
+    assert failed.outcome == "not measurable" and "diff+rope ended at or beyond chance" in failed.reason
+    assert "[1]" in failed.reason
+    learned = judge(claim, with_accuracy([0.8, 0.9], [0.85, 0.95]))
+    assert learned.gate.passed and learned.outcome == "inconclusive"  # judged, but 2 seeds
+
+
+def test_the_language_model_gate_passes_a_flat_loss_and_refuses_a_falling_one(results):
+    data = json.loads((FIXTURE / "results.json").read_text())
+
+    def with_curves(fall):
+        for variant in data["variants"].values():
+            for run in variant["runs"]:
+                run["val_curve"] = [[step, 3.0 - fall * step / 100] for step in (100, 200, 300, 400)]
+        return CompareResults.from_dict(data)
+
+    claim = _claim({"diff+rope": [1.0, 1.1, 1.2], "mha+rope": [1.5, 1.6, 1.8]}, gate=LossFlattened(max_fall=0.02))
+    flat = judge(claim, with_curves(0.001))  # 0.001 nats per 100 steps: 0.001 over the last quarter
+    assert flat.gate.passed and flat.outcome == "supported"
+    falling = judge(claim, with_curves(0.05))  # 0.05 per 100 steps: 0.05 over the last quarter, above 0.02
+    assert falling.outcome == "not measurable" and "the loss had not flattened" in falling.reason
+    assert "fell 0.050 nats" in falling.reason and falling.p_raw is None
+
+
+def test_a_claim_no_comparison_ran_says_what_would_run_it(results):
+    assert judge(_claim({"mha+rope": [1.0, 2.0, 3.0]}), results).outcome == "not run"
+    verdicts = {v.claim.id: v for v in judge_all(results)}
+    assert set(verdicts) == set(CLAIMS)  # none is dropped
+    assert "needs task 'denoising'" in verdicts["selective.value_temperature_denoising"].reason
+    not_built = verdicts["dcmha.compute_equivalence"]
+    assert not_built.outcome == "not run" and not_built.reason.startswith("no preset runs it yet: it needs MHA at 1×")
+    gpu = dataclasses.replace(CLAIMS["diff.lm_loss"], variant="diff+alibi", preset="gpu-lm", needs_gpu=True)
+    gpu_verdict = judge(gpu, results)
+    assert gpu_verdict.reason.endswith("; the gpu-lm preset runs them on a GPU")
+    assert gpu_verdict.would_change == "run the gpu-lm preset (a CUDA GPU)"
+
+
+def test_implementation_checks_are_never_a_papers_verdict(results):
     data = json.loads((FIXTURE / "results.json").read_text())
     kv2 = json.loads(json.dumps(data["variants"]["mha+rope"]))
     kv2["config"]["n_kv_heads"] = kv2["config"]["n_heads"] // 2
     kv2["kv_cache_bytes_per_token"] = data["variants"]["mha+rope"]["kv_cache_bytes_per_token"] // 2
     data["variants"]["mha+rope+kv2"] = kv2
     with_gqa = CompareResults.from_dict(data)
-    verdict = judge(CLAIMS["gqa.cache_gqa"], with_gqa)
-    assert verdict.outcome == "supported" and verdict.effect == 2.0 and "exactly" in verdict.reason
-    kv2["kv_cache_bytes_per_token"] = data["variants"]["mha+rope"]["kv_cache_bytes_per_token"]  # did not shrink
-    assert judge(CLAIMS["gqa.cache_gqa"], CompareResults.from_dict(data)).outcome == "contradicted"
-    assert CLAIMS["gqa.cache_mqa"].rule == RATIO
+    (check,) = run_checks(with_gqa)
+    assert check.status == "pass" and check.expected.startswith("2×")
+    kv2["kv_cache_bytes_per_token"] *= 2  # did not shrink
+    assert run_checks(CompareResults.from_dict(data))[0].status == "fail"
+    verdicts = judge_all(with_gqa)
+    assert not any("kv_cache" in v.claim.measure.needs or "KV-cache" in v.claim.measure.label for v in verdicts)
+    assert sum(counts(verdicts).values()) == len(CLAIMS)
 
 
-def test_every_claim_names_its_paper_figure_and_the_claims_preset_runs_its_experiment():
+def test_every_claim_cites_its_source_and_each_paper_names_one_primary():
+    papers = {claim.paper for claim in CLAIMS.values()}
+    assert {paper for claim in CLAIMS.values() if claim.primary for paper in [claim.paper]} == papers
+    for claim in CLAIMS.values():
+        text = f"{claim.statement} {claim.source} {claim.smallest_effect_source} {claim.paper_scale}"
+        assert "verify" not in text.lower() and claim.statement.endswith(".")
+        assert claim.source and claim.smallest_effect > 0 and claim.smallest_effect_source
+        assert claim.is_run or claim.experiment  # either a preset runs it or it says what would
     claims = PRESETS["claims"]
-    assert len(claims.seeds) >= 3
     assert set(claim_variants()) <= set(claims.variant_labels)
     tasks = {task.name: set(claims.task_variants(task)) for task in claims.tasks}
+    assert set(tasks) == {task.name for task in claim_tasks("claims")}
     for claim in CLAIMS.values():
-        assert claim.paper and claim.statement.endswith(".") and claim.measure.label
+        if not claim.is_run or claim.preset != "claims":
+            continue
         if claim.measure.task is None:
             assert {claim.variant, claim.baseline} <= set(claims.variant_labels)
         else:
-            assert {claim.variant, claim.baseline} <= tasks[claim.measure.task]
-    # An ablation that only a task measures trains that task alone, not a language model.
-    denoising = CLAIMS["selective.value_temperature_denoising"]
-    assert denoising.variant in tasks["denoising"] and denoising.variant not in claims.variant_labels
+            assert isinstance(claim.gate, TaskLearned) and {claim.variant, claim.baseline} <= tasks[claim.measure.task]
 
 
-def test_the_report_opens_with_what_this_run_says(results, tmp_path):
-    out = tmp_path / "out"
-    shutil.copytree(FIXTURE, out)
-    markdown = write_report(results, out)["markdown"].read_text()
-    opening = markdown.split("## ")[1]
-    assert opening.startswith("What this run says")
-    assert "| paper | claim | verdict | measured (variant − baseline) | effect [95% interval] | scale |" in opening
-    assert opening.count("\n| ") == len(CLAIMS) + 1  # the header and one row a claim
-    assert "**not run**" in opening and "**inconclusive**: 2 seed(s)" in opening
+def test_holm_equals_the_closed_testing_of_bonferroni_intersections():
+    """Holm's adjusted p is the largest Bonferroni p over every intersection hypothesis that contains it."""
+    p = [0.01, 0.04, 0.03, 0.005, 0.2]
+    closed = []
+    for i in range(len(p)):
+        subsets = [s for k in range(1, len(p) + 1) for s in itertools.combinations(range(len(p)), k) if i in s]
+        closed.append(max(min(1.0, len(s) * min(p[j] for j in s)) for s in subsets))
+    assert holm(p) == pytest.approx(closed)
+    assert holm([0.01, 0.02, 0.03]) == pytest.approx([0.03, 0.04, 0.04])
 
 
-def test_a_contradiction_lists_what_was_checked(results, tmp_path):
-    contradicted = _claim({"diff+rope": [3.0, 3.1, 2.9], "mha+rope": [2.0, 2.05, 1.9]})
-    contradicted = dataclasses.replace(contradicted, checks=("λ_init by depth", "parameter matching"))
-    CLAIMS[contradicted.id] = contradicted
-    try:
-        out = tmp_path / "out"
-        shutil.copytree(FIXTURE, out)
-        markdown = write_report(results, out)["markdown"].read_text()
-    finally:
-        del CLAIMS[contradicted.id]
-    assert "**contradicted**" in markdown
-    assert (
-        "Before reading `test.claim` as a contradiction, these were checked: λ_init by depth; parameter matching"
-        in (markdown)
-    )
+def test_the_stored_claims_run_re_renders_to_the_committed_report(tmp_path):
+    """docs/claims is a pure function of its results.json: the verdicts, the table and verdicts.json agree."""
+    out = tmp_path / "claims"
+    shutil.copytree(STORED, out)
+    paths = write_report(CompareResults.load(out / "results.json"), out)
+    assert json.loads(paths["verdicts"].read_text()) == json.loads((STORED / "verdicts.json").read_text())
+    assert paths["markdown"].read_text() == (STORED / "report.md").read_text()
 
 
 def test_the_gpu_preset_refuses_without_cuda_and_says_what_it_needs(monkeypatch):
@@ -155,7 +255,7 @@ def test_the_gpu_preset_refuses_without_cuda_and_says_what_it_needs(monkeypatch)
         resolve_spec("gpu")
     gpu = PRESETS["gpu"]
     assert len(gpu.seeds) >= 3 and set(claim_variants()) <= set(gpu.variant_labels)
-    assert {task.name for task in gpu.tasks} == {c.measure.task for c in CLAIMS.values() if c.measure.task}
+    assert {task.name for task in gpu.tasks} == {task.name for task in claim_tasks("standard")}
 
 
 def test_the_probes_of_a_model_with_local_layers_summarise_every_layer():

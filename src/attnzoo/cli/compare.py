@@ -93,6 +93,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--device", help="auto, cpu, cuda or cuda:N (default: auto)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (status lines still print)")
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="train nothing: redraw the report and verdicts.json of --out from its results.json, by this version's "
+        "rules",
+    )
 
 
 def _with_config(args: argparse.Namespace) -> argparse.Namespace:
@@ -125,6 +131,8 @@ def default_out(args: argparse.Namespace) -> Path:
 def run(args: argparse.Namespace) -> int:
     args = _with_config(args)
     check_out_dir(args.out)
+    if args.report_only:
+        return _report_only(args.out or default_out(args))
     if args.seeds is not None and args.seeds < 1:
         raise ValueError(f"--seeds={args.seeds} is invalid: must be >= 1 (and >= 2 for any ranking)")
     result = run_compare(
@@ -142,6 +150,18 @@ def run(args: argparse.Namespace) -> int:
     return 128 + result.interrupted_by if result.interrupted_by is not None else 0
 
 
+def _report_only(out: Path) -> int:
+    from attnzoo.compare.report import write_report
+    from attnzoo.compare.results import CompareResults
+
+    results_file = out / "results.json"
+    if not results_file.is_file():
+        raise ValueError(f"--report-only: {results_file} does not exist; run the compare first (or name its --out)")
+    paths = write_report(CompareResults.load(results_file), out)
+    print("report: " + ", ".join(str(path) for path in paths.values()))
+    return 0
+
+
 COMMAND = Command(
     name="compare",
     summary="train attention variants side by side under one budget and write a report (quick: 5-8 min on 2 CPU cores)",
@@ -149,7 +169,8 @@ COMMAND = Command(
         "attnzoo compare\n"
         "  attnzoo compare --preset standard --out runs/compare-standard\n"
         "  attnzoo compare --variants mha+rope mha+rope+kv1 diff+alibi --seeds 3 --tasks mqar\n"
-        "  attnzoo compare --config examples/compare.toml --seeds 2"
+        "  attnzoo compare --config examples/compare.toml --seeds 2\n"
+        "  attnzoo compare --out docs/claims --report-only"
     ),
     add_arguments=add_arguments,
     run=run,

@@ -5,112 +5,35 @@ into) and the attention maps stored beside the runs, so ``write_report(CompareRe
 redraws it without training. It names no task and no mechanism: each task's columns and each mechanism's
 map note come from their records.
 
-The report is built once as a list of blocks (headings, paragraphs, tables, figures) and rendered twice, so
-the markdown and the HTML always say the same thing. The HTML embeds every plot as a base64 PNG and needs
-nothing beside itself. Matplotlib is imported only where plots are drawn.
+The report is a list of blocks (:mod:`attnzoo.compare.document`) rendered as markdown and HTML; the figures are
+drawn by :mod:`attnzoo.compare.plots` and the verdicts section by :mod:`attnzoo.compare.report_claims`. Beside the
+report, ``verdicts.json`` holds the same verdicts as data. A run that can judge claims opens with them; one that
+cannot (too few seeds, or none of the claims' experiments) opens with what it measured side by side.
 """
 
 from __future__ import annotations
 
-import base64
-import html
-import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+import json
 from pathlib import Path
-from typing import Any
 
-import numpy as np
-
-from attnzoo.compare.claims import INTERVAL_METHOD, Verdict, judge_all
-from attnzoo.compare.results import ATTENTION_MAPS, BenchRatio, CompareResults, TaskResult
-from attnzoo.compare.stats import NOISE_RULE, Difference, Summary, difference, rank
-from attnzoo.io import atomic_write, atomic_write_text
-from attnzoo.tables import Table, inline_html, memory_header, ratio, speed_header
+from attnzoo.compare.document import Bullets, Heading, Image, Paragraph, Report
+from attnzoo.compare.plots import (
+    plot_attention_heads,
+    plot_attention_maps,
+    plot_extrapolation,
+    plot_loss_curves,
+    plot_task,
+    plot_throughput_memory,
+)
+from attnzoo.compare.report_claims import claims_section
+from attnzoo.compare.results import ATTENTION_MAPS, CompareResults, TaskResult
+from attnzoo.compare.stats import CONFIDENCE, PairedDifference, Summary, paired_over_seeds
+from attnzoo.compare.verdicts import MIN_SEEDS, Verdict, judge_all, verdicts_record
+from attnzoo.io import atomic_write_text
+from attnzoo.tables import Table, memory_header, ratio, speed_header
 
 PLOTS = "plots"
-
-
-# ------------------------------------------------------------------------------------------------ the blocks
-
-
-@dataclass
-class Heading:
-    level: int
-    text: str
-
-
-@dataclass
-class Paragraph:
-    text: str  # inline `code` and **bold** are rendered in HTML too
-
-
-@dataclass
-class Bullets:
-    items: list[str]
-
-
-@dataclass
-class Image:
-    path: str  # relative to the report
-    caption: str
-
-
-@dataclass
-class Report:
-    title: str
-    blocks: list[Heading | Paragraph | Bullets | Table | Image] = field(default_factory=list)
-
-    def add(self, *blocks: Heading | Paragraph | Bullets | Table | Image) -> None:
-        self.blocks.extend(blocks)
-
-    def to_markdown(self) -> str:
-        parts = [f"# {self.title}"]
-        for block in self.blocks:
-            if isinstance(block, Heading):
-                parts.append(f"{'#' * block.level} {block.text}")
-            elif isinstance(block, Paragraph):
-                parts.append(block.text)
-            elif isinstance(block, Bullets):
-                parts.append("\n".join(f"- {item}" for item in block.items))
-            elif isinstance(block, Table):
-                parts.append(block.to_markdown())
-            else:
-                parts.append(f"![{block.caption}]({block.path})\n\n*{block.caption}*")
-        return "\n\n".join(parts) + "\n"
-
-    def to_html(self, root: Path) -> str:
-        """One file: styles inline and every image as a data URI read from ``root / path``."""
-        parts = [f"<h1>{html.escape(self.title)}</h1>"]
-        for block in self.blocks:
-            if isinstance(block, Heading):
-                parts.append(f"<h{block.level}>{html.escape(block.text)}</h{block.level}>")
-            elif isinstance(block, Paragraph):
-                parts.append(f"<p>{inline_html(block.text)}</p>")
-            elif isinstance(block, Bullets):
-                parts.append("<ul>" + "".join(f"<li>{inline_html(i)}</li>" for i in block.items) + "</ul>")
-            elif isinstance(block, Table):
-                parts.append(block.to_html())
-            else:
-                data = base64.b64encode((root / block.path).read_bytes()).decode("ascii")
-                parts.append(
-                    f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(block.caption)}">'
-                    f"<figcaption>{inline_html(block.caption)}</figcaption></figure>"
-                )
-        return (
-            '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-            f"<title>{html.escape(self.title)}</title><style>{_CSS}</style></head>\n<body>\n"
-            + "\n".join(parts)
-            + "\n</body></html>\n"
-        )
-
-
-_CSS = (
-    "body{font:15px/1.5 system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}"
-    "table{border-collapse:collapse;margin:1em 0;font-size:13px}th,td{border:1px solid #ccc;padding:3px 8px;"
-    "text-align:left}th{background:#f3f3f3}code{background:#f3f3f3;padding:0 3px}img{max-width:100%}"
-    "figcaption{font-style:italic;color:#555}"
-)
+VERDICTS = "verdicts.json"
 
 
 # ------------------------------------------------------------------------------------------------ the tables
@@ -121,7 +44,8 @@ def _fmt(summary: Summary | None, digits: int = 3) -> str:
     return summary.format(digits) if summary is not None else "N/A"
 
 
-def _difference_text(diff: Difference | None, digits: int) -> str:
+def _difference_text(diff: PairedDifference | None, digits: int) -> str:
+    """The paired difference with its 95% interval: the same statistic the verdicts use."""
     return diff.format(digits) if diff is not None else "N/A"
 
 
@@ -254,7 +178,7 @@ def _sweep_table(task: TaskResult) -> tuple[Table, list[str]]:
 def _task_table(results: CompareResults, task: TaskResult) -> Table:
     """A row per variant: the metric over seeds and against the baseline, then whatever the task declares."""
     stop_at, swept = task.budget.stop_at, bool(task.budget.sweep_lengths)
-    base = task.summary(results.baseline)
+    baseline = results.baseline
     rows = []
     for label, runs in task.runs.items():
         summary = task.summary(label)
@@ -262,7 +186,7 @@ def _task_table(results: CompareResults, task: TaskResult) -> Table:
             label,
             str(len(runs)),
             summary.format(4),
-            "baseline" if label == results.baseline else _difference_text(difference(summary, base), 4),
+            "baseline" if label == results.baseline else _difference_text(_task_difference(task, label, baseline), 4),
             ", ".join(str(r.steps) for r in runs),
         ]
         if stop_at is not None:
@@ -281,55 +205,12 @@ def _task_table(results: CompareResults, task: TaskResult) -> Table:
     return Table(header, rows)
 
 
-def claims_table(verdicts: list[Verdict]) -> Table:
-    """The papers' claims and this run's verdict on each: the report's first table."""
-    rows = []
-    for v in verdicts:
-        if v.effect is None:
-            effect = "—"
-        elif v.low is None or v.high is None:
-            effect = f"{v.effect:+.4g}"
-        elif v.claim.rule == "ratio":
-            effect = f"{v.effect:g}× (exact)"
-        else:
-            effect = f"{v.effect:+.4g} [{v.low:+.4g}, {v.high:+.4g}]"
-        rows.append(
-            [
-                v.claim.paper,
-                v.claim.statement,
-                f"**{v.outcome}**: {v.reason}",
-                f"{v.claim.variant} − {v.claim.baseline}: {v.claim.measure.label}",
-                effect,
-                v.scale,
-                v.would_change,
-            ]
-        )
-    header = ["paper", "claim", "verdict", "measured (variant − baseline)", "effect [95% interval]", "scale"]
-    return Table([*header, "what would change it"], rows)
-
-
-def _claims_caveats(results: CompareResults, verdicts: list[Verdict]) -> list[str]:
-    counts = {
-        o: sum(v.outcome == o for v in verdicts) for o in ("supported", "contradicted", "inconclusive", "not run")
-    }
-    caveats = [
-        ", ".join(f"{n} {outcome}" for outcome, n in counts.items()) + f" of {len(verdicts)} claims.",
-        f"Intervals: {INTERVAL_METHOD}. A verdict needs at least 3 seeds; this run has {len(results.seeds)}.",
-        f"Scale: {results.budget.tokens_per_run:,} tokens per language-model run and models of about "
-        f"{results.variants[results.baseline].parameters / 1e6:.2f}M parameters, orders of magnitude below the "
-        "papers' (each claim names its own); a verdict here says what holds at this scale, not at the paper's.",
-    ]
-    if counts["not run"]:
-        caveats.append(
-            "Not run: the claim needs a variant or task this comparison did not include; `--preset claims` runs "
-            "every claim's experiment."
-        )
-    for v in verdicts:
-        if v.outcome == "contradicted" and v.claim.checks:
-            caveats.append(
-                f"Before reading `{v.claim.id}` as a contradiction, these were checked: " + "; ".join(v.claim.checks)
-            )
-    return caveats
+def _task_difference(task: TaskResult, label: str, baseline: str) -> PairedDifference:
+    """``label − baseline`` paired by seed on the task's metric."""
+    ours = {run.seed: run.final[task.metric] for run in task.runs[label]}
+    theirs = {run.seed: run.final[task.metric] for run in task.runs[baseline]}
+    seeds = sorted(ours.keys() & theirs.keys())
+    return paired_over_seeds([ours[s] for s in seeds], [theirs[s] for s in seeds])
 
 
 # ----------------------------------------------------------------------------------------------- the report
@@ -340,11 +221,22 @@ def build_report(results: CompareResults, plots: dict[str, str]) -> Report:
     seeds, baseline = results.seeds, results.baseline
     report = Report(f"attnzoo compare: {results.preset}")
     verdicts = judge_all(results)
+    summary = [
+        Heading(2, "Side by side"),
+        Paragraph(
+            "Mean ± sample standard deviation over seeds. Losses are cross-entropies in nats per token (with the "
+            "byte tokenizer, nats per byte); bits per byte divide by the exact UTF-8 bytes scored. The difference "
+            f"from the baseline is paired by seed (and by validation block, where stored), with its {CONFIDENCE:.0%} "
+            f"interval: the statistic the verdicts use.{_few_seeds(seeds)}"
+        ),
+        summary_table(results),
+    ]
+    claims = claims_section(results, verdicts)
+    if _judges_claims(results, verdicts):
+        report.add(*claims, *summary)
+    else:
+        report.add(*summary, Paragraph(_verdicts_elsewhere(results)), *claims)
     report.add(
-        Heading(2, "What this run says"),
-        Paragraph("Each paper's claims, the experiment here that tests it, and the verdict of this run's seeds."),
-        claims_table(verdicts),
-        Bullets(_claims_caveats(results, verdicts)),
         Heading(2, "Setup"),
         Paragraph(
             f"{len(results.variants)} variants × {len(seeds)} seed(s) {seeds}, trained on the same data in the "
@@ -367,14 +259,6 @@ def build_report(results: CompareResults, plots: dict[str, str]) -> Report:
                 f"attnzoo {results.attnzoo_version}, {results.created}",
             ]
         ),
-        Heading(2, "Summary"),
-        Paragraph(
-            "Mean ± sample standard deviation over seeds. Losses are cross-entropies in nats per token (with the "
-            f"byte tokenizer, nats per byte); bits per byte divide by the exact UTF-8 bytes scored. "
-            f"**Noise rule.** {NOISE_RULE}{_few_seeds(seeds)}"
-        ),
-        summary_table(results),
-        Paragraph(_ranking_text(results)),
         Heading(2, "Training curves"),
         Image(plots["loss_curves"], "Training and validation loss by step (mean over seeds, band: min–max)."),
     )
@@ -449,6 +333,19 @@ def build_report(results: CompareResults, plots: dict[str, str]) -> Report:
     return report
 
 
+def _judges_claims(results: CompareResults, verdicts: list[Verdict]) -> bool:
+    """Whether this run reaches any verdict beyond "not run" and too few seeds: then the verdicts lead."""
+    return len(results.seeds) >= MIN_SEEDS and any(v.outcome != "not run" for v in verdicts)
+
+
+def _verdicts_elsewhere(results: CompareResults) -> str:
+    return (
+        f"**Verdicts on the papers' claims** need at least {MIN_SEEDS} seeds and each claim's own experiment: "
+        f"`attnzoo compare --preset claims` runs them all (about 90 minutes on 2 CPU cores). This run "
+        f"({results.preset}, {len(results.seeds)} seed(s)) reports them below only for completeness."
+    )
+
+
 def _few_seeds(seeds: list[int]) -> str:
     if len(seeds) >= 3:
         return ""
@@ -460,32 +357,6 @@ def _few_seeds(seeds: list[int]) -> str:
 
 def _load(values: list[float] | None) -> str:
     return f"load average {values[0]:.2f}" if values else "load average unknown"
-
-
-def _ranking_text(results: CompareResults) -> str:
-    summaries = {
-        label: summary["val_bits_per_byte"]
-        for label, variant in results.variants.items()
-        if "val_bits_per_byte" in (summary := variant.summary())
-    }
-    ranked = rank(summaries) if len(summaries) > 1 else None
-    if ranked is None:
-        return "**No ranking**: it needs at least 2 seeds per variant and at least 2 variants."
-    parts = [f"{ranked[0].label} (best mean)"]
-    parts += [
-        f"{e.label} ({e.versus_best.delta:+.4f} vs the best; pooled std {e.versus_best.pooled_std:.4f}, threshold "
-        f"{2 * e.versus_best.pooled_std:.4f}; ranges {'overlap' if e.versus_best.ranges_overlap else 'apart'}; "
-        f"{e.versus_best.verdict})"
-        for e in ranked[1:]
-    ]
-    tied = [e.label for e in ranked[1:] if e.versus_best.within_noise]
-    conclusion = (
-        f"{', '.join(tied)} {'is' if len(tied) == 1 else 'are'} within seed noise of the best, so these seeds "
-        "do not separate them from it."
-        if tied
-        else "Every other variant is beyond seed noise of the best."
-    )
-    return f"**Ranking by validation bits per byte** (lower is better): {'; '.join(parts)}. {conclusion}"
 
 
 def _task_caption(task: TaskResult) -> str:
@@ -516,184 +387,6 @@ def _levels(task: TaskResult) -> str:
     return f" ({', '.join(levels)})" if levels else ""
 
 
-# ------------------------------------------------------------------------------------------------ the plots
-
-
-def _figure(n_panels: int, width: float = 5.2, height: float = 3.8):
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=(width * n_panels, height), dpi=110, layout="constrained")
-    return figure, [figure.add_subplot(1, n_panels, i + 1) for i in range(n_panels)]
-
-
-def _save(figure: Any, path: Path) -> None:
-    atomic_write(path, lambda tmp: figure.savefig(tmp, format="png"))
-
-
-def _colors(labels: Sequence[str]) -> dict[str, Any]:
-    from matplotlib import colormaps
-
-    palette = colormaps["tab10"]
-    return {label: palette(i % 10) for i, label in enumerate(labels)}
-
-
-def _mean_curve(curves: list[list[tuple[int, float]]]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Steps common to every seed, and the mean, min and max over seeds there."""
-    steps = sorted(set.intersection(*[{s for s, _ in c} for c in curves]))
-    values = np.array([[dict(c)[s] for s in steps] for c in curves])
-    return np.array(steps), values.mean(axis=0), values.min(axis=0), values.max(axis=0)
-
-
-def _length_axis(axes: Any, lengths: Sequence[int]) -> None:
-    """A log-2 axis ticked at exactly the lengths evaluated."""
-    axes.set_xscale("log", base=2)
-    axes.set_xticks(list(lengths), [str(length) for length in lengths])
-    axes.minorticks_off()
-
-
-def plot_loss_curves(results: CompareResults, path: Path) -> None:
-    figure, (train_axes, val_axes) = _figure(2)
-    colors = _colors(list(results.variants))
-    for label, variant in results.variants.items():
-        for axes, curves, style in (
-            (train_axes, [run.train_curve for run in variant.runs], "-"),
-            (val_axes, [run.val_curve for run in variant.runs], "o-"),
-        ):
-            steps, mean, low, high = _mean_curve(curves)
-            axes.plot(steps, mean, style, color=colors[label], label=label, markersize=3)
-            axes.fill_between(steps, low, high, color=colors[label], alpha=0.2, linewidth=0)
-    for axes, title in ((train_axes, "training loss"), (val_axes, "validation loss")):
-        axes.set(xlabel="step", ylabel="loss (nats / token)", title=title)
-        axes.grid(alpha=0.3)
-    val_axes.legend(fontsize=8)
-    _save(figure, path)
-
-
-def plot_extrapolation(results: CompareResults, path: Path) -> None:
-    figure, (axes,) = _figure(1, width=6.5, height=4.2)
-    colors = _colors(list(results.variants))
-    seq_len, multiples = results.budget.seq_len, results.evals.extrapolation_multiples
-    for label, variant in results.variants.items():
-        summary = variant.summary()
-        points = [(m * seq_len, summary[f"loss_at_{m}x"]) for m in multiples if f"loss_at_{m}x" in summary]
-        lengths = [length for length, _ in points]
-        means = [s.mean for _, s in points]
-        errors = [s.std or 0.0 for _, s in points]
-        axes.errorbar(lengths, means, yerr=errors, fmt="o-", color=colors[label], label=label, capsize=3, markersize=4)
-    axes.axvline(seq_len, color="grey", linestyle=":", label="training length")
-    _length_axis(axes, [m * seq_len for m in multiples])
-    axes.set(
-        xlabel="evaluation length (tokens)", ylabel="validation loss (nats / token)", title="train short, test long"
-    )
-    axes.grid(alpha=0.3)
-    axes.legend(fontsize=8)
-    _save(figure, path)
-
-
-def plot_throughput_memory(results: CompareResults, path: Path) -> None:
-    rows: list[BenchRatio] = results.bench.ratios(results.baseline)
-    cases = list(dict.fromkeys((r.measurement.mode, r.measurement.seq_len) for r in rows))
-    labels = list(results.variants)
-    colors = _colors(labels)
-    figure, (speed_axes, memory_axes) = _figure(2)
-    width = 0.8 / len(labels)
-    for i, label in enumerate(labels):
-        by_case = {(r.measurement.mode, r.measurement.seq_len): r for r in rows if r.measurement.variant == label}
-        x = np.arange(len(cases)) + (i - (len(labels) - 1) / 2) * width
-        speeds = [by_case[c].speed if by_case[c].speed is not None else math.nan for c in cases]
-        # The bars' whiskers span the slowest to the fastest repeat, against the baseline's median.
-        spread = np.array(
-            [
-                [s - (by_case[c].speed_low or s), (by_case[c].speed_high or s) - s]
-                for s, c in zip(speeds, cases, strict=True)
-            ]
-        ).T
-        speed_axes.bar(x, speeds, width, yerr=spread, capsize=2, color=colors[label], label=label)
-        memory = [by_case[c].memory if by_case[c].memory is not None else math.nan for c in cases]
-        memory_axes.bar(x, memory, width, color=colors[label], label=label)
-    for axes, title, ylabel in (
-        (speed_axes, "training speed (higher is faster)", "tokens/s ÷ baseline's"),
-        (memory_axes, "peak memory (higher is more)", "peak memory ÷ baseline's"),
-    ):
-        axes.axhline(1.0, color="grey", linewidth=0.8)
-        axes.set_xticks(np.arange(len(cases)), [f"{mode}, T={t}" for mode, t in cases])
-        axes.set(title=title, ylabel=ylabel)
-        axes.grid(alpha=0.3, axis="y")
-    figure.legend(*speed_axes.get_legend_handles_labels(), loc="outside lower center", ncols=len(labels), fontsize=8)
-    _save(figure, path)
-
-
-def load_attention_maps(path: Path) -> np.ndarray:
-    """A run's stored maps, (layers, heads, T, T) floats; a file that holds anything else (pickled objects, which
-    are never loaded, or an array of another shape) is refused naming it."""
-    fix = "delete it to draw the report without the maps"
-    try:
-        maps = np.load(path, allow_pickle=False)
-    except (OSError, ValueError, EOFError) as err:
-        raise ValueError(f"{path} is not a stored array of attention maps ({err}); {fix}") from None
-    if not (isinstance(maps, np.ndarray) and maps.ndim == 4 and np.issubdtype(maps.dtype, np.floating)):
-        what = f"{maps.dtype} array of shape {maps.shape}" if isinstance(maps, np.ndarray) else type(maps).__name__
-        raise ValueError(f"{path} holds a {what}, not attention maps (floats: layers, heads, T, T); {fix}")
-    return maps
-
-
-def plot_attention_heads(results: CompareResults, label: str, out_dir: Path, path: Path) -> None:
-    """One variant's first-seed map: layers (rows) × heads (columns), each layer on its own colour scale."""
-    from attnzoo.viz import plot_attention_grid
-
-    maps = load_attention_maps(out_dir / results.variants[label].runs[0].run_dir / ATTENTION_MAPS)
-    titles = [[f"layer {layer} · head {head}" for head in range(maps.shape[1])] for layer in range(maps.shape[0])]
-    plot_attention_grid([list(layer) for layer in maps], titles, path, suptitle=label, clip_quantile=0.99)
-
-
-def plot_attention_maps(results: CompareResults, out_dir: Path, path: Path) -> None:
-    """Variants (rows) × layers (columns), each the head average of the first seed's effective map."""
-    from attnzoo.viz import plot_attention_grid
-
-    maps = {
-        label: load_attention_maps(out_dir / variant.runs[0].run_dir / ATTENTION_MAPS).mean(axis=1)
-        for label, variant in results.variants.items()
-    }  # (layers, T, T)
-    panels = [list(layer_maps) for layer_maps in maps.values()]
-    titles = [[f"{label} · layer {layer}" for layer in range(len(m))] for label, m in maps.items()]
-    plot_attention_grid(panels, titles, path, clip_quantile=0.99)
-
-
-def plot_task(task: TaskResult, path: Path) -> None:
-    swept = bool(task.budget.sweep_lengths)
-    figure, panels = _figure(3 if swept else 1)
-    colors = _colors(list(task.runs))
-    history_axes = panels[0]
-    for label, runs in task.runs.items():
-        for i, run in enumerate(runs):
-            steps, values = zip(*run.history, strict=True)
-            history_axes.plot(steps, values, "o-", color=colors[label], markersize=3, label=label if i == 0 else None)
-    history_axes.set(xlabel="step", ylabel=task.metric, title=f"{task.name}: evaluation during training (each seed)")
-    history_axes.grid(alpha=0.3)
-    history_axes.legend(fontsize=8)
-    if swept:
-        length_axes, depth_axes = panels[1], panels[2]
-        lengths = sorted(task.budget.sweep_lengths)
-        # Depth is shown at the training length when it was swept: elsewhere length effects mix in.
-        depth_length = task.context_len if task.context_len in lengths else lengths[0]
-        for label, runs in task.runs.items():
-            sweeps = [run.sweep for run in runs if run.sweep is not None]
-            by_length = [[s.accuracy_by_length()[length] for s in sweeps] for length in lengths]
-            shown = [(length, np.mean(v)) for length, v in zip(lengths, by_length, strict=True) if None not in v]
-            if shown:
-                length_axes.plot(*zip(*shown, strict=True), "o-", color=colors[label], label=label)
-            row = sweeps[0].lengths.index(depth_length)
-            at_length = np.array([s.accuracy[row] for s in sweeps], dtype=float).mean(axis=0)
-            depth_axes.plot(sweeps[0].depths, at_length, "o-", color=colors[label], label=label)
-        _length_axis(length_axes, lengths)
-        length_axes.set(xlabel="context length (tokens)", ylabel="accuracy", title="by length (mean over depths)")
-        depth_axes.set(xlabel="needle depth", ylabel="accuracy", title=f"by depth at {depth_length} tokens")
-        for axes in (length_axes, depth_axes):
-            axes.set_ylim(-0.05, 1.05)
-            axes.grid(alpha=0.3)
-    _save(figure, path)
-
-
 # ------------------------------------------------------------------------------------------------ the files
 
 
@@ -721,4 +414,12 @@ def write_report(results: CompareResults, out_dir: Path) -> dict[str, Path]:
     report = build_report(results, plots)
     atomic_write_text(out_dir / "report.md", report.to_markdown())
     atomic_write_text(out_dir / "report.html", report.to_html(out_dir))
-    return {"markdown": out_dir / "report.md", "html": out_dir / "report.html", "plots": out_dir / PLOTS}
+    write_verdicts(results, out_dir / VERDICTS)
+    paths = {"markdown": out_dir / "report.md", "html": out_dir / "report.html", "verdicts": out_dir / VERDICTS}
+    return paths | {"plots": out_dir / PLOTS}
+
+
+def write_verdicts(results: CompareResults, path: Path, verdicts: list[Verdict] | None = None) -> None:
+    """``verdicts.json``: every claim's verdict as data, derived from ``results`` by the report's own rules."""
+    record = verdicts_record(results, verdicts if verdicts is not None else judge_all(results))
+    atomic_write_text(path, json.dumps(record, indent=2) + "\n")

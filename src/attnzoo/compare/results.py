@@ -13,8 +13,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from attnzoo.compare.spec import EvalSpec
-from attnzoo.compare.stats import Difference, Summary, difference
+from attnzoo.compare.stats import PairedDifference, Summary, paired_over_seeds, paired_over_seeds_and_blocks
 from attnzoo.evals.base import LengthDepthSweep, largest_passing_length
 from attnzoo.evals.lm import LMScore
 from attnzoo.evals.task import TaskBudget
@@ -22,8 +24,10 @@ from attnzoo.io import atomic_write_text
 from attnzoo.records import from_dict, to_dict
 
 ATTENTION_MAPS = "attention_maps.npy"  # beside each first-seed run: (layers, heads, T, T)
-# 1: the implicit nested dicts of attnzoo 0.1.0, which carried no version; 2: these records.
-SCHEMA_VERSION = 2
+# 1: the implicit nested dicts of attnzoo 0.1.0, which carried no version; 2: these records; 3: the validation
+# loss over the whole split with its per-block losses (a version-2 file reads as one without them).
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (2, 3)
 
 
 # ---------------------------------------------------------------------------------------------- language model
@@ -279,12 +283,16 @@ class CompareResults:
     bench: BenchRecord
     tasks: dict[str, TaskResult]
 
-    def versus_baseline(self, variant: str, metric: str) -> Difference | None:
-        """``variant − baseline`` in a metric both have, with the seed-noise verdict; None where either lacks it."""
-        ours, base = self.variants[variant].summary(), self.variants[self.baseline].summary()
-        if metric not in ours or metric not in base:
-            return None
-        return difference(ours[metric], base[metric])
+    def versus_baseline(self, variant: str, metric: str) -> PairedDifference | None:
+        """``variant − baseline`` in a metric both have, paired by seed (and by validation block for the validation
+        loss, where the runs stored them); None where either lacks it."""
+        ours, base = self.variants[variant], self.variants[self.baseline]
+        if metric == "val_loss" and all(r.val.block_losses is not None for r in ours.runs + base.runs):
+            return paired_over_seeds_and_blocks(
+                np.array([r.val.block_losses for r in ours.runs]), np.array([r.val.block_losses for r in base.runs])
+            )
+        mine, theirs = ours.metric_values().get(metric), base.metric_values().get(metric)
+        return paired_over_seeds(mine, theirs) if mine and theirs else None
 
     def save(self, path: str | os.PathLike) -> None:
         atomic_write_text(path, json.dumps(to_dict(self), indent=2) + "\n")
@@ -298,9 +306,10 @@ class CompareResults:
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "results") -> CompareResults:
         version = data.get("schema_version", 1) if isinstance(data, dict) else None
-        if version != SCHEMA_VERSION:
+        if version not in READABLE_VERSIONS:
             raise ValueError(
-                f"{source} has results schema version {version}; this attnzoo reads version {SCHEMA_VERSION}. "
+                f"{source} has results schema version {version}; this attnzoo reads versions "
+                f"{', '.join(map(str, READABLE_VERSIONS))}. "
                 "Run the same compare with this version to rewrite it; finished training runs are reused."
             )
-        return from_dict(cls, data, source)
+        return from_dict(cls, {**data, "schema_version": SCHEMA_VERSION}, source)

@@ -40,7 +40,6 @@ from tqdm import tqdm
 from attnzoo import __version__
 from attnzoo.attention import ATTENTION
 from attnzoo.bench import BenchCase, Interrupted, machine_description, measure, stop_on_signals
-from attnzoo.compare.claims import judge_all
 from attnzoo.compare.report import summary_table, write_report
 from attnzoo.compare.results import (
     ATTENTION_MAPS,
@@ -59,11 +58,12 @@ from attnzoo.compare.results import (
     VariantResult,
 )
 from attnzoo.compare.spec import CompareSpec, resolve_spec
-from attnzoo.compare.stats import Summary, difference
+from attnzoo.compare.stats import Summary, paired_over_seeds
 from attnzoo.compare.tasks import context_len, step_seconds, task_configs, train_task
+from attnzoo.compare.verdicts import judge_all
 from attnzoo.config import ModelConfig
 from attnzoo.data.corpora import Corpus
-from attnzoo.evals.lm import LMEvalConfig, evaluate_lm, length_extrapolation
+from attnzoo.evals.lm import LMEvalConfig, evaluate_lm, length_extrapolation, window_plan
 from attnzoo.evals.probes import probe_model
 from attnzoo.evals.task import TaskSpec
 from attnzoo.io import atomic_write_text, locked_directory
@@ -219,7 +219,7 @@ class Comparison:
         configs = task_configs(spec, labels)
         estimates = {}
         for label in labels:
-            todo = [s for s in self.spec.seeds if not self._task_path(spec, label, s).is_file()]
+            todo = [s for s in self.spec.task_seed_list if not self._task_path(spec, label, s).is_file()]
             if todo:
                 per_step = step_seconds(spec, configs[label], self.env.device)
                 estimates |= {("task", spec.name, label, s): per_step * spec.budget.steps for s in todo}
@@ -297,11 +297,12 @@ class Comparison:
         spec, device = self.spec, self.env.device
         started = time.perf_counter()
         token_bytes = corpus.tokenizer.token_bytes()
-        # The trainer's own validation: the same windows, so it reproduces the run's last logged evaluation.
-        val_config = LMEvalConfig(
-            train_config.seq_len, batch_size=train_config.batch_size, max_windows=train_config.eval_windows
-        )
-        val = evaluate_lm(model, corpus.val, token_bytes, val_config, env=self.env)
+        # The whole validation split, in contiguous blocks whose losses let the verdicts count the text's sampling
+        # noise as well as the seeds'; the trainer's curve scored a sample of its windows.
+        val_config = LMEvalConfig(train_config.seq_len, batch_size=train_config.batch_size)
+        windows_scored = len(window_plan(len(corpus.val), val_config)[0]) // self.env.world_size * self.env.world_size
+        blocks = min(spec.evals.val_blocks, windows_scored)
+        val = evaluate_lm(model, corpus.val, token_bytes, val_config, env=self.env, blocks=blocks)
         extrapolation_config = LMEvalConfig(train_config.seq_len, batch_size=spec.evals.extrapolation_batch_size)
         points = length_extrapolation(
             model,
@@ -426,7 +427,7 @@ class Comparison:
         self.say(
             f"\n── task {task.name}: {budget.steps} steps × {budget.batch_size} samples · {self._elapsed()} elapsed ──"
         )
-        for seed, label in product(self.spec.seeds, labels):
+        for seed, label in product(self.spec.task_seed_list, labels):
             path = self._task_path(spec, label, seed)
             identity = _jsonable({"budget": asdict(budget), "model": configs[label].to_dict()})
             stored = _read_record(TaskRun, path)
@@ -580,8 +581,7 @@ def kv_cache_bytes_per_token(config: ModelConfig) -> int:
 
 def progress_table(lm_runs: dict[str, dict[int, LMRun]], baseline: str) -> str:
     """The terminal table after each run: mean ± std over the seeds finished so far."""
-    base_runs = list(lm_runs[baseline].values())
-    base = Summary.of([r.val.loss for r in base_runs]) if base_runs else None
+    base_runs = lm_runs[baseline]
     rows = []
     for label, by_seed in lm_runs.items():
         if not by_seed:
@@ -589,7 +589,14 @@ def progress_table(lm_runs: dict[str, dict[int, LMRun]], baseline: str) -> str:
             continue
         loss = Summary.of([r.val.loss for r in by_seed.values()])
         bpb = Summary.of([r.val.bits_per_byte for r in by_seed.values()])
-        versus = "baseline" if label == baseline else (difference(loss, base).format(4) if base else "…")
+        seeds = sorted(by_seed.keys() & base_runs.keys())
+        if label == baseline:
+            versus = "baseline"
+        elif seeds:  # paired by seed, as the verdicts are
+            versus = paired_over_seeds([by_seed[s].val.loss for s in seeds], [base_runs[s].val.loss for s in seeds])
+            versus = versus.format(4)
+        else:
+            versus = "…"
         rows.append([label, str(loss.n), loss.format(4), bpb.format(4), versus])
     header = ["variant", "seeds", "val loss (nats/token)", "val bits/byte", "Δ loss vs baseline"]
     return Table(header, rows).to_text()
@@ -598,8 +605,7 @@ def progress_table(lm_runs: dict[str, dict[int, LMRun]], baseline: str) -> str:
 def final_summary(results: CompareResults, paths: dict[str, Path]) -> str:
     budget = results.budget
     verdicts = [
-        [v.claim.id, v.outcome, f"{v.effect:+.4g}" if v.effect is not None else "—", v.reason]
-        for v in judge_all(results)
+        [v.claim.id, v.outcome, v.difference.format(4) if v.difference else "—", v.reason] for v in judge_all(results)
     ]
     lines = [
         "",

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from attnzoo.compare.claims import claim_tasks, claim_variants
+from attnzoo.compare.paper_claims import claim_tasks, claim_variants
 from attnzoo.config import ModelConfig
 from attnzoo.evals.task import SCALES, TaskSpec, check_model_settings, tasks_at_scale
 from attnzoo.training.config import TrainConfig
@@ -38,6 +38,9 @@ class EvalSpec:
     extrapolation_blocks: int = 4
     extrapolation_batch_size: int = 4
     map_tokens: int = 64  # attention maps are drawn on the first this-many validation tokens
+    # The final validation loss scores the whole validation split, as this many contiguous blocks: the verdicts'
+    # intervals count the sampling of the evaluation text (blocks) as well as the seeds.
+    val_blocks: int = 64
     # Outliers, entropy and spikiness of every trained model, on this many validation windows of the training length.
     probe_windows: int = 8
     # Throughput and peak memory: (mode, multiple of the training length), each case in a fresh process and
@@ -59,6 +62,7 @@ class EvalSpec:
             "extrapolation_blocks",
             "extrapolation_batch_size",
             "map_tokens",
+            "val_blocks",
             "probe_windows",
             "bench_repeats",
         ):
@@ -93,6 +97,9 @@ class CompareSpec:
     variants: tuple[str, ...] = DEFAULT_VARIANTS
     evals: EvalSpec = field(default_factory=EvalSpec)
     tasks: tuple[TaskSpec, ...] = ()
+    # The synthetic tasks' seeds; None: the same as ``seeds``. A task run costs seconds to a minute on a CPU, so
+    # a preset can afford more seeds for its tasks than for its language models.
+    task_seeds: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         require(
@@ -102,6 +109,15 @@ class CompareSpec:
             "must be one or more integers >= 0",
         )
         require(len(set(self.seeds)) == len(self.seeds), "seeds", self.seeds, "must be distinct")
+        if self.task_seeds is not None:
+            require(
+                len(self.task_seeds) > 0
+                and all(is_int(s) and s >= 0 for s in self.task_seeds)
+                and len(set(self.task_seeds)) == len(self.task_seeds),
+                "task_seeds",
+                self.task_seeds,
+                "must be one or more distinct integers >= 0, or None for the same as seeds",
+            )
         require(len(self.variants) > 0, "variants", self.variants, "must name at least one variant")
         labels = [Variant.parse(spec).label for spec in self.variants]  # a bad spec raises its own clear error
         duplicates = sorted({label for label in labels if labels.count(label) > 1})
@@ -112,6 +128,10 @@ class CompareSpec:
         for task in self.tasks:
             for spec in task.variants:
                 Variant.parse(spec)
+
+    @property
+    def task_seed_list(self) -> tuple[int, ...]:
+        return self.task_seeds if self.task_seeds is not None else self.seeds
 
     def task_variants(self, task: TaskSpec) -> list[str]:
         """The variants that train ``task``: the baseline and the task's own (which need not train the language
@@ -190,9 +210,9 @@ PRESETS: dict[str, CompareSpec] = {
     "claims": CompareSpec(
         name="claims",
         description=(
-            "every paper claim's experiment with 3 seeds: 8 variants × 300 steps × 16 × 64 tokens of language "
-            "modelling with extrapolation to 16×, and the needles, passkey, denoising and composition tasks for "
-            "the variants whose claims use them"
+            "every paper claim's experiment that a CPU can run: 8 variants × 3 seeds × 300 steps × 16 × 64 tokens "
+            "of language modelling with extrapolation to 16×, and the needles, passkey, denoising and composition "
+            "tasks with 5 seeds for the variants whose claims use them"
         ),
         model={"dim": 128, "n_layers": 4, "n_heads": 4},
         train=TrainConfig(
@@ -210,6 +230,7 @@ PRESETS: dict[str, CompareSpec] = {
         variants=claim_variants(),
         evals=EvalSpec(bench_repeats=3),
         tasks=claim_tasks("claims"),
+        task_seeds=(0, 1, 2, 3, 4),
     ),
     "gpu": CompareSpec(
         name="gpu",
@@ -319,6 +340,7 @@ def resolve_spec(
         )
     if seeds is not None:
         changes["seeds"] = tuple(seeds)
+        changes["task_seeds"] = None  # seeds asked for explicitly apply to the tasks too
     train_changes: dict[str, Any] = {}
     if steps is not None:
         train_changes["steps"] = steps

@@ -1,21 +1,36 @@
-"""Seed statistics: mean ± std over seeds, and when a difference between two variants is within seed noise.
+"""Paired statistics for variants trained on the same seeds and scored on the same text.
 
-At the sizes a CPU trains, variants differ by a few hundredths of a nat, about as much as two seeds of one
-variant do (eval_protocols.md §7.4), so every claimed difference must clear the seed noise. The rule is
-deliberately conservative and stated in every report (:data:`NOISE_RULE`).
+Seed k gives every variant the same data order, and every variant is scored on the same validation blocks, so
+``variant − baseline`` is paired twice: by seed and by block. One difference per (seed, block) cell,
+``d[s, b]``, is modelled as a two-way crossed random-effects design,
+
+    d[s, b] = μ + a_s + c_b + e_sb,   a_s ~ (0, σ_a²), c_b ~ (0, σ_c²), e_sb ~ (0, σ_e²),
+
+so the grand mean generalises to new seeds *and* new text: Var(mean) = σ_a²/S + σ_c²/B + σ_e²/(SB). The
+components are estimated by the method of moments from the two-way ANOVA mean squares (negative estimates set
+to zero), with Satterthwaite's degrees of freedom; quantiles and p-values are Student t (``scipy.stats.t``).
+With one value per seed (B = 1) this is exactly the paired t-test over seeds, ``scipy.stats.ttest_rel``.
+
+Without the block term, a difference measured on one fixed validation set can look certain and then vanish on
+another held-out set: the seeds do not sample the text.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-NOISE_RULE = (
-    "A difference between two variants counts as beyond seed noise only if |Δmean| ≥ 2 × the pooled standard "
-    "deviation over seeds AND the min–max ranges over seeds do not overlap; otherwise it is within seed noise. "
-    "With fewer than 2 seeds per variant no verdict is given, and variants are never ranked."
+import numpy as np
+from scipy import stats
+
+CONFIDENCE = 0.95  # the interval every report shows
+ALPHA = 1 - CONFIDENCE
+SEEDS_ONLY = "paired t over seeds (scipy.stats.ttest_rel)"
+SEEDS_AND_BLOCKS = (
+    "seeds × validation blocks, crossed random effects: Var(mean) = σ²_seed/S + σ²_block/B + σ²_resid/(SB) from the "
+    "two-way ANOVA mean squares, Satterthwaite degrees of freedom, Student t (scipy.stats.t)"
 )
 
 
@@ -43,58 +58,105 @@ class Summary:
 
 
 @dataclass(frozen=True)
-class Difference:
-    """``variant − baseline`` in one metric, with the :data:`NOISE_RULE` verdict."""
+class PairedDifference:
+    """``variant − baseline``: its mean, standard error and degrees of freedom, and each seed's own difference."""
 
-    delta: float
-    pooled_std: float | None  # None with fewer than 2 seeds on either side
-    ranges_overlap: bool
+    per_seed: tuple[float, ...]
+    mean: float
+    se: float
+    df: float
+    blocks: int  # evaluation blocks per seed; 1 when only each seed's overall value is known
+    method: str
 
     @property
-    def within_noise(self) -> bool | None:
-        """True or False by the rule; None when there are too few seeds to say."""
-        if self.pooled_std is None:
+    def seeds(self) -> int:
+        return len(self.per_seed)
+
+    @property
+    def has_spread(self) -> bool:
+        return self.se > 0 and math.isfinite(self.df) and self.df > 0
+
+    def interval(self, confidence: float = CONFIDENCE) -> tuple[float, float]:
+        half = stats.t.ppf(0.5 + confidence / 2, self.df) * self.se
+        return self.mean - half, self.mean + half
+
+    def p_value(self, null: float = 0.0, alternative: str = "two-sided") -> float:
+        """Of H0 "the true difference is ``null``": ``less`` and ``greater`` name the alternative's side."""
+        t = (self.mean - null) / self.se
+        if alternative == "less":
+            return float(stats.t.cdf(t, self.df))
+        if alternative == "greater":
+            return float(stats.t.sf(t, self.df))
+        return float(2 * stats.t.sf(abs(t), self.df))
+
+    def seeds_needed(self, half_width: float, confidence: float = CONFIDENCE, most: int = 1000) -> int | None:
+        """The fewest seeds whose interval's half-width falls below ``half_width`` at this spread, each n at its
+        own n − 1 degrees of freedom (the block term, which more seeds do not shrink, is kept); None past ``most``.
+        """
+        if half_width <= 0:
             return None
-        return abs(self.delta) < 2 * self.pooled_std or self.ranges_overlap
-
-    @property
-    def verdict(self) -> str:
-        return {None: "no verdict (1 seed)", True: "within seed noise", False: "beyond seed noise"}[self.within_noise]
-
-    def format(self, digits: int = 3) -> str:
-        return f"{self.delta:+.{digits}f} ({self.verdict})"
-
-
-def pooled_std(a: Summary, b: Summary) -> float | None:
-    """√(((n_a − 1)·s_a² + (n_b − 1)·s_b²) / (n_a + n_b − 2)); None unless both have 2 or more seeds."""
-    if a.std is None or b.std is None:
+        seed_variance = self.se**2 * self.seeds  # the per-seed share, as σ²/n would give it
+        for n in range(max(self.seeds, 2), most + 1):
+            if stats.t.ppf(0.5 + confidence / 2, n - 1) * math.sqrt(seed_variance / n) < half_width:
+                return n
         return None
-    return math.sqrt(((a.n - 1) * a.std**2 + (b.n - 1) * b.std**2) / (a.n + b.n - 2))
+
+    def format(self, digits: int = 4) -> str:
+        if not self.has_spread:
+            return f"{self.mean:+.{digits}f} (no interval)"
+        low, high = self.interval()
+        return f"{self.mean:+.{digits}f} [{low:+.{digits}f}, {high:+.{digits}f}]"
 
 
-def difference(variant: Summary, baseline: Summary) -> Difference:
-    overlap = variant.min <= baseline.max and baseline.min <= variant.max
-    return Difference(variant.mean - baseline.mean, pooled_std(variant, baseline), overlap)
+def paired_over_seeds(variant: Sequence[float], baseline: Sequence[float]) -> PairedDifference:
+    """One value per seed and variant: the paired t statistics (``scipy.stats.ttest_rel``'s)."""
+    differences = np.asarray(variant, dtype=np.float64) - np.asarray(baseline, dtype=np.float64)
+    if differences.ndim != 1 or len(differences) < 1:
+        raise ValueError(f"expected one value per seed for both, got shapes {np.shape(variant)}, {np.shape(baseline)}")
+    n = len(differences)
+    se = float(differences.std(ddof=1) / math.sqrt(n)) if n > 1 else 0.0
+    return PairedDifference(tuple(differences.tolist()), float(differences.mean()), se, n - 1, 1, SEEDS_ONLY)
 
 
-@dataclass(frozen=True)
-class Ranked:
-    label: str
-    summary: Summary
-    versus_best: Difference | None  # None for the best itself
-
-
-def rank(summaries: Mapping[str, Summary], higher_is_better: bool = False) -> list[Ranked] | None:
-    """Variants best first by mean, each judged against the best by the noise rule; None if any has 1 seed.
-
-    Variants within noise of the best are not worse than it by this evidence: the order among them is
-    only the order of the means.
-    """
-    if any(s.std is None for s in summaries.values()):
-        return None
-    order = sorted(summaries, key=lambda label: summaries[label].mean, reverse=higher_is_better)
-    best = summaries[order[0]]
-    return [
-        Ranked(label, summaries[label], difference(summaries[label], best) if i else None)
-        for i, label in enumerate(order)
+def paired_over_seeds_and_blocks(variant: np.ndarray, baseline: np.ndarray) -> PairedDifference:
+    """``(seeds, blocks)`` values of both, block b being the same text for every seed and variant."""
+    d = np.asarray(variant, dtype=np.float64) - np.asarray(baseline, dtype=np.float64)
+    if d.ndim != 2:
+        raise ValueError(f"expected (seeds, blocks) arrays, got shape {d.shape}")
+    n_seeds, n_blocks = d.shape
+    if n_blocks == 1:
+        return paired_over_seeds(d[:, 0], np.zeros(n_seeds))
+    mean = float(d.mean())
+    seed_means, block_means = d.mean(axis=1), d.mean(axis=0)
+    ms_seed = n_blocks * float(((seed_means - mean) ** 2).sum()) / max(n_seeds - 1, 1)
+    ms_block = n_seeds * float(((block_means - mean) ** 2).sum()) / (n_blocks - 1)
+    residual = d - seed_means[:, None] - block_means[None, :] + mean
+    ms_resid = float((residual**2).sum()) / max((n_seeds - 1) * (n_blocks - 1), 1)
+    per_seed = tuple(seed_means.tolist())
+    if n_seeds < 2:
+        return PairedDifference(per_seed, mean, 0.0, 0, n_blocks, SEEDS_AND_BLOCKS)
+    # S·B·Var(mean) = max(0, MS_seed − MS_resid) + max(0, MS_block − MS_resid) + MS_resid: a component whose
+    # estimate is negative is set to zero. Satterthwaite's df for that combination of mean squares.
+    use_seed, use_block = ms_seed > ms_resid, ms_block > ms_resid
+    terms = [
+        (float(use_seed), ms_seed, n_seeds - 1),
+        (float(use_block), ms_block, n_blocks - 1),
+        (1.0 - use_seed - use_block, ms_resid, (n_seeds - 1) * (n_blocks - 1)),
     ]
+    total = sum(weight * ms for weight, ms, _ in terms)
+    spread = sum((weight * ms) ** 2 / df for weight, ms, df in terms if weight)
+    df = total**2 / spread if spread > 0 else 0.0
+    return PairedDifference(per_seed, mean, math.sqrt(total / (n_seeds * n_blocks)), df, n_blocks, SEEDS_AND_BLOCKS)
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (family-wise error control), in the input's order.
+
+    The i-th smallest p is multiplied by (m − i + 1), then made monotone over the ordered list and capped at 1.
+    """
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    adjusted, running = [0.0] * len(p_values), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(p_values) - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted

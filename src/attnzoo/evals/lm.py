@@ -76,6 +76,9 @@ class LMScore:
     bytes: int
     block_len: int
     stride: int
+    # The mean loss of each of a few contiguous groups of windows, in text order, when asked for: the same text for
+    # every model scored on the same stream, so a comparison can count the text's sampling noise as well as the seeds'.
+    block_losses: list[float] | None = None
 
     @property
     def perplexity(self) -> float:
@@ -133,10 +136,12 @@ def evaluate_lm(
     env: Distributed | None = None,
     autocast: contextlib.AbstractContextManager | None = None,
     progress: bool = False,
+    blocks: int | None = None,
 ) -> LMScore:
     """Loss, perplexity and bits per byte of ``model`` on a 1-D token stream: the one LM evaluator, used by the
     trainer, ``attnzoo eval`` and ``compare``. ``token_bytes[i]`` is the UTF-8 length of token i. ``progress``
-    shows a bar over the windows, with an ETA, on stderr (rank 0).
+    shows a bar over the windows, with an ETA, on stderr (rank 0). ``blocks`` also returns the mean loss of that
+    many contiguous groups of windows (``LMScore.block_losses``).
 
     Each rank scores a disjoint, equal share of the windows and the sums are all-reduced, so every rank runs
     the same number of forward passes, as FSDP requires.
@@ -146,6 +151,13 @@ def evaluate_lm(
     env = env or Distributed()
     tokens = np.asarray(tokens)
     starts, overlap = window_plan(len(tokens), cfg)
+    require(
+        blocks is None or (is_int(blocks) and 1 <= blocks <= len(starts)),
+        "blocks",
+        blocks,
+        f"must be an integer in [1, {len(starts)}] (the windows scored)",
+    )
+    all_windows = len(starts)
     per_rank = len(starts) // env.world_size
     if per_rank == 0:
         raise ValueError(f"{len(starts)} evaluation window(s) cannot be shared by {env.world_size} ranks")
@@ -155,6 +167,8 @@ def evaluate_lm(
     was_training = model.training
     model.eval()
     totals = torch.zeros(3, dtype=torch.float64, device=env.device)  # nats, tokens, bytes
+    # nats and tokens of every window, this rank's filled in, so the groups are all-reduced like the totals
+    per_window = torch.zeros(2, all_windows, dtype=torch.float64, device=env.device)
     bar = tqdm(total=len(starts), desc="eval", unit="window", disable=not (progress and env.is_main))
     for i in range(0, len(starts), cfg.batch_size):
         batch = slice(i, i + cfg.batch_size)
@@ -163,15 +177,23 @@ def evaluate_lm(
             logits = model(inputs)
         scored = targets != IGNORE_INDEX
         upcast = logits.to(compute_dtype(logits.dtype))  # fp32, or float64 for a float64 model
-        nats = F.cross_entropy(upcast.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
-        totals[0] += nats.double()
+        nats = F.cross_entropy(upcast.transpose(1, 2), targets, ignore_index=IGNORE_INDEX, reduction="none").sum(1)
+        first = env.rank * per_rank + i
+        per_window[0, first : first + len(nats)] = nats.double()
+        per_window[1, first : first + len(nats)] = scored.sum(1).double()
+        totals[0] += nats.double().sum()
         totals[1] += scored.sum()
         totals[2] += byte_lengths[targets[scored]].sum()
         bar.update(len(starts[batch]))
     bar.close()
     model.train(was_training)
     nats, count, num_bytes = env.all_reduce_sum(totals).tolist()
-    return LMScore(nats / count, int(count), int(num_bytes), cfg.block_len, cfg.step)
+    block_losses = None
+    if blocks is not None:
+        used = env.world_size * per_rank  # windows past an even share across ranks are not scored
+        groups = env.all_reduce_sum(per_window)[:, :used].tensor_split(blocks, dim=1)
+        block_losses = [float(group[0].sum() / group[1].sum()) for group in groups]
+    return LMScore(nats / count, int(count), int(num_bytes), cfg.block_len, cfg.step, block_losses)
 
 
 @dataclass

@@ -1,0 +1,180 @@
+"""The report's verdicts section: one row per registered claim, the implementation checks apart, and the rules.
+
+Every row puts this test's own conditions beside the paper's scale, the levels reached (baseline, variant,
+chance), each seed's difference, the effect with its interval, the raw and Holm-adjusted p, the verdict with
+its reason, and what was checked, for every verdict alike.
+"""
+
+from __future__ import annotations
+
+from attnzoo.compare.checks import run_checks
+from attnzoo.compare.claims import NONINFERIOR
+from attnzoo.compare.document import Bullets, Heading, Paragraph
+from attnzoo.compare.results import CompareResults
+from attnzoo.compare.stats import SEEDS_AND_BLOCKS, SEEDS_ONLY
+from attnzoo.compare.verdicts import MIN_SEEDS, OUTCOMES, Verdict, counts, format_p
+from attnzoo.tables import Table
+
+HOW_A_VERDICT_IS_REACHED = (
+    "**How a verdict is reached.** Each claim fixes, before any run, its experiment (a variant against a baseline "
+    "under the same seeds and data order), its smallest effect of interest with where that number comes from, and "
+    "a validity gate. A claim is **not run** when this comparison lacks its experiment (a GPU preset, or one no "
+    "preset runs yet), and **not measurable** when its gate fails: on a task, the baseline did not close half the "
+    "gap from chance to solved, or the variant ended at chance; on a language model, the validation loss still "
+    "fell by more than the smallest effect over the last quarter of training. Otherwise the paired difference "
+    "(variant − baseline) gets an interval that counts the seeds and, for the validation loss, the sampling of the "
+    "validation text (blocks of the whole split, crossed with the seeds). It is **negligible** when its 90% "
+    "interval lies inside ± the smallest effect; **supported** or **contradicted** when the test of zero rejects "
+    "at 5% in the claimed or the opposite direction, with each paper's one primary claim Holm-corrected across "
+    "papers and every other claim labelled exploratory; **inconclusive** otherwise, or with fewer than "
+    f"{MIN_SEEDS} seeds. A non-inferiority claim is supported when the 90% interval's upper end lies below its "
+    "margin. Implementation checks (the KV cache's size) are arithmetic and never count as a paper's support."
+)
+
+
+def _number(value: float) -> str:
+    return f"{value:.4g}"
+
+
+def _effect(verdict: Verdict) -> str:
+    d = verdict.difference
+    if d is None:
+        return "—"
+    interval = verdict.interval
+    text = f"{d.mean:+.4g}" + (f" [{interval[0]:+.4g}, {interval[1]:+.4g}]" if interval else " (no interval)")
+    return text + (" (seeds × blocks)" if d.blocks > 1 else "")
+
+
+def _levels(verdict: Verdict) -> str:
+    if not verdict.levels:
+        return "—"
+    return "; ".join(f"{name} {_number(value)}" for name, value in verdict.levels.items())
+
+
+def _test_cell(verdict: Verdict) -> str:
+    claim = verdict.claim
+    rule = {
+        "lower": "claimed lower",
+        "higher": "claimed higher",
+        NONINFERIOR: f"claimed no worse by more than {claim.smallest_effect:g}",
+    }[claim.rule]
+    return f"`{claim.variant}` − `{claim.baseline}`: {claim.measure.label}, {rule}"
+
+
+def shared_checks(verdicts: list[Verdict]) -> tuple[str, ...]:
+    """The checks every claim that lists any shares: stated once, above the table."""
+    lists = [v.claim.checks for v in verdicts if v.claim.checks]
+    return tuple(c for c in lists[0] if all(c in other for other in lists[1:])) if lists else ()
+
+
+def verdict_table(verdicts: list[Verdict]) -> Table:
+    """The papers' claims and this run's verdict on each: one row a claim."""
+    shared = shared_checks(verdicts)
+    rows = []
+    for v in verdicts:
+        d = v.difference
+        own = [c for c in v.claim.checks if c not in shared]
+        checks = [f"gate: {v.claim.gate.describe()}", *(["the shared setup checks"] if v.claim.checks else []), *own]
+        rows.append(
+            [
+                f"{v.claim.paper}: `{v.claim.id}` ({v.role})",
+                f"{v.claim.statement} Source: {v.claim.source}.",
+                _test_cell(v),
+                f"{v.claim.smallest_effect:g}: {v.claim.smallest_effect_source}",
+                f"**{v.outcome}**: {v.reason}",
+                v.conditions or "—",
+                v.claim.paper_scale or "—",
+                _levels(v),
+                ", ".join(f"{x:+.4g}" for x in d.per_seed) if d else "—",
+                _effect(v),
+                f"{format_p(v.p_raw)} / {format_p(v.p_adjusted) if v.claim.primary else 'exploratory'}",
+                "; ".join(checks),
+                v.would_change or "—",
+            ]
+        )
+    header = [
+        "paper: claim",
+        "what the paper says",
+        "the test",
+        "smallest effect of interest",
+        "verdict",
+        "this test",
+        "the paper's scale",
+        "levels reached (mean over seeds)",
+        "per-seed differences",
+        "effect [95% interval]",
+        "p raw / Holm",
+        "checks",
+        "what would change it",
+    ]
+    return Table(header, rows)
+
+
+def summary_lines(results: CompareResults, verdicts: list[Verdict]) -> list[str]:
+    primaries = [v for v in verdicts if v.claim.primary]
+
+    def tally(vs: list[Verdict]) -> str:
+        found = counts(vs)
+        return ", ".join(f"{found[o]} {o}" for o in OUTCOMES if found[o])
+
+    methods = {v.difference.method for v in verdicts if v.difference is not None}
+    lines = [
+        f"Primary claims ({len(primaries)}, one per paper, Holm-corrected together): {tally(primaries) or 'none'}.",
+        f"All {len(verdicts)} claims: {tally(verdicts)}.",
+        "Intervals: "
+        + ("; ".join(sorted(methods)) if methods else SEEDS_ONLY)
+        + ". For the validation loss: "
+        + (
+            SEEDS_AND_BLOCKS
+            if SEEDS_AND_BLOCKS in methods
+            else "seeds only, since this run stored no per-block validation losses"
+        )
+        + f". This run has {len(results.seeds)} seed(s).",
+        f"Scale: {results.budget.tokens_per_run:,} tokens per language-model run, models of about "
+        f"{results.variants[results.baseline].parameters / 1e6:.2f}M parameters; a verdict says what holds at this "
+        "test's conditions (its column), never at the paper's.",
+    ]
+    return lines
+
+
+def checks_table(results: CompareResults) -> Table | None:
+    rows = [[c.name, c.expected, c.measured, f"**{c.status}**"] for c in run_checks(results)]
+    return Table(["implementation check", "expected", "measured", "result"], rows) if rows else None
+
+
+def claims_section(results: CompareResults, verdicts: list[Verdict]) -> list:
+    blocks: list = [
+        Heading(2, "The papers' claims"),
+        Bullets(summary_lines(results, verdicts)),
+        verdict_table(verdicts),
+        Paragraph(HOW_A_VERDICT_IS_REACHED),
+    ]
+    shared = shared_checks(verdicts)
+    if shared:
+        blocks.insert(
+            3,
+            Paragraph("**The shared setup checks**, made for every claim that lists them: " + "; ".join(shared) + "."),
+        )
+    checks = checks_table(results)
+    if checks is not None:
+        blocks += [
+            Heading(3, "Implementation checks"),
+            Paragraph("Exact properties of the code: arithmetic on the configuration, never evidence for a paper."),
+            checks,
+        ]
+    return blocks
+
+
+def brief_table(verdicts: list[Verdict]) -> Table:
+    """One short row a claim, for the README: the verdict, the effect with its interval, and the p-values."""
+    rows = [
+        [
+            f"`{v.claim.id}` ({v.role})",
+            f"**{v.outcome}**",
+            _effect(v),
+            f"{format_p(v.p_raw)} / {format_p(v.p_adjusted) if v.claim.primary else '—'}",
+            v.reason,
+        ]
+        for v in verdicts
+    ]
+    return Table(["claim", "verdict", "effect [95% interval]", "p raw / Holm", "why"], rows)
