@@ -22,11 +22,11 @@ from pathlib import Path
 
 from attnzoo.cli import main as attnzoo
 from attnzoo.data.corpora import prepare_corpus
+from attnzoo.distributed import Distributed
 from attnzoo.evals.lm import LMEvalConfig, evaluate_lm
 from attnzoo.io import atomic_write_text
 from attnzoo.tables import Table
 from attnzoo.training.checkpoint import load_pretrained
-from attnzoo.training.distributed import Distributed
 
 UPTRAIN_FRACTION = 0.05  # α in the GQA paper
 UPTRAIN_LR = 2e-4  # where the default pre-training schedule ends: lr 2e-3 × min_lr_ratio 0.1

@@ -2,7 +2,8 @@
 # Installs attnzoo (editable) into the active Python environment.
 #
 #   bash scripts/install.sh                       install what running attnzoo needs
-#   bash scripts/install.sh --dev                 also the dev extra: pytest, ruff, transformers, and Triton
+#   bash scripts/install.sh --dev                 also the dev extra: pytest, ruff, transformers, MkDocs, import-linter,
+#                                                 build (the docs, layers and wheel tests), and Triton
 #                                                 (~290 MB, whose interpreter runs the kernel tests on a CPU)
 #   bash scripts/install.sh --dry-run [REPORT]    resolve the torch a machine without torch would get
 #                                                 (pip install --dry-run --report), install nothing

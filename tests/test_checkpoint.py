@@ -8,6 +8,7 @@ from training_helpers import tiny_model_config, tiny_train_config, write_text_co
 from attnzoo import Transformer
 from attnzoo.data import prepare_corpus
 from attnzoo.data.corpora import sha256_file
+from attnzoo.distributed import Distributed
 from attnzoo.training import CheckpointError, Trainer, load_pretrained, read_checkpoint
 from attnzoo.training.checkpoint import (
     MANIFEST,
@@ -17,7 +18,6 @@ from attnzoo.training.checkpoint import (
     load_train_state,
     manifest_digest,
 )
-from attnzoo.training.distributed import Distributed
 
 
 @pytest.fixture(scope="module")

@@ -81,20 +81,35 @@ def test_every_option_has_help_that_cites_nothing_outside_the_repository(name):
     assert "eval_protocols" not in text and "§" not in text and not re.search(r"#\d", text), text
 
 
-def _readme_command_lines() -> list[str]:
-    """The ``attnzoo ...`` lines of the README's bash blocks, continuations joined and comments dropped."""
-    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
-    blocks = re.findall(r"```bash\n(.*?)```", readme, flags=re.DOTALL)
+def _command_lines(document: Path) -> list[str]:
+    """The ``attnzoo ...`` lines of a document's bash blocks, continuations joined and comments dropped."""
+    text = document.read_text(encoding="utf-8")
+    blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.DOTALL)
     lines = [line.split("  #")[0].strip() for block in blocks for line in block.replace("\\\n", " ").splitlines()]
     return [line for line in lines if re.search(r"(^|-m )attnzoo ", line) and "..." not in line]
 
 
-def test_every_readme_command_line_parses():
-    argvs = [shlex.split(line.split("attnzoo ", 1)[1]) for line in _readme_command_lines()]
-    assert {argv[0] for argv in argvs} == set(COMMAND_NAMES)  # every command has an example in the README
+def _argvs(document: Path) -> list[list[str]]:
+    return [shlex.split(line.split("attnzoo ", 1)[1]) for line in _command_lines(document)]
+
+
+REPO = Path(__file__).parents[1]
+GUIDES = sorted((REPO / "docs").rglob("*.md"))
+
+
+def test_the_readme_has_an_example_of_every_command():
+    assert {argv[0] for argv in _argvs(REPO / "README.md")} == set(COMMAND_NAMES)
+
+
+@pytest.mark.parametrize("document", [REPO / "README.md", *GUIDES], ids=lambda p: str(p.relative_to(REPO)))
+def test_every_documented_command_line_parses(document):
     parser = build_parser()
-    for argv in argvs:
-        assert parser.parse_args(argv).command.name == argv[0]
+    for argv in _argvs(document):
+        assert parser.parse_args(argv).command.name == argv[0], argv
+
+
+def test_the_guides_have_command_lines_to_parse():
+    assert sum(len(_argvs(guide)) for guide in GUIDES) >= 20
 
 
 def test_train_then_info_generate_and_eval(text, tmp_path, capsys):

@@ -13,7 +13,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from attnzoo import ModelConfig, Transformer
 
 gpu_check = load_benchmark("gpu_check")
-DRY_RUN_PLAN = gpu_check.make_plan("dry run")
+from gpu_checks import dispatch, numerics, report  # noqa: E402  (importable once the script is loaded)
+from gpu_checks import plan as plans  # noqa: E402
+
+DRY_RUN_PLAN = plans.make_plan("dry run")
 
 
 def tiny_plan(**changes):
@@ -57,7 +60,7 @@ def test_the_dry_run_passes_and_writes_the_table_and_the_json(tiny, tmp_path, ca
         assert f"| {case} |" in text
         for name in ("forward", "backward", "cached decode", "dispatch"):
             assert checks[(case, name)]["status"] == "pass", checks[(case, name)]
-        assert 0 <= checks[(case, "forward")]["value"] <= gpu_check.TOLERANCES["fp32"]["forward"]
+        assert 0 <= checks[(case, "forward")]["value"] <= plans.TOLERANCES["fp32"]["forward"]
     # The kernel attend picked: SDPA for mha, the chunked kernel (and no SDPA) for dcmha.
     assert checks[("mha+alibi MHA fp32", "dispatch")]["extra"]["attend"] == ["sdpa"]
     assert checks[("dcmha+alibi MHA fp32", "dispatch")]["extra"]["attend"] == ["chunked"]
@@ -69,7 +72,7 @@ def test_the_dry_run_passes_and_writes_the_table_and_the_json(tiny, tmp_path, ca
 
 
 def test_a_failing_comparison_fails_the_run_and_is_reported(tiny, tmp_path, monkeypatch, capsys):
-    monkeypatch.setitem(gpu_check.TOLERANCES, "fp32", {**gpu_check.TOLERANCES["fp32"], "forward": 0.0})
+    monkeypatch.setitem(plans.TOLERANCES, "fp32", {**plans.TOLERANCES["fp32"], "forward": 0.0})
     assert gpu_check.main(["--dry-run", "--out", str(tmp_path)]) == 1
     text, payload = read(tmp_path)
     assert "**FAIL**" in text and "## Failures" in text
@@ -81,14 +84,14 @@ def test_a_failing_comparison_fails_the_run_and_is_reported(tiny, tmp_path, monk
 
 
 def test_an_error_in_one_combination_is_recorded_and_the_others_still_run(tiny, tmp_path, monkeypatch):
-    original = gpu_check.build_pair
+    original = numerics.build_pair
 
     def broken_for_dcmha(cfg, device):
         if cfg.attention == "dcmha":
             raise RuntimeError("injected")
         return original(cfg, device)
 
-    monkeypatch.setattr(gpu_check, "build_pair", broken_for_dcmha)
+    monkeypatch.setattr(numerics, "build_pair", broken_for_dcmha)
     assert gpu_check.main(["--dry-run", "--out", str(tmp_path)]) == 1
     _, payload = read(tmp_path)
     statuses = {(c["case"], c["name"]): c["status"] for c in payload["checks"]}
@@ -99,14 +102,14 @@ def test_an_error_in_one_combination_is_recorded_and_the_others_still_run(tiny, 
 
 
 def test_a_refused_combination_is_recorded_with_the_reason_and_does_not_fail(tiny, tmp_path, monkeypatch):
-    original = gpu_check.check_config
+    original = numerics.check_config
 
     def refuse_gqa_dcmha(combo, plan):
         if combo.attention == "dcmha" and combo.heads == "GQA":
             raise ValueError("num_groups=3 is invalid: must divide n_heads=4")
         return original(combo, plan)
 
-    monkeypatch.setattr(gpu_check, "check_config", refuse_gqa_dcmha)
+    monkeypatch.setattr(numerics, "check_config", refuse_gqa_dcmha)
     assert gpu_check.main(["--dry-run", "--out", str(tmp_path)]) == 0
     text, payload = read(tmp_path)
     (refused,) = [c for c in payload["checks"] if c["status"] == "refused"]
@@ -120,16 +123,16 @@ def test_the_sdpa_detector_sees_the_fused_kernel_and_the_math_fallback():
     def call():
         torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
 
-    assert gpu_check.sdpa_backends(call) == ["flash (CPU)"]
+    assert dispatch.sdpa_backends(call) == ["flash (CPU)"]
     with sdpa_kernel([SDPBackend.MATH]):
-        assert gpu_check.sdpa_backends(call) == ["math"]
-    assert gpu_check.sdpa_backends(lambda: q @ k.transpose(-1, -2)) == []
-    outcomes = gpu_check.runnable_backends(call)
+        assert dispatch.sdpa_backends(call) == ["math"]
+    assert dispatch.sdpa_backends(lambda: q @ k.transpose(-1, -2)) == []
+    outcomes = dispatch.runnable_backends(call)
     assert outcomes["flash"] == "ok" and outcomes["math"] == "ok" and outcomes["memory-efficient"] != "ok"
 
 
 def test_math_on_cuda_fails_the_dispatch_check_and_sdpa_for_a_scores_mechanism_fails_too():
-    status = gpu_check.dispatch_status
+    status = dispatch.dispatch_status
     mha, dcmha = ModelConfig(dim=32, n_heads=4), ModelConfig(dim=32, n_heads=4, attention="dcmha")
     assert status(mha, "cuda", {"sdpa"}, ["flash"], ["memory-efficient"]) == "pass"
     assert status(mha, "cuda", {"sdpa"}, ["flash"], ["math"]) == "FAIL"
@@ -140,40 +143,40 @@ def test_math_on_cuda_fails_the_dispatch_check_and_sdpa_for_a_scores_mechanism_f
 
 
 def test_relative_error_and_greedy_gap():
-    assert gpu_check.rel_error(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0])) == 0.0
-    assert gpu_check.rel_error(torch.tensor([0.0, 1.0]), torch.tensor([0.0, 2.0])) == pytest.approx(0.5)
-    assert gpu_check.rel_error(torch.zeros(2), torch.zeros(2)) == 0.0
-    assert gpu_check.rel_error(torch.ones(2), torch.zeros(2)) == math.inf
-    assert gpu_check.within(math.nan, 1.0) == "FAIL"
+    assert plans.rel_error(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0])) == 0.0
+    assert plans.rel_error(torch.tensor([0.0, 1.0]), torch.tensor([0.0, 2.0])) == pytest.approx(0.5)
+    assert plans.rel_error(torch.zeros(2), torch.zeros(2)) == 0.0
+    assert plans.rel_error(torch.ones(2), torch.zeros(2)) == math.inf
+    assert plans.within(math.nan, 1.0) == "FAIL"
 
     model = Transformer(ModelConfig(vocab_size=32, dim=32, n_layers=1, n_heads=4, max_seq_len=16)).eval()
     prompt = torch.randint(0, 32, (2, 4))
     with torch.no_grad():
         tokens = model.generate(prompt, 6, temperature=0.0)
-        assert gpu_check.greedy_gap(model, tokens, 4) == pytest.approx(0.0, abs=1e-12)
+        assert numerics.greedy_gap(model, tokens, 4) == pytest.approx(0.0, abs=1e-12)
         worst = model(tokens[:, :-1])[0, -1].argmin()
         tokens[0, -1] = worst  # the least likely token: the whole range below the best
-        assert gpu_check.greedy_gap(model, tokens, 4) == pytest.approx(1.0)
+        assert numerics.greedy_gap(model, tokens, 4) == pytest.approx(1.0)
 
 
 def test_a_compiled_training_step_is_compared_and_its_recompiles_counted():
     plan = tiny_plan()
-    check = gpu_check.check_compiled_training(gpu_check.Combo("mha", "rope", "GQA", "fp32"), plan, "cpu")
+    check = numerics.check_compiled_training(plans.Combo("mha", "rope", "GQA", "fp32"), plan, "cpu")
     assert check.status == "pass", check
     assert check.extra["graphs"] >= 1 and check.extra["recompiles"] == 0
 
 
 def test_compiled_decoding_is_not_available_without_generates_compile(monkeypatch):
-    monkeypatch.setattr(gpu_check, "generate_compiles", lambda: False)
-    check = gpu_check.check_compiled_decode(gpu_check.Combo("mha", "rope", "MHA", "bf16"), tiny_plan(), "cpu")
+    monkeypatch.setattr(numerics, "generate_compiles", lambda: False)
+    check = numerics.check_compiled_decode(plans.Combo("mha", "rope", "MHA", "bf16"), tiny_plan(), "cpu")
     assert check.status == "not available"
 
 
 def test_report_names_follow_the_device_and_plan(tmp_path):
-    assert gpu_check.device_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
-    full, quick = gpu_check.make_plan("full"), gpu_check.make_plan("quick")
-    assert gpu_check.report_path(tmp_path, "NVIDIA H100 80GB HBM3", full).name == "gpu-nvidia-h100-80gb-hbm3.md"
-    assert gpu_check.report_path(tmp_path, "NVIDIA H100 80GB HBM3", quick).name == "gpu-nvidia-h100-80gb-hbm3-quick.md"
+    assert report.device_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+    full, quick = plans.make_plan("full"), plans.make_plan("quick")
+    assert report.report_path(tmp_path, "NVIDIA H100 80GB HBM3", full).name == "gpu-nvidia-h100-80gb-hbm3.md"
+    assert report.report_path(tmp_path, "NVIDIA H100 80GB HBM3", quick).name == "gpu-nvidia-h100-80gb-hbm3-quick.md"
     # The full plan covers every mechanism × position × MHA/GQA × dtype; training speed at T = 1024, 4096, 16384.
     assert len(full.combos()) == 5 * 5 * 2 * 2
     assert full.speed.seq_lens == (1024, 4096, 16384) and full.speed.decode_batches == (1, 16)

@@ -12,7 +12,7 @@ def main() -> NoReturn:
         # The imports (torch) take seconds: a Ctrl-C then is an ordinary stop, not a traceback. Nothing imported
         # before this point loads torch (attnzoo/__init__.py is lazy).
         from attnzoo.cli import main as run_command
-        from attnzoo.training.distributed import exit_process
+        from attnzoo.distributed import exit_process
     except KeyboardInterrupt:
         print("attnzoo: interrupted", file=sys.stderr)
         raise SystemExit(130) from None

@@ -85,7 +85,9 @@ class ModelConfig:
     causal: bool = True
 
     def __post_init__(self) -> None:
-        # Imported here: the registries import mechanism modules, which refer back to this class.
+        # The config sits above the mechanisms it names (pyproject's import contract), which see it only as a type.
+        # Imported here rather than at the top so that reading the config's defaults (the command line's --help)
+        # does not load torch.
         from attnzoo.attention import ATTENTION
         from attnzoo.positions import POSITIONS
 

@@ -16,6 +16,7 @@ from attnzoo.compare import run_task
 from attnzoo.data.batches import eval_window_starts, gather_windows
 from attnzoo.data.corpora import prepare_corpus
 from attnzoo.data.tokenizers import Tokenizer
+from attnzoo.distributed import Distributed, resolve_device
 from attnzoo.evals import TASKS
 from attnzoo.evals.lm import LMEvalConfig, evaluate_lm, length_extrapolation
 from attnzoo.evals.probes import probe_model, probe_table
@@ -23,7 +24,6 @@ from attnzoo.model import Transformer
 from attnzoo.records import to_dict
 from attnzoo.training.checkpoint import load_pretrained
 from attnzoo.training.config import DTYPES, DataConfig
-from attnzoo.training.distributed import Distributed, resolve_device
 from attnzoo.training.trainer import resolve_dtype
 
 EVAL_TASKS = ("lm", "extrapolation", "probes", *sorted(TASKS))

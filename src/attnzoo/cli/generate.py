@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 
 from attnzoo.cli.command import Command, check_seed, check_text
+from attnzoo.distributed import resolve_device
 from attnzoo.training.checkpoint import load_pretrained
-from attnzoo.training.distributed import resolve_device
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -20,9 +20,9 @@ from attnzoo.cli.flags import (
 )
 from attnzoo.config import ModelConfig
 from attnzoo.data.tokenizers import HF_PREFIX, Tokenizer, tokenizer_from_name
+from attnzoo.distributed import init_distributed, shutdown_distributed
 from attnzoo.training.checkpoint import Checkpoint, CheckpointError, latest_checkpoint, read_checkpoint
 from attnzoo.training.config import TrainConfig, load_toml
-from attnzoo.training.distributed import init_distributed, shutdown_distributed
 from attnzoo.training.metrics import require_tensorboard
 from attnzoo.training.trainer import Trainer, load_corpus, lock_run_directory
 

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from attnzoo.cli.command import Command, check_out_dir, check_text
-from attnzoo.training.distributed import resolve_device
+from attnzoo.distributed import resolve_device
 from attnzoo.viz import draw_attention_maps
 
 

@@ -63,6 +63,7 @@ from attnzoo.compare.tasks import context_len, step_seconds, task_configs, train
 from attnzoo.compare.verdicts import judge_all
 from attnzoo.config import ModelConfig
 from attnzoo.data.corpora import Corpus
+from attnzoo.distributed import Distributed, resolve_device
 from attnzoo.evals.lm import LMEvalConfig, evaluate_lm, length_extrapolation, window_plan
 from attnzoo.evals.probes import probe_model
 from attnzoo.evals.task import TaskSpec
@@ -72,7 +73,6 @@ from attnzoo.records import from_dict, to_dict
 from attnzoo.tables import Table
 from attnzoo.training.checkpoint import CheckpointError, latest_checkpoint, load_pretrained, read_checkpoint
 from attnzoo.training.config import TrainConfig
-from attnzoo.training.distributed import Distributed, resolve_device
 from attnzoo.training.metrics import MetricsLog
 from attnzoo.training.trainer import METRICS, Trainer, check_resumable, load_corpus
 from attnzoo.variants import Variant, matched_configs

@@ -19,10 +19,10 @@ from tqdm import tqdm
 
 from attnzoo.compare.results import SweepResult, TaskRun
 from attnzoo.config import ModelConfig
+from attnzoo.distributed import resolve_device
 from attnzoo.evals import steps_to_threshold
 from attnzoo.evals.task import TaskSpec
 from attnzoo.training.config import TrainConfig
-from attnzoo.training.distributed import resolve_device
 from attnzoo.training.optim import build_optimizer, learning_rate
 from attnzoo.training.trainer import derive_seed
 from attnzoo.variants import Variant, count_parameters, matched_configs

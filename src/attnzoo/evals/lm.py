@@ -19,7 +19,6 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -28,12 +27,10 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from attnzoo.data.batches import eval_window_starts, gather_windows
+from attnzoo.distributed import Distributed
 from attnzoo.evals.base import IGNORE_INDEX
 from attnzoo.precision import compute_dtype
 from attnzoo.validation import is_int, require
-
-if TYPE_CHECKING:
-    from attnzoo.training.distributed import Distributed
 
 
 @dataclass(frozen=True)
@@ -146,8 +143,6 @@ def evaluate_lm(
     Each rank scores a disjoint, equal share of the windows and the sums are all-reduced, so every rank runs
     the same number of forward passes, as FSDP requires.
     """
-    from attnzoo.training.distributed import Distributed  # training imports this module
-
     env = env or Distributed()
     tokens = np.asarray(tokens)
     starts, overlap = window_plan(len(tokens), cfg)

@@ -1,8 +1,8 @@
 """Training: configuration, the loop, checkpoints, evaluation and distributed execution."""
 
+from attnzoo.distributed import Distributed, init_distributed, shutdown_distributed
 from attnzoo.training.checkpoint import Checkpoint, CheckpointError, load_pretrained, read_checkpoint
 from attnzoo.training.config import DataConfig, TrainConfig, load_toml
-from attnzoo.training.distributed import Distributed, init_distributed, shutdown_distributed
 from attnzoo.training.finetune import PretrainedInit, freeze_all_but, init_from_pretrained
 from attnzoo.training.trainer import Trainer, TrainingDiverged, TrainResult, load_corpus
 

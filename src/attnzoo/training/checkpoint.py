@@ -42,10 +42,10 @@ from attnzoo import __version__
 from attnzoo.config import ModelConfig
 from attnzoo.data.corpora import sha256_file
 from attnzoo.data.tokenizers import Tokenizer, tokenizer_from_dict
+from attnzoo.distributed import Distributed
 from attnzoo.io import atomic_write, atomic_write_text
 from attnzoo.model import CONFIG_NAME, WEIGHTS_NAME, Transformer
 from attnzoo.training.config import TrainConfig
-from attnzoo.training.distributed import Distributed
 from attnzoo.weights import check_dtypes, check_finite, stored_dtypes
 
 CHECKPOINTS = "checkpoints"

@@ -42,6 +42,7 @@ from attnzoo.config import ModelConfig
 from attnzoo.data.batches import BatchSchedule
 from attnzoo.data.corpora import Corpus, prepare_corpus
 from attnzoo.data.tokenizers import Tokenizer
+from attnzoo.distributed import Distributed, gradient_sync, parallelize
 from attnzoo.evals.lm import LMEvalConfig, LMScore, evaluate_lm
 from attnzoo.io import DirectoryLocked, atomic_write_text, locked_directory
 from attnzoo.model import CONFIG_NAME, Transformer
@@ -57,7 +58,6 @@ from attnzoo.training.checkpoint import (
     tied_parameter_names,
 )
 from attnzoo.training.config import RESUME_OVERRIDABLE, DataConfig, TrainConfig, check_model_for_training
-from attnzoo.training.distributed import Distributed, gradient_sync, parallelize
 from attnzoo.training.finetune import (
     PretrainedInit,
     check_tokenizer,

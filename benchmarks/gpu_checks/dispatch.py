@@ -1,0 +1,157 @@
+"""Which kernel ran: the SDPA backends torch dispatched to, and the kernel attnzoo's ``attend`` picked."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import warnings
+from collections.abc import Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import sdpa_kernel
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from attnzoo.attention import ATTENTION, kernels
+from attnzoo.bench import SDPA_KERNELS
+from attnzoo.config import ModelConfig
+
+from gpu_checks.plan import BACKENDS, FAIL, PASS
+
+
+class _FusedKernels(TorchDispatchMode):
+    """The fused SDPA kernels dispatched (``bench.SDPA_KERNELS``), in order, and those among them called directly
+    rather than by ``F.scaled_dot_product_attention`` (kernels.py calls the CPU flash kernel itself for ALiBi's
+    bias with the causal flag). SDPA's math path never shows here: it decomposes into ordinary ops before the
+    dispatcher reaches a mode."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ran: list[str] = []
+        self.direct: list[str] = []
+        self.in_sdpa_call = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        label = SDPA_KERNELS.get(func.__name__.split(".")[0])
+        if label is not None:
+            self.ran.append(label)
+            if not self.in_sdpa_call:
+                self.direct.append(label)
+        return func(*args, **(kwargs or {}))
+
+
+class SdpaCalls(TorchFunctionMode):
+    """The backend each ``F.scaled_dot_product_attention`` call ran: the fused kernel dispatched during the call,
+    or "math" when the call dispatched none. ``fused.direct`` holds the fused kernels called without it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fused = _FusedKernels()
+        self.backends: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is not F.scaled_dot_product_attention:
+            return func(*args, **(kwargs or {}))
+        before = len(self.fused.ran)
+        self.fused.in_sdpa_call = True
+        try:
+            out = func(*args, **(kwargs or {}))
+        finally:
+            self.fused.in_sdpa_call = False
+        ran = self.fused.ran[before:]
+        self.backends.append(ran[0] if ran else "math")
+        return out
+
+
+def sdpa_backends(fn: Callable[[], object]) -> list[str]:
+    """The SDPA backends the calls inside ``fn`` ran, each once, direct calls of a fused kernel included; empty
+    when nothing called SDPA."""
+    with SdpaCalls() as calls, calls.fused:
+        fn()
+    return sorted({*calls.backends, *calls.fused.direct})
+
+
+@contextlib.contextmanager
+def attend_choices() -> Iterator[set[str]]:
+    """The kernels attnzoo's ``attend`` picks while the block runs: it calls them through ``kernels``' module
+    globals, so counting wrappers there see every call. The eager kernel counts only where ``attend`` calls it
+    itself, not inside the chunked kernel's blocks (which the backward pass recomputes, outside the kernel's call)."""
+    chosen: set[str] = set()
+    originals = {name: getattr(kernels, name) for name in ("sdpa_attention", "chunked_attention", "eager_attention")}
+    depth = [0]
+
+    def wrap(name: str, label: str) -> Callable:
+        original = originals[name]
+
+        def counted(*args, **kwargs):
+            if depth[0] == 0:
+                chosen.add(label)
+            depth[0] += 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+
+        return counted
+
+    block_call = kernels._Block.__call__
+
+    def inside_block(*args, **kwargs):  # a chunked block, also when its backward pass recomputes it
+        depth[0] += 1
+        try:
+            return block_call(*args, **kwargs)
+        finally:
+            depth[0] -= 1
+
+    try:
+        for name, label in (("sdpa_attention", "sdpa"), ("chunked_attention", "chunked"), ("eager_attention", "eager")):
+            setattr(kernels, name, wrap(name, label))
+        kernels._Block.__call__ = inside_block
+        yield chosen
+    finally:
+        for name, original in originals.items():
+            setattr(kernels, name, original)
+        kernels._Block.__call__ = block_call
+
+
+def runnable_backends(fn: Callable[[], object]) -> dict[str, str]:
+    """Each SDPA backend tried alone under ``sdpa_kernel``: "ok", or the first reason torch gives for refusing."""
+    outcomes = {}
+    for label, backend in BACKENDS.items():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                with sdpa_kernel([backend]):
+                    fn()
+                outcomes[label] = "ok"
+            except RuntimeError as err:
+                reasons = [_reason(str(w.message)) for w in caught]
+                reasons = [r for r in reasons if r and "not used because" not in r]
+                outcomes[label] = reasons[0] if reasons else _reason(str(err))
+    return outcomes
+
+
+def _reason(message: str) -> str:
+    return re.sub(r"\s*\(Triggered internally at .*", "", message.strip().splitlines()[0] if message.strip() else "")
+
+
+def expected_dispatch(cfg: ModelConfig, device: str) -> str:
+    """What attnzoo should run: a mechanism that acts on the scores (``needs_scores``) its chunked eager kernel and
+    no SDPA; every other one SDPA, and on CUDA a fused SDPA backend, never the math path."""
+    if ATTENTION.get(cfg.attention).needs_scores:
+        return "chunked eager kernel, no SDPA (the mechanism acts on the scores)"
+    if torch.device(device).type == "cuda":
+        return "SDPA, a fused backend (flash, memory-efficient or cuDNN), never math"
+    return "SDPA (any backend: on the CPU only recorded)"
+
+
+def dispatch_status(cfg: ModelConfig, device: str, chosen: set[str], train: list[str], decode: list[str]) -> str:
+    """PASS or FAIL for what ``attend`` chose and the SDPA backends that ran, against :func:`expected_dispatch`."""
+    if ATTENTION.get(cfg.attention).needs_scores:
+        return PASS if "sdpa" not in chosen and not (train or decode) else FAIL
+    if "sdpa" not in chosen or not train or not decode:
+        return FAIL  # attend did not pick SDPA, or SDPA never ran
+    if torch.device(device).type == "cuda" and "math" in {*train, *decode}:
+        return FAIL
+    return PASS

@@ -1,0 +1,67 @@
+"""The package as a user installs it: an sdist and a wheel built from the source, the wheel installed into a fresh
+virtual environment, and the command run from there, so a module or file missing from the package fails here.
+
+No network: the build runs without isolation (setuptools as installed), and the environment sees the system's
+packages (``--system-site-packages``) for torch and the rest, so pip installs the wheel alone from the file.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+from training_helpers import write_text_corpus
+
+import attnzoo
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _run(*argv, cwd: Path, env: dict[str, str] | None = None) -> str:
+    result = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, f"{argv}\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+def test_the_version_is_written_once():
+    # pyproject.toml reads it from attnzoo.__version__ (setuptools' dynamic version).
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert 'dynamic = ["version"]' in pyproject and 'version = { attr = "attnzoo.__version__" }' in pyproject
+    assert "\nversion =" not in pyproject.split("[tool.setuptools.dynamic]")[0]
+
+
+@pytest.mark.slow
+def test_the_wheel_installs_into_a_fresh_environment_and_runs(tmp_path):
+    source = tmp_path / "source"  # a copy, so that the build leaves nothing in the checkout
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    shutil.copytree(REPO / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    dist = tmp_path / "dist"
+    _run(sys.executable, "-m", "build", "--no-isolation", "--outdir", str(dist), str(source), cwd=tmp_path)
+    wheel = dist / f"attnzoo-{attnzoo.__version__}-py3-none-any.whl"
+    assert wheel.is_file() and (dist / f"attnzoo-{attnzoo.__version__}.tar.gz").is_file()
+
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, system_site_packages=True, with_pip=True)
+    python = env_dir / "bin" / "python"
+    _run(str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", str(wheel), cwd=tmp_path)
+    # Outside the checkout and with no PYTHONPATH: the installed copy is the one imported.
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    env |= {"ATTNZOO_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    where = _run(str(python), "-c", "import attnzoo; print(attnzoo.__file__)", cwd=tmp_path, env=env)
+    assert where.startswith(str(env_dir)), where
+
+    command = env_dir / "bin" / "attnzoo"
+    assert _run(str(command), "--version", cwd=tmp_path, env=env).strip() == f"attnzoo {attnzoo.__version__}"
+    assert "parameters" in _run(str(command), "info", cwd=tmp_path, env=env)
+    text = write_text_corpus(tmp_path / "text.txt")
+    out = tmp_path / "compare"
+    flags = ["--preset", "micro", "--variants", "mha+rope", "--data", str(text), "--out", str(out), "--no-progress"]
+    _run(str(command), "compare", *flags, cwd=tmp_path, env=env)
+    assert json.loads((out / "results.json").read_text())["attnzoo_version"] == attnzoo.__version__
+    assert (out / "report.html").is_file()
