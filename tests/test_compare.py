@@ -155,7 +155,8 @@ def test_ranking_needs_two_seeds_and_marks_ties_with_the_best():
     [
         (
             {"preset_or_spec": "huge"},
-            r"preset 'huge' is unknown; choose one of \['micro', 'quick', 'claims', 'gpu', 'standard', 'full'\]",
+            r"preset 'huge' is unknown; choose one of "
+            r"\['micro', 'quick', 'claims', 'gpu', 'gpu-lm', 'standard', 'full'\]",
         ),
         ({"variants": ["mha+bogus"]}, "variant 'mha\\+bogus': 'bogus' is not a known positional scheme"),
         ({"variants": ["diff+alibi+kvx"]}, "bad kv-head count 'x'"),
