@@ -163,7 +163,7 @@ class KitPlan:
 def make_plan(dry_run: bool, budget_min: float | None = None) -> KitPlan:
     preset = PRESETS[PRESET]
     if not dry_run:
-        budget_s = 60 * (40 if budget_min is None else budget_min)
+        budget_s = 60.0 * (40 if budget_min is None else budget_min)
         # 200 steps is 6.5M tokens per run: below it the LM differences are smaller than the progress of a few steps.
         return KitPlan("gpu", budget_s, preset, ("--quick",), (), timing_steps=50, min_steps=200)
     micro = PRESETS["micro"]
@@ -185,7 +185,7 @@ def make_plan(dry_run: bool, budget_min: float | None = None) -> KitPlan:
         evals=micro.evals,
     )
     bench_args = ("--seq-lens", "64", "--tokens", "128", "--window-types", "L", "--repeats", "1", "--warmup", "1")
-    budget_s = 60 * (2 if budget_min is None else budget_min)
+    budget_s = 60.0 * (2 if budget_min is None else budget_min)
     return KitPlan("dry run", budget_s, toy, ("--dry-run",), bench_args, timing_steps=6, min_steps=4)
 
 
@@ -541,6 +541,11 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out.resolve()  # the stages' commands run from the repository root
     with locked_directory(out, "GPU kit folder"):
         kit = Kit(plan, out)
+        if "timing" in args.redo and "compare" in kit.stages:
+            parser.error(
+                "--redo timing is refused: the compare in this folder has begun with the steps the timing chose, "
+                "and new ones would not match its runs; choose another --out"
+            )
         atomic_write_text(out / ".gitignore", "compare/runs/\n.attnzoo.lock\n")
         say(f"GPU kit ({plan.name}, {plan.budget_s / 60:g} min) on {device_description(plan)} → {out}")
         code = run_stages(kit, STAGES, args.redo)
