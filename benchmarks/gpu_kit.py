@@ -2,7 +2,7 @@
 
     bash scripts/gpu_kit.sh                            # about 40 minutes → benchmarks/results/gpu-<date>/
     bash scripts/gpu_kit.sh --budget-min 30 --out DIR  # another budget or folder
-    bash scripts/gpu_kit.sh --dry-run --out DIR        # every stage at toy sizes on a CPU (~1 min), as CI runs it
+    bash scripts/gpu_kit.sh --dry-run --out DIR        # every stage at toy sizes on a CPU (1-2 min), as CI runs it
 
 The stages, in order, each writing under ``OUT``:
 
