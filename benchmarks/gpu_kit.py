@@ -164,7 +164,8 @@ def make_plan(dry_run: bool, budget_min: float | None = None) -> KitPlan:
     preset = PRESETS[PRESET]
     if not dry_run:
         budget_s = 60.0 * (40 if budget_min is None else budget_min)
-        # 200 steps is 6.5M tokens per run: below it the LM differences are smaller than the progress of a few steps.
+        # The floor, 200 steps (6.5M tokens per run, 0.6 per parameter), is already near the CPU claims preset's
+        # 0.4 tokens per parameter, where issue 23 found every LM difference smaller than 100 steps of progress.
         return KitPlan("gpu", budget_s, preset, ("--quick",), (), timing_steps=50, min_steps=200)
     micro = PRESETS["micro"]
     toy = dataclasses.replace(
