@@ -120,7 +120,8 @@ def test_summary_is_mean_and_sample_std_over_seeds():
     [
         (
             {"preset_or_spec": "huge"},
-            r"preset 'huge' is unknown; choose one of \['micro', 'quick', 'claims', 'gpu', 'standard', 'full'\]",
+            r"preset 'huge' is unknown; choose one of "
+            r"\['micro', 'quick', 'claims', 'gpu', 'gpu-lm', 'standard', 'full'\]",
         ),
         ({"variants": ["mha+bogus"]}, "variant 'mha\\+bogus': 'bogus' is not a known positional scheme"),
         ({"variants": ["diff+alibi+kvx"]}, "bad kv-head count 'x'"),

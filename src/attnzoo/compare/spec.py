@@ -1,10 +1,11 @@
-"""What a comparison trains and measures: typed, validated specs and the four presets.
+"""What a comparison trains and measures: typed, validated specs and the presets.
 
 A :class:`CompareSpec` fixes everything that must be equal across variants for the comparison to be fair:
 the baseline model (every variant is parameter-matched to it), the training budget and data, the seeds,
 and the evaluations. The variants are the only thing that differs. ``micro`` exists for tests; ``quick``
 is the README's main job (5-8 minutes on 2 CPU cores, measured; see ``quick``'s description);
-``standard`` and ``full`` spend more steps, seeds and evaluation samples and are meant for longer jobs.
+``standard`` and ``full`` spend more steps, seeds and evaluation samples and are meant for longer jobs;
+``gpu`` and ``gpu-lm`` need a CUDA GPU (``gpu-lm`` is what ``scripts/gpu_kit.sh`` runs).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 from attnzoo.compare.paper_claims import claim_tasks, claim_variants
 from attnzoo.config import ModelConfig
 from attnzoo.evals.task import SCALES, TaskSpec, check_model_settings, tasks_at_scale
-from attnzoo.training.config import TrainConfig
+from attnzoo.training.config import DataConfig, TrainConfig
 from attnzoo.validation import is_int, require
 from attnzoo.variants import Variant
 
@@ -159,6 +160,20 @@ class CompareSpec:
 
 _TRAIN_DEFAULTS = {"lr": 2e-3, "keep_checkpoints": 1}
 
+# The two GPU presets share one model, corpus and optimiser, so gpu-lm's LM runs are the gpu preset's LM runs at
+# T = 512 with more tokens and seeds. The size is an estimate, not yet a timing (scripts/gpu_kit.sh times 50 steps
+# of each variant and scales the steps to its budget): 12·L·d² ≈ 10.6M parameters in the blocks (dim 384, 6 layers,
+# 6 heads of 64) and about 6N + 6·L·T·d ≈ 71 MFLOP per trained token at T = 512, so a gpu-lm run of 65.5M tokens
+# (6 tokens per parameter, past the CPU presets' 0.4 but short of compute-optimal) is 4.6 PFLOP and its 20 runs
+# 93 PFLOP: 6 minutes at 250 TFLOP/s (a quarter of an H100's bf16 peak), 25 minutes at 60 TFLOP/s for the
+# mechanisms without a fused kernel. pystdlib (31.5M bytes on Python 3.11) is read offline on the GPU machine;
+# a run sees its 28M training tokens 2.3 times, where Shakespeare's 5M would repeat 13 times.
+_GPU_MODEL = {"dim": 384, "n_layers": 6, "n_heads": 6}
+_GPU_DATA = DataConfig(corpus="pystdlib")
+_GPU_TRAIN = {"lr": 1e-3, "keep_checkpoints": 1, "device": "cuda"}
+# More windows of T = 512 than a validation split of 8.4M tokens holds: evaluation scores the whole split.
+_WHOLE_SPLIT_WINDOWS = 16384
+
 PRESETS: dict[str, CompareSpec] = {
     "micro": CompareSpec(
         name="micro",
@@ -235,12 +250,13 @@ PRESETS: dict[str, CompareSpec] = {
     "gpu": CompareSpec(
         name="gpu",
         description=(
-            "the claims on one CUDA GPU in under an hour (sized from its token budget; not yet timed on a GPU): "
-            "8 variants × 3 seeds × 2,000 steps × 64 × 256 tokens of an 11M-parameter model in bf16 autocast, "
+            "every claim on one CUDA GPU (sized from its token budget; not yet timed on a GPU): 8 variants × 3 "
+            "seeds × 2,000 steps × 64 × 256 tokens of gpu-lm's 10.7M-parameter model on pystdlib in bf16 autocast, "
             "and the claims' tasks at their standard and full budgets"
         ),
-        model={"dim": 384, "n_layers": 6, "n_heads": 6},
+        model=_GPU_MODEL,
         train=TrainConfig(
+            data=_GPU_DATA,
             seq_len=256,
             batch_size=64,
             steps=2000,
@@ -248,14 +264,38 @@ PRESETS: dict[str, CompareSpec] = {
             eval_interval=250,
             eval_windows=512,
             checkpoint_interval=500,
-            lr=1e-3,
-            keep_checkpoints=1,
-            device="cuda",
+            **_GPU_TRAIN,
         ),
         seeds=(0, 1, 2),
         variants=claim_variants(),
         evals=EvalSpec(extrapolation_blocks=8, bench_cases=(("train", 1), ("train", 8), ("prefill", 16))),
         tasks=claim_tasks("standard"),
+    ),
+    "gpu-lm": CompareSpec(
+        name="gpu-lm",
+        description=(
+            "the LM-loss claims on one CUDA GPU, what scripts/gpu_kit.sh runs (sized by the estimate in spec.py; "
+            "the kit scales its steps to the time measured): mha, diff, selective and dcmha × 5 seeds × 2,000 "
+            "steps × 64 × 512 tokens (65.5M per run) of a 10.7M-parameter model on pystdlib in bf16 autocast, "
+            "the whole validation split scored"
+        ),
+        model=_GPU_MODEL,
+        train=TrainConfig(
+            data=_GPU_DATA,
+            seq_len=512,
+            batch_size=64,
+            steps=2000,
+            warmup_steps=200,
+            eval_interval=500,
+            eval_windows=_WHOLE_SPLIT_WINDOWS,
+            checkpoint_interval=250,
+            **_GPU_TRAIN,
+        ),
+        seeds=(0, 1, 2, 3, 4),
+        variants=("mha+rope", "diff+rope", "selective+rope", "dcmha+rope"),
+        evals=EvalSpec(
+            extrapolation_blocks=8, bench_cases=(("train", 1), ("train", 8), ("prefill", 16)), bench_repeats=3
+        ),
     ),
     "standard": CompareSpec(
         name="standard",

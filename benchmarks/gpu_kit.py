@@ -1,0 +1,559 @@
+"""Everything to run the day a CUDA GPU is lent, from one command, within a stated budget (issue 23).
+
+    bash scripts/gpu_kit.sh                            # about 40 minutes → benchmarks/results/gpu-<date>/
+    bash scripts/gpu_kit.sh --budget-min 30 --out DIR  # another budget or folder
+    bash scripts/gpu_kit.sh --dry-run --out DIR        # every stage at toy sizes on a CPU (1-2 min), as CI runs it
+
+The stages, in order, each writing under ``OUT``:
+
+1. ``corpus``: pystdlib prepared offline (the Python standard library's ``.py`` files in sorted path order, bytes
+   as tokens, the last 10% the validation split); its files, tokens and sha256 → ``corpus.json``;
+2. ``gpu_check``: ``benchmarks/gpu_check.py --quick`` → ``gpu-check/``;
+3. ``tests``: ``pytest -m "cuda or triton"``, the CUDA and compiled-Triton tests → ``tests/junit.xml``;
+4. ``dcmha_triton``: ``benchmarks/bench_dcmha_triton.py`` → ``dcmha-triton.md`` and ``.json``;
+5. ``timing``: 50 training steps of each ``gpu-lm`` variant, and the steps the preset can afford in the time the
+   budget has left (:func:`plan_steps`) → ``timing.md`` and ``.json``;
+6. ``compare``: the ``gpu-lm`` preset at those steps → ``compare/report.md``, ``results.json``, ``plots/``.
+
+``summary.md`` (what ran, the device, the times, every failure) is rewritten after each stage, and each stage's
+output goes to ``logs/<stage>.log`` as well as the terminal. A failing stage does not stop the next.
+
+Resuming: ``kit_state.json`` records each stage when it completes, that is, when its command ran to its own end
+whatever it found (a gpu_check with failing checks, a pytest with failing tests, a benchmark that refused for want of
+CUDA). Run the same command with the same ``--out`` again and the completed stages are skipped; one that crashed or
+was cut off (the GPU went away) runs again, and the compare reuses its finished runs and resumes the interrupted one
+from its last checkpoint. The timing stage's step count is stored, so a resumed compare trains exactly the runs it
+started. ``--redo STAGE`` runs a completed stage again. The budget counts the seconds the stages spent, over all
+invocations, so time between them is not charged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import xml.etree.ElementTree as ElementTree
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import date, datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import attnzoo
+from attnzoo.compare import PRESETS, CompareSpec, run_compare
+from attnzoo.config import ModelConfig
+from attnzoo.data.corpora import Corpus, prepare_corpus
+from attnzoo.distributed import Distributed, resolve_device
+from attnzoo.io import atomic_write_text, locked_directory
+from attnzoo.tables import Table
+from attnzoo.training.config import TrainConfig
+from attnzoo.training.metrics import MetricsLog
+from attnzoo.training.trainer import METRICS, Trainer, load_corpus
+from attnzoo.variants import Variant, matched_configs
+
+REPO = Path(__file__).resolve().parents[1]
+STATE, SUMMARY = "kit_state.json", "summary.md"
+STATE_VERSION = 1
+PRESET = "gpu-lm"
+
+PASSED, FAILED, NOT_RUN, ERROR, INTERRUPTED = "passed", "FAILED", "not run", "ERROR", "interrupted"
+PENDING = "pending"
+
+# The step arithmetic's assumptions (plan_steps). A scaled run is evaluated TRAINER_EVALS times by the trainer
+# (eval_interval = steps / TRAINER_EVALS) and once more by the compare, each time on the whole validation split; a
+# scored token costs a third of a trained one (a forward pass, 2N of the 6N FLOPs). RESERVE is the share of the time
+# left kept for the rest of the compare: its bench (a fresh process per variant and case), length extrapolation,
+# probes, checkpoints and start-up, none of which the 50 timed steps measure.
+TRAINER_EVALS = 4
+EVALS_PER_RUN = TRAINER_EVALS + 1
+SCORED_TOKEN_COST = 1 / 3
+RESERVE = 0.10
+
+
+# ------------------------------------------------------------------------------------------- step arithmetic
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """How many steps each compare run trains, and what that is estimated to cost."""
+
+    steps: int
+    affordable: int  # what the time left allows, before the preset's cap and the floor
+    estimated_s: float  # of the compare at ``steps``, the reserve included
+    fits: bool  # whether ``estimated_s`` is within the time left
+
+
+def plan_steps(
+    seconds_left: float,
+    seconds_per_step: Mapping[str, float],
+    *,
+    seeds: int,
+    max_steps: int,
+    min_steps: int,
+    eval_steps_per_run: float,
+) -> StepPlan:
+    """The most steps (at most ``max_steps``, the preset's own) such that ``seeds`` runs of every variant, each
+    trained ``steps`` and evaluated for the time of ``eval_steps_per_run`` of its training steps, fit in
+    ``seconds_left`` less the reserve. Fewer than ``min_steps`` would not show the claims; the plan then runs
+    ``min_steps`` anyway and says it does not fit, since a GPU lent for less is better used than returned."""
+    if not seconds_per_step or any(not (s > 0 and math.isfinite(s)) for s in seconds_per_step.values()):
+        raise ValueError(f"seconds_per_step={dict(seconds_per_step)} is invalid: needs a time > 0 for each variant")
+    if not 1 <= min_steps <= max_steps:
+        raise ValueError(f"min_steps={min_steps} is invalid: must be in [1, max_steps={max_steps}]")
+    seconds_per_round = seeds * sum(seconds_per_step.values())  # one step of every run
+    usable = max(0.0, seconds_left) * (1 - RESERVE)
+    affordable = max(0, math.floor(usable / seconds_per_round - eval_steps_per_run))
+    steps = max(min_steps, min(max_steps, affordable))
+    estimated = seconds_per_round * (steps + eval_steps_per_run) / (1 - RESERVE)
+    return StepPlan(steps, affordable, estimated, fits=affordable >= steps)
+
+
+def eval_steps_per_run(val_tokens: int, seq_len: int, eval_windows: int, tokens_per_step: int) -> float:
+    """One run's evaluations in units of its training steps: EVALS_PER_RUN scorings of the windows evaluated."""
+    scored = min((val_tokens - 1) // seq_len, eval_windows) * seq_len
+    return EVALS_PER_RUN * scored * SCORED_TOKEN_COST / tokens_per_step
+
+
+def scaled_spec(spec: CompareSpec, steps: int, budget_s: float) -> CompareSpec:
+    """The preset at ``steps``: warmup and checkpoints in the same proportion, TRAINER_EVALS evaluations."""
+    train = spec.train
+    scaled = dataclasses.replace(
+        train,
+        steps=steps,
+        warmup_steps=round(train.warmup_steps * steps / train.steps),
+        eval_interval=math.ceil(steps / TRAINER_EVALS),
+        checkpoint_interval=math.ceil(train.checkpoint_interval * steps / train.steps),
+    )
+    description = f"{spec.description}; steps scaled to {steps:,} by the GPU kit for a {budget_s / 60:g}-minute budget"
+    return dataclasses.replace(spec, train=scaled, description=description)
+
+
+# ------------------------------------------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True)
+class KitPlan:
+    """What each stage runs: the GPU sizes, or toy sizes for a dry run on a CPU."""
+
+    name: str
+    budget_s: float
+    spec: CompareSpec  # the preset before its steps are scaled
+    gpu_check_args: tuple[str, ...]
+    bench_args: tuple[str, ...]
+    timing_steps: int
+    min_steps: int
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        """What a resumed kit must share with the one that started the folder."""
+        return {"plan": self.name, "budget_s": self.budget_s, "preset": self.spec.name}
+
+
+def make_plan(dry_run: bool, budget_min: float | None = None) -> KitPlan:
+    preset = PRESETS[PRESET]
+    if not dry_run:
+        budget_s = 60.0 * (40 if budget_min is None else budget_min)
+        # The floor, 200 steps (6.5M tokens per run, 0.6 per parameter), is already near the CPU claims preset's
+        # 0.4 tokens per parameter, where issue 23 found every LM difference smaller than 100 steps of progress.
+        return KitPlan("gpu", budget_s, preset, ("--quick",), (), timing_steps=50, min_steps=200)
+    micro = PRESETS["micro"]
+    toy = dataclasses.replace(
+        preset,
+        model=micro.model,
+        train=dataclasses.replace(
+            preset.train,
+            seq_len=32,
+            batch_size=8,
+            steps=40,
+            warmup_steps=4,
+            eval_interval=10,
+            eval_windows=64,
+            checkpoint_interval=10,
+            device="cpu",
+        ),
+        seeds=(0, 1),
+        evals=micro.evals,
+    )
+    bench_args = ("--seq-lens", "64", "--tokens", "128", "--window-types", "L", "--repeats", "1", "--warmup", "1")
+    budget_s = 60.0 * (2 if budget_min is None else budget_min)
+    return KitPlan("dry run", budget_s, toy, ("--dry-run",), bench_args, timing_steps=6, min_steps=4)
+
+
+# ----------------------------------------------------------------------------------------- stages and state
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a stage found. ``completed``: it ran to its own end, so a resumed kit skips it."""
+
+    status: str
+    note: str = ""
+    outputs: tuple[str, ...] = ()  # relative to OUT
+    completed: bool = True
+    data: dict[str, Any] = field(default_factory=dict)  # what later stages read
+    exit_code: int | None = None  # set: stop the kit with this code (a signal stopped the stage)
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    what: str
+    run: Callable[[Kit], Outcome]
+
+
+class Kit:
+    """One invocation: the plan, the output folder and the state of every stage, as read and as written."""
+
+    def __init__(self, plan: KitPlan, out: Path):
+        self.plan, self.out = plan, out
+        self.state = self._read_state()
+        self.stage_started = time.perf_counter()
+
+    def _read_state(self) -> dict[str, Any]:
+        path = self.out / STATE
+        if not path.is_file():
+            return {"version": STATE_VERSION, "identity": self.plan.identity, "stages": {}}
+        state = json.loads(path.read_text(encoding="utf-8"))
+        if state.get("version") != STATE_VERSION or state.get("identity") != self.plan.identity:
+            raise ValueError(
+                f"{self.out} holds a GPU kit run of another plan ({state.get('identity')}, not "
+                f"{self.plan.identity}): resume it with the flags it started with, or choose another --out"
+            )
+        return state
+
+    @property
+    def stages(self) -> dict[str, dict[str, Any]]:
+        return self.state["stages"]
+
+    def completed(self, name: str) -> bool:
+        return self.stages.get(name, {}).get("completed", False)
+
+    def spent_s(self) -> float:
+        """Seconds the stages have spent over every invocation, the running one's so far included."""
+        recorded = sum(record["seconds"] for record in self.stages.values())
+        return recorded + time.perf_counter() - self.stage_started
+
+    def record(self, stage: Stage, outcome: Outcome, seconds: float) -> None:
+        earlier = self.stages.get(stage.name, {}).get("seconds", 0.0)
+        self.stages[stage.name] = {
+            "status": outcome.status,
+            "completed": outcome.completed,
+            "note": outcome.note,
+            "outputs": list(outcome.outputs),
+            "data": outcome.data,
+            "seconds": round(earlier + seconds, 1),  # every attempt's: the budget counts them all
+            "at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        }
+        atomic_write_text(self.out / STATE, json.dumps(self.state, indent=2) + "\n")
+
+    def relative(self, path: Path) -> str:
+        return path.relative_to(self.out).as_posix()
+
+
+def run_stages(kit: Kit, stages: Sequence[Stage], redo: Sequence[str] = ()) -> int:
+    """Run every stage not yet completed (and those in ``redo``), in order; 0 if all completed and none failed,
+    1 otherwise, or the exit code of a stage that a signal stopped."""
+    for stage in stages:
+        if kit.completed(stage.name) and stage.name not in redo:
+            say(f"{stage.name}: completed earlier ({kit.stages[stage.name]['status']}), skipped")
+            continue
+        say(f"\n=== {stage.name}: {stage.what} ({kit.spent_s() / 60:.1f} of {kit.plan.budget_s / 60:g} min spent)")
+        kit.stage_started = time.perf_counter()
+        try:
+            outcome = stage.run(kit)
+        except Exception as err:  # a stage's crash (a lost GPU, a bug) is recorded; the next stages still run
+            traceback.print_exc()
+            outcome = Outcome(ERROR, f"{type(err).__name__}: {err}", completed=False)
+        seconds = time.perf_counter() - kit.stage_started
+        kit.stage_started = time.perf_counter()
+        kit.record(stage, outcome, seconds)
+        write_summary(kit, stages)
+        say(f"{stage.name}: {outcome.status} in {seconds:.0f} s{': ' + outcome.note if outcome.note else ''}")
+        if outcome.exit_code is not None:
+            return outcome.exit_code
+    bad = [s.name for s in stages if not kit.completed(s.name) or kit.stages[s.name]["status"] in (FAILED, ERROR)]
+    return 1 if bad else 0
+
+
+def say(message: str) -> None:
+    print(message, flush=True)
+
+
+def run_logged(kit: Kit, name: str, command: Sequence[str]) -> tuple[int, str]:
+    """Run ``command`` from the repository root, its output to the terminal and to ``logs/<name>.log``."""
+    log = kit.out / "logs" / f"{name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    say("$ " + " ".join(command))
+    lines = []
+    with (
+        open(log, "w", encoding="utf-8") as f,
+        subprocess.Popen(
+            command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+        ) as process,
+    ):
+        assert process.stdout is not None
+        for line in process.stdout:
+            sys.stdout.write(line)
+            f.write(line)
+            lines.append(line)
+    return process.returncode, "".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------- the stages
+
+
+def corpus_stage(kit: Kit) -> Outcome:
+    data = kit.plan.spec.train.data
+    corpus = prepare_corpus(data.corpus, data.tokenizer, data.val_fraction)
+    info = {key: value for key, value in corpus.info.items() if key not in ("cache", "self_sha256")}
+    record = {**info, "train_tokens": len(corpus.train), "val_tokens": len(corpus.val)}
+    atomic_write_text(kit.out / "corpus.json", json.dumps(record, indent=2) + "\n")
+    note = (
+        f"{corpus.name}: {len(corpus.tokens):,} tokens ({len(corpus.train):,} train, {len(corpus.val):,} val) "
+        f"from {info.get('files', 0):,} files, Python {info.get('python_version', '?')}, tokens sha256 "
+        f"{info['files_sha256']['tokens.bin'][:12]}"
+    )
+    return Outcome(PASSED, note, ("corpus.json",))
+
+
+def gpu_check_stage(kit: Kit) -> Outcome:
+    out = kit.out / "gpu-check"
+    command = [sys.executable, "benchmarks/gpu_check.py", *kit.plan.gpu_check_args, "--out", str(out)]
+    code, _ = run_logged(kit, "gpu_check", command)
+    reports = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(out.glob("*.json"))]
+    finished = [r for r in reports if r.get("meta", {}).get("finished")]
+    # 1 is also a crash's exit code: only a finished report says the check ran to its end.
+    if code not in (0, 1) or not finished:
+        return Outcome(ERROR, f"exited {code} before its report was finished (logs/gpu_check.log)", completed=False)
+    outputs = tuple(kit.relative(p) for p in sorted(out.iterdir()) if p.suffix in (".md", ".json"))
+    failures = finished[0].get("failures", 0)
+    return Outcome(PASSED if code == 0 else FAILED, f"{failures} failing check(s)", outputs)
+
+
+def tests_stage(kit: Kit) -> Outcome:
+    junit = kit.out / "tests" / "junit.xml"
+    junit.parent.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "pytest", "-m", "cuda or triton", "-q", "-p", "no:cacheprovider"]
+    code, _ = run_logged(kit, "tests", [*command, f"--junitxml={junit}"])
+    # pytest's exit codes: 0 all passed, 1 some failed, 5 none collected; others (interrupted, internal or usage
+    # error) did not run to the end.
+    if code not in (0, 1, 5) or not junit.is_file():
+        return Outcome(ERROR, f"pytest exited {code} (logs/tests.log)", completed=False)
+    suite = ElementTree.parse(junit).getroot()
+    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    counts = {key: int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped")}
+    passed = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
+    note = f"{passed} passed, {counts['failures'] + counts['errors']} failed, {counts['skipped']} skipped"
+    status = {0: PASSED, 1: FAILED, 5: NOT_RUN}[code]
+    return Outcome(status, note, (kit.relative(junit),))
+
+
+def dcmha_triton_stage(kit: Kit) -> Outcome:
+    out = kit.out / "dcmha-triton.md"
+    command = [sys.executable, "benchmarks/bench_dcmha_triton.py", *kit.plan.bench_args, "--out", str(out)]
+    code, text = run_logged(kit, "dcmha_triton", command)
+    if code == 0 and out.is_file():
+        return Outcome(PASSED, "", (kit.relative(out), kit.relative(out.with_suffix(".json"))))
+    # Its one refusal (no CUDA, or no Triton) is a result: the stage cannot measure on this machine.
+    refusal = [line for line in text.splitlines() if line.endswith("nothing was measured")]
+    if code == 2 and refusal:
+        return Outcome(NOT_RUN, refusal[0].removeprefix("bench_dcmha_triton: "))
+    return Outcome(ERROR, f"exited {code} (logs/dcmha_triton.log)", completed=False)
+
+
+def seconds_per_step(config: ModelConfig, train: TrainConfig, corpus: Corpus, env: Distributed, steps: int) -> float:
+    """Median seconds of a training step of ``config`` trained as ``train`` says, from the trainer's own throughput
+    log; the first log interval is left out, since it holds CUDA's start-up, cuDNN's choices and Triton's
+    compilation."""
+    interval = max(1, steps // 5)
+    train = dataclasses.replace(
+        train,
+        steps=steps,
+        warmup_steps=0,
+        log_interval=interval,
+        eval_interval=steps,
+        eval_windows=1,
+        checkpoint_interval=steps,
+        keep_checkpoints=1,
+    )
+    with tempfile.TemporaryDirectory(prefix="gpu-kit-timing-") as run_dir:
+        Trainer(config, train, corpus, run_dir, env=env, progress=False).fit()
+        rates = [r["tokens_per_s"] for r in MetricsLog(Path(run_dir) / METRICS).read() if "tokens_per_s" in r]
+    return train.tokens_per_step / statistics.median(rates[1:] or rates)
+
+
+def timing_stage(kit: Kit) -> Outcome:
+    spec, plan = kit.plan.spec, kit.plan
+    env = Distributed(device=resolve_device(spec.train.device))
+    corpus = load_corpus(spec.train.data, env)
+    train = spec.train
+    configs = matched_configs(
+        [Variant.parse(v) for v in spec.variants], spec.baseline_config(corpus.tokenizer.vocab_size)
+    )
+    per_step = {
+        label: seconds_per_step(config, train, corpus, env, plan.timing_steps) for label, config in configs.items()
+    }
+    baseline = per_step[spec.variant_labels[0]]
+    evals = eval_steps_per_run(len(corpus.val), train.seq_len, train.eval_windows, train.tokens_per_step)
+    left = plan.budget_s - kit.spent_s()
+    steps = plan_steps(
+        left,
+        per_step,
+        seeds=len(spec.seeds),
+        max_steps=train.steps,
+        min_steps=plan.min_steps,
+        eval_steps_per_run=evals,
+    )
+    rows = [
+        [label, f"{seconds * 1e3:,.1f}", f"{train.tokens_per_step / seconds:,.0f}", f"{seconds / baseline:.2f}×"]
+        for label, seconds in per_step.items()
+    ]
+    table = Table(["variant", "ms/step", "tokens/s", "time vs baseline"], rows).to_markdown()
+    tokens = steps.steps * train.tokens_per_step
+    verdict = (
+        f"{steps.steps:,} steps of the preset's {train.steps:,} ({tokens:,} tokens per run), estimated "
+        f"{steps.estimated_s / 60:.1f} min of the {left / 60:.1f} min left"
+    )
+    if not steps.fits:
+        verdict += f": over the budget, which affords {steps.affordable:,} steps, below the floor of {plan.min_steps}"
+    text = (
+        f"# GPU kit: step timing ({plan.name})\n\n{plan.timing_steps} training steps of each {spec.name} variant "
+        f"({train.batch_size} × {train.seq_len} tokens a step, {env.device.type}); the median of the logged "
+        f"intervals after the first.\n\n{table}\n\nEach run is also scored {EVALS_PER_RUN}× on "
+        f"{min((len(corpus.val) - 1) // train.seq_len, train.eval_windows):,} validation windows "
+        f"(≈ {evals:,.1f} training steps at a third of a step's cost per token), and {RESERVE:.0%} of the time left "
+        f"is kept for the compare's bench, extrapolation and start-up.\n\n**Plan:** {verdict}.\n"
+    )
+    atomic_write_text(kit.out / "timing.md", text)
+    data = {
+        "seconds_per_step": per_step,
+        "eval_steps_per_run": evals,
+        "seconds_left": left,
+        **dataclasses.asdict(steps),
+    }
+    atomic_write_text(kit.out / "timing.json", json.dumps(data, indent=2) + "\n")
+    return Outcome(PASSED, verdict, ("timing.md", "timing.json"), data=data)
+
+
+def compare_stage(kit: Kit) -> Outcome:
+    if not kit.completed("timing"):
+        return Outcome(NOT_RUN, "the timing stage has not completed: nothing says how many steps fit", completed=False)
+    spec = scaled_spec(kit.plan.spec, kit.stages["timing"]["data"]["steps"], kit.plan.budget_s)
+    out = kit.out / "compare"
+    result = run_compare(spec, out, progress=sys.stderr.isatty())
+    if result.interrupted_by is not None:
+        note = f"stopped by signal {result.interrupted_by}; run the kit again to resume it"
+        return Outcome(INTERRUPTED, note, completed=False, exit_code=128 + result.interrupted_by)
+    outputs = tuple(kit.relative(out / name) for name in ("report.md", "report.html", "results.json"))
+    return Outcome(PASSED, f"{spec.train.steps:,} steps per run; see compare/report.md", outputs)
+
+
+STAGES = (
+    Stage("corpus", "pystdlib prepared offline", corpus_stage),
+    Stage("gpu_check", "benchmarks/gpu_check.py", gpu_check_stage),
+    Stage("tests", 'pytest -m "cuda or triton"', tests_stage),
+    Stage("dcmha_triton", "benchmarks/bench_dcmha_triton.py", dcmha_triton_stage),
+    Stage("timing", f"training steps of each {PRESET} variant, and the steps that fit", timing_stage),
+    Stage("compare", f"the {PRESET} preset", compare_stage),
+)
+
+
+# ------------------------------------------------------------------------------------------------- summary
+
+
+def device_description(plan: KitPlan) -> str:
+    if plan.name != "dry run" and torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name()} (CUDA {torch.version.cuda})"
+    return f"CPU ({platform.machine()}, {os.cpu_count()} cores)"
+
+
+def source_commit() -> str:
+    try:
+        done = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO, capture_output=True, text=True)
+    except OSError:
+        return "unknown (no git)"
+    return done.stdout.strip() if done.returncode == 0 else "unknown (not a git checkout)"
+
+
+def write_summary(kit: Kit, stages: Sequence[Stage]) -> None:
+    plan = kit.plan
+    rows = []
+    for stage in stages:
+        record = kit.stages.get(stage.name)
+        if record is None:
+            rows.append([stage.name, stage.what, PENDING, "–", "", ""])
+            continue
+        status = record["status"] + ("" if record["completed"] else " (incomplete: runs again on resume)")
+        outputs = ", ".join(f"[{path}]({path})" for path in record["outputs"])
+        rows.append([stage.name, stage.what, status, f"{record['seconds'] / 60:.1f}", outputs, record["note"]])
+    problems = [row for row in rows if row[2] not in (PASSED, NOT_RUN, PENDING)]
+    lines = [
+        f"# attnzoo GPU kit: {device_description(plan)}" + (" (dry run, toy sizes)" if plan.name == "dry run" else ""),
+        "",
+        f"attnzoo {attnzoo.__version__} at commit {source_commit()}, torch {torch.__version__}, Python "
+        f"{platform.python_version()}. Budget {plan.budget_s / 60:g} min; the stages have spent "
+        f"{sum(r['seconds'] for r in kit.stages.values()) / 60:.1f} min. Updated "
+        f"{datetime.now(timezone.utc).isoformat(timespec='seconds')}.",
+        "",
+        f"The {PRESET} verdicts are at this run's scale (the compare report states its tokens per run and "
+        "parameters), never at the papers'.",
+        "",
+        Table(["stage", "what", "status", "minutes", "outputs", "note"], rows).to_markdown(),
+        "",
+        "## Failures",
+        "",
+        *([f"- {row[0]}: {row[2]}: {row[5] or 'see its log under logs/'}" for row in problems] or ["None."]),
+        "",
+        f"Resume (or finish) with `bash scripts/gpu_kit.sh{' --dry-run' if plan.name == 'dry run' else ''} "
+        f"--out {kit.out}`; `compare/runs/` holds checkpoints and is not meant to be committed.",
+        "",
+    ]
+    atomic_write_text(kit.out / SUMMARY, "\n".join(lines))
+
+
+# -------------------------------------------------------------------------------------------------- command
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    default_out = REPO / "benchmarks" / "results" / f"gpu-{date.today().isoformat()}"
+    parser.add_argument("--out", type=Path, default=default_out, help=f"where everything goes (default {default_out})")
+    parser.add_argument("--budget-min", type=float, help="minutes of device time for every stage (default 40; 2 dry)")
+    parser.add_argument("--dry-run", action="store_true", help="every stage at toy sizes on the CPU, as CI runs it")
+    names = [stage.name for stage in STAGES]
+    parser.add_argument("--redo", nargs="+", default=[], choices=names, metavar="STAGE", help=f"from {names}")
+    args = parser.parse_args(argv)
+    if args.budget_min is not None and not (math.isfinite(args.budget_min) and args.budget_min > 0):
+        parser.error(f"--budget-min={args.budget_min} is invalid: must be a number of minutes > 0")
+    if not args.dry_run and not torch.cuda.is_available():
+        parser.error("no CUDA device is visible (torch.cuda.is_available() is False): run it on a GPU, or --dry-run")
+    plan = make_plan(args.dry_run, args.budget_min)
+    out = args.out.resolve()  # the stages' commands run from the repository root
+    with locked_directory(out, "GPU kit folder"):
+        kit = Kit(plan, out)
+        if "timing" in args.redo and "compare" in kit.stages:
+            parser.error(
+                "--redo timing is refused: the compare in this folder has begun with the steps the timing chose, "
+                "and new ones would not match its runs; choose another --out"
+            )
+        atomic_write_text(out / ".gitignore", "compare/runs/\n.attnzoo.lock\n")
+        say(f"GPU kit ({plan.name}, {plan.budget_s / 60:g} min) on {device_description(plan)} → {out}")
+        code = run_stages(kit, STAGES, args.redo)
+        write_summary(kit, STAGES)
+    say(f"\nGPU kit: {'done' if code == 0 else f'exit {code}'}; summary in {out / SUMMARY}")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

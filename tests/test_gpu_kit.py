@@ -1,0 +1,243 @@
+"""benchmarks/gpu_kit.py: its dry run end to end, the step arithmetic, and resuming where it stopped."""
+
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+from benchmark_scripts import load_benchmark
+
+from attnzoo.compare import PRESETS
+
+gpu_kit = load_benchmark("gpu_kit")
+STAGE_NAMES = [stage.name for stage in gpu_kit.STAGES]
+
+
+# ------------------------------------------------------------------------------------------- step arithmetic
+
+
+def plan(seconds_left, **changes):
+    settings = {"seeds": 5, "max_steps": 2000, "min_steps": 200, "eval_steps_per_run": 10.0, **changes}
+    return gpu_kit.plan_steps(seconds_left, {"mha": 0.1, "dcmha": 0.3}, **settings)
+
+
+def test_the_steps_fill_the_time_left_less_the_reserve_and_the_evaluations():
+    # A step of every run takes 5 × (0.1 + 0.3) = 2 s; 1000 s less 10% is 450 such rounds, 10 of them evaluation.
+    assert gpu_kit.RESERVE == 0.10
+    steps = plan(1000.0)
+    assert (steps.steps, steps.affordable, steps.fits) == (440, 440, True)
+    assert steps.estimated_s == pytest.approx(1000.0)
+
+
+def test_the_steps_never_exceed_the_presets_and_never_fall_below_the_floor():
+    capped = plan(1e6)
+    assert capped.steps == 2000 and capped.affordable > 2000 and capped.fits
+    assert capped.estimated_s == pytest.approx(2 * 2010 / 0.9)
+    short = plan(100.0)  # 90 s: 45 rounds, 35 steps after the evaluations
+    assert (short.steps, short.affordable, short.fits) == (200, 35, False)
+    assert short.estimated_s == pytest.approx(2 * 210 / 0.9)
+    assert plan(-50.0).affordable == 0  # the earlier stages overran the budget
+
+
+def test_bad_step_arithmetic_inputs_are_refused_by_name():
+    with pytest.raises(ValueError, match=r"seconds_per_step=\{'mha': 0.0\} is invalid"):
+        gpu_kit.plan_steps(10.0, {"mha": 0.0}, seeds=1, max_steps=10, min_steps=1, eval_steps_per_run=0)
+    with pytest.raises(ValueError, match=r"min_steps=20 is invalid: must be in \[1, max_steps=10\]"):
+        gpu_kit.plan_steps(10.0, {"mha": 1.0}, seeds=1, max_steps=10, min_steps=20, eval_steps_per_run=0)
+
+
+def test_the_evaluations_cost_a_third_of_a_step_per_scored_token_five_times_a_run():
+    # 10,001 tokens hold 100 windows of 100; 64 are scored, 5 times: 32,000 tokens at 1/3 of 1,000 per step.
+    assert gpu_kit.eval_steps_per_run(10_001, 100, 64, 1_000) == pytest.approx(32_000 / 3 / 1_000)
+    assert gpu_kit.eval_steps_per_run(10_001, 100, 500, 1_000) == pytest.approx(50_000 / 3 / 1_000)
+
+
+def test_the_scaled_preset_keeps_its_proportions_and_evaluates_four_times():
+    preset = PRESETS["gpu-lm"]
+    for steps in (1000, 1001, 333):
+        train = gpu_kit.scaled_spec(preset, steps, budget_s=2400).train
+        assert train.steps == steps
+        assert train.warmup_steps == round(steps * preset.train.warmup_steps / preset.train.steps)
+        evaluations = {s for s in range(1, steps + 1) if s % train.eval_interval == 0} | {steps}
+        assert len(evaluations) == gpu_kit.TRAINER_EVALS
+    scaled = gpu_kit.scaled_spec(preset, 1000, budget_s=2400)
+    assert (scaled.train.checkpoint_interval, scaled.variants, scaled.seeds) == (125, preset.variants, preset.seeds)
+    assert "scaled to 1,000 by the GPU kit for a 40-minute budget" in scaled.description
+
+
+def test_the_gpu_plan_runs_the_preset_as_it_is_and_the_dry_run_a_cpu_toy():
+    gpu, dry = gpu_kit.make_plan(dry_run=False), gpu_kit.make_plan(dry_run=True, budget_min=3)
+    assert gpu.spec is PRESETS["gpu-lm"] and gpu.budget_s == 40 * 60 and gpu.gpu_check_args == ("--quick",)
+    assert gpu.timing_steps == 50
+    assert dry.budget_s == 180 and dry.spec.train.device == "cpu" and dry.gpu_check_args == ("--dry-run",)
+    assert dry.spec.variants == gpu.spec.variants and dry.spec.train.data == gpu.spec.train.data
+
+
+def test_the_gpu_lm_preset_scores_the_whole_validation_split_at_its_own_scale():
+    spec = PRESETS["gpu-lm"]
+    assert spec.train.data.corpus == "pystdlib" and spec.train.seq_len == 512 and len(spec.seeds) == 5
+    assert spec.train.steps * spec.train.tokens_per_step == 65_536_000
+    # 16384 windows of 512 cover a validation split of 8.4M tokens; pystdlib's is about 3M on Python 3.11.
+    assert spec.train.eval_windows * spec.train.seq_len > 8_000_000
+    assert PRESETS["gpu"].model == spec.model and PRESETS["gpu"].train.data == spec.train.data
+
+
+# ------------------------------------------------------------------------------------------------ resuming
+
+
+class Recorder:
+    """Fake stages that record their calls; ``behaviour[name]`` says what one does instead of passing."""
+
+    def __init__(self, behaviour=None):
+        self.calls, self.behaviour = [], dict(behaviour or {})
+
+    def stages(self, names=("a", "b", "c")):
+        return [gpu_kit.Stage(name, f"stage {name}", self.runner(name)) for name in names]
+
+    def runner(self, name):
+        def run(kit):
+            self.calls.append(name)
+            action = self.behaviour.pop(name, None)
+            if action is not None:
+                return action()
+            return gpu_kit.Outcome(gpu_kit.PASSED, f"{name} ran", data={"ran": name})
+
+        return run
+
+
+def crash():
+    raise RuntimeError("CUDA error: device lost")
+
+
+def killed():
+    raise KeyboardInterrupt  # the kit itself stopped mid-stage: nothing is recorded
+
+
+def new_kit(out, budget_min=2):
+    return gpu_kit.Kit(gpu_kit.make_plan(dry_run=True, budget_min=budget_min), out)
+
+
+def test_a_crashed_stage_is_recorded_incomplete_the_rest_run_and_a_resume_runs_only_it(tmp_path, capsys):
+    first = Recorder({"b": crash})
+    assert gpu_kit.run_stages(new_kit(tmp_path), first.stages()) == 1
+    assert first.calls == ["a", "b", "c"]
+    state = json.loads((tmp_path / gpu_kit.STATE).read_text())["stages"]
+    assert state["b"]["status"] == gpu_kit.ERROR and not state["b"]["completed"]
+    assert "RuntimeError: CUDA error: device lost" in state["b"]["note"]
+    summary = (tmp_path / gpu_kit.SUMMARY).read_text()
+    assert "| b | stage b | ERROR (incomplete: runs again on resume) |" in summary
+    assert "- b: ERROR (incomplete: runs again on resume): RuntimeError: CUDA error: device lost" in summary
+
+    again = Recorder()
+    assert gpu_kit.run_stages(new_kit(tmp_path), again.stages()) == 0
+    assert again.calls == ["b"]
+    assert "a: completed earlier (passed), skipped" in capsys.readouterr().out
+    state = json.loads((tmp_path / gpu_kit.STATE).read_text())["stages"]
+    assert all(state[name]["completed"] for name in "abc")
+    assert "None." in (tmp_path / gpu_kit.SUMMARY).read_text()
+
+
+def test_a_kit_stopped_mid_stage_runs_that_stage_and_the_later_ones_on_resume(tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        gpu_kit.run_stages(new_kit(tmp_path), Recorder({"b": killed}).stages())
+    state = json.loads((tmp_path / gpu_kit.STATE).read_text())["stages"]
+    assert list(state) == ["a"]
+    again = Recorder()
+    assert gpu_kit.run_stages(new_kit(tmp_path), again.stages()) == 0
+    assert again.calls == ["b", "c"]
+
+
+def test_a_stage_stopped_by_a_signal_stops_the_kit_with_its_exit_code(tmp_path):
+    stopped = gpu_kit.Outcome(gpu_kit.INTERRUPTED, "signal 2", completed=False, exit_code=130)
+    recorder = Recorder({"b": lambda: stopped})
+    assert gpu_kit.run_stages(new_kit(tmp_path), recorder.stages()) == 130
+    assert recorder.calls == ["a", "b"]
+
+
+def test_redo_runs_a_completed_stage_again_and_the_budget_counts_every_attempt(tmp_path, monkeypatch):
+    clock = iter(range(0, 1000, 10))  # each perf_counter call 10 s later
+    monkeypatch.setattr(gpu_kit.time, "perf_counter", lambda: next(clock))
+    gpu_kit.run_stages(new_kit(tmp_path), Recorder().stages(["a"]))
+    first = json.loads((tmp_path / gpu_kit.STATE).read_text())["stages"]["a"]["seconds"]
+    recorder = Recorder()
+    gpu_kit.run_stages(new_kit(tmp_path), recorder.stages(["a"]), redo=["a"])
+    assert recorder.calls == ["a"]
+    assert json.loads((tmp_path / gpu_kit.STATE).read_text())["stages"]["a"]["seconds"] == 2 * first > 0
+
+
+def test_a_folder_of_another_plan_is_refused(tmp_path):
+    gpu_kit.run_stages(new_kit(tmp_path), Recorder().stages(["a"]))
+    with pytest.raises(
+        ValueError, match=r"holds a GPU kit run of another plan .*budget_s': 120.0.*choose another --out"
+    ):
+        new_kit(tmp_path, budget_min=3)
+
+
+def test_a_resumed_compare_trains_the_steps_the_timing_stage_chose(tmp_path, monkeypatch):
+    kit = new_kit(tmp_path)
+    assert gpu_kit.compare_stage(kit).status == gpu_kit.NOT_RUN  # nothing says how many steps fit yet
+    timing = gpu_kit.Outcome(gpu_kit.PASSED, data={"steps": 7})
+    kit.record(gpu_kit.Stage("timing", "", None), timing, 1.0)
+    seen = []
+
+    def fake_compare(spec, out, progress):
+        seen.append(spec)
+        return SimpleNamespace(interrupted_by=None)
+
+    monkeypatch.setattr(gpu_kit, "run_compare", fake_compare)
+    outcome = gpu_kit.compare_stage(new_kit(tmp_path))  # a later invocation reads the stored steps
+    assert outcome.status == gpu_kit.PASSED
+    assert seen[0].train.steps == 7 and seen[0].train.eval_interval == math.ceil(7 / gpu_kit.TRAINER_EVALS)
+
+
+def test_bad_flags_are_refused_by_name(tmp_path, capsys, monkeypatch):
+    with pytest.raises(SystemExit):
+        gpu_kit.main(["--dry-run", "--budget-min", "0", "--out", str(tmp_path)])
+    assert "--budget-min=0.0 is invalid: must be a number of minutes > 0" in capsys.readouterr().err
+    monkeypatch.setattr(gpu_kit.torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit):
+        gpu_kit.main(["--out", str(tmp_path)])
+    assert "no CUDA device is visible" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        gpu_kit.main(["--dry-run", "--redo", "nothing", "--out", str(tmp_path)])
+    assert "invalid choice: 'nothing'" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------ dry run
+
+
+@pytest.mark.slow
+def test_the_dry_run_runs_every_stage_and_a_second_run_resumes_with_nothing_left(tmp_path, capsys):
+    out = tmp_path / "kit"
+    assert gpu_kit.main(["--dry-run", "--out", str(out)]) == 0
+    state = json.loads((out / gpu_kit.STATE).read_text())["stages"]
+    assert list(state) == STAGE_NAMES and all(record["completed"] for record in state.values())
+    summary = (out / gpu_kit.SUMMARY).read_text()
+    assert summary.startswith("# attnzoo GPU kit: ") and "(dry run, toy sizes)" in summary
+    for name in STAGE_NAMES:
+        assert f"| {name} | " in summary
+    for record in state.values():
+        assert all((out / path).is_file() for path in record["outputs"])
+    assert state["corpus"]["outputs"] == ["corpus.json"]
+    assert json.loads((out / "corpus.json").read_text())["name"] == "pystdlib"
+    assert any(path.endswith(".md") for path in state["gpu_check"]["outputs"])
+    assert state["gpu_check"]["status"] == state["tests"]["status"] == gpu_kit.PASSED
+    assert (out / "tests" / "junit.xml").is_file()
+    if gpu_kit.torch.cuda.is_available():
+        assert state["dcmha_triton"]["status"] == gpu_kit.PASSED
+    else:  # the benchmark's one refusal, not a typo in its flags
+        assert state["dcmha_triton"]["status"] == gpu_kit.NOT_RUN
+        assert "needs a CUDA device" in state["dcmha_triton"]["note"]
+    steps = state["timing"]["data"]["steps"]
+    assert 4 <= steps <= 40 and set(state["timing"]["data"]["seconds_per_step"]) == set(PRESETS["gpu-lm"].variants)
+    results = json.loads((out / "compare" / "results.json").read_text())
+    assert results["budget"]["steps"] == steps
+    assert {"compare/report.md", "compare/results.json"} <= set(state["compare"]["outputs"])
+    for name in ("gpu_check", "tests", "dcmha_triton"):  # the stages run as commands
+        assert (out / "logs" / f"{name}.log").is_file()
+    capsys.readouterr()
+
+    assert gpu_kit.main(["--dry-run", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    for name in STAGE_NAMES:
+        assert f"{name}: completed earlier" in printed
