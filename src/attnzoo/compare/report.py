@@ -27,6 +27,7 @@ from attnzoo.compare.plots import (
 )
 from attnzoo.compare.report_claims import claims_section
 from attnzoo.compare.results import ATTENTION_MAPS, CompareResults, TaskResult
+from attnzoo.compare.spec import PRESETS
 from attnzoo.compare.stats import CONFIDENCE, PairedDifference, Summary, paired_over_seeds
 from attnzoo.compare.verdicts import MIN_SEEDS, Verdict, judge_all, verdicts_record
 from attnzoo.io import atomic_write_text
@@ -341,8 +342,8 @@ def _judges_claims(results: CompareResults, verdicts: list[Verdict]) -> bool:
 def _verdicts_elsewhere(results: CompareResults) -> str:
     return (
         f"**Verdicts on the papers' claims** need at least {MIN_SEEDS} seeds and each claim's own experiment: "
-        f"`attnzoo compare --preset claims` runs them all (about 90 minutes on 2 CPU cores). This run "
-        f"({results.preset}, {len(results.seeds)} seed(s)) reports them below only for completeness."
+        f"`attnzoo compare --preset claims` runs {PRESETS['claims'].description}. This run ({results.preset}, "
+        f"{len(results.seeds)} seed(s)) lists them below only for completeness."
     )
 
 
