@@ -32,8 +32,8 @@ VAL_LOSS = lm_metric("val_loss", "validation loss (nats/token)")
 # The smallest LM-loss difference of interest, and the gate that goes with it: see LM_EFFECT_SOURCE.
 LM_EFFECT = 0.02
 LM_EFFECT_SOURCE = (
-    "our choice, no paper figure being citable here: 2% in perplexity, about what 1.25× more training gave MHA near "
-    "the end of the stored claims run (its loss fell 0.08 nats over the last 100 of 300 steps)"
+    "our choice, no paper figure being citable: 2% in perplexity, about what 1.25× more training gave MHA at the "
+    "end of the stored claims run"
 )
 LM_FLAT = LossFlattened(max_fall=LM_EFFECT)
 EXTRAPOLATION_EFFECT = 0.1

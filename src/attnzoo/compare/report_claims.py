@@ -146,15 +146,21 @@ def claims_section(results: CompareResults, verdicts: list[Verdict]) -> list:
     blocks: list = [
         Heading(2, "The papers' claims"),
         Bullets(summary_lines(results, verdicts)),
-        verdict_table(verdicts),
+        brief_table(verdicts),
         Paragraph(HOW_A_VERDICT_IS_REACHED),
     ]
     shared = shared_checks(verdicts)
     if shared:
-        blocks.insert(
-            3,
-            Paragraph("**The shared setup checks**, made for every claim that lists them: " + "; ".join(shared) + "."),
-        )
+        listed = "; ".join(shared)
+        blocks.append(Paragraph(f"**The shared setup checks**, made for every claim that lists them: {listed}."))
+    blocks += [
+        Heading(3, "Every claim in full"),
+        Paragraph(
+            "What the paper says and where, the test and its smallest effect of interest, this test's conditions "
+            "beside the paper's scale, the levels reached, each seed's difference, and the checks made."
+        ),
+        verdict_table(verdicts),
+    ]
     checks = checks_table(results)
     if checks is not None:
         blocks += [
