@@ -21,6 +21,7 @@ from attnzoo.compare.claims import (
     LossFlattened,
     Measure,
     TaskLearned,
+    matching_multiple,
 )
 from attnzoo.compare.paper_claims import claim_tasks, claim_variants
 from attnzoo.compare.report import write_report
@@ -182,8 +183,10 @@ def test_a_claim_no_comparison_ran_says_what_would_run_it(results):
     verdicts = {v.claim.id: v for v in judge_all(results)}
     assert set(verdicts) == set(CLAIMS)  # none is dropped
     assert "needs task 'denoising'" in verdicts["selective.value_temperature_denoising"].reason
-    not_built = verdicts["dcmha.compute_equivalence"]
-    assert not_built.outcome == "not run" and not_built.reason.startswith("no preset runs it yet: it needs MHA at 1×")
+    not_built = verdicts["dcmha.dynamic_beats_static"]
+    assert not_built.outcome == "not run" and not_built.reason.startswith(
+        "no preset runs it yet: it needs a static-only"
+    )
     gpu = dataclasses.replace(CLAIMS["diff.lm_loss"], variant="diff+alibi", preset="gpu-lm", needs_gpu=True)
     gpu_verdict = judge(gpu, results)
     assert gpu_verdict.reason.endswith("; the gpu-lm preset runs them on a GPU")
@@ -272,3 +275,30 @@ def test_the_probes_of_a_model_with_local_layers_summarise_every_layer():
     # The local layer's longest rows (it has none of 32 keys or more); the global layer's 33 rows of 32–64 keys.
     expected = (list(local.values())[-1] + (32 * full["32-63"] + full["64-127"]) / 33) / 2
     assert lm_probes(model, tokens)["spikiness_long"] == pytest.approx(expected)
+
+
+def test_the_compute_multiple_is_read_off_the_baselines_loss_against_log_compute():
+    assert matching_multiple([1.0, 1.5, 2.0], [2.0, 1.95, 1.92], 1.95) == pytest.approx(1.5)
+    # Between 1.5× and 2×: a third of the way down the segment, a third of the way up in log-compute.
+    assert matching_multiple([1.0, 1.5, 2.0], [2.0, 1.95, 1.92], 1.94) == pytest.approx(1.5 * (2 / 1.5) ** (1 / 3))
+    assert matching_multiple([1.0, 1.5, 2.0], [2.0, 1.95, 1.92], 1.90) > 2  # extrapolated past the last point
+    assert matching_multiple([1.0, 1.5, 2.0], [2.0, 1.95, 1.92], 2.05) < 1  # worse than the baseline itself
+    assert matching_multiple([1.0, 2.0], [2.0, 2.0], 1.5) == 1.0  # a flat segment: no multiple can be read off it
+
+
+def test_compute_equivalence_reads_every_budget_and_says_which_is_missing(results):
+    data = json.loads((FIXTURE / "results.json").read_text())
+    claim = CLAIMS["dcmha.compute_equivalence"]
+    assert "for mha+rope+x1.5 and mha+rope+x2" in judge(claim, CompareResults.from_dict(data)).reason
+    base = data["variants"]["mha+rope"]
+    for multiple, fall in (("1.5", 0.05), ("2", 0.08)):
+        longer = json.loads(json.dumps(base))
+        for run in longer["runs"]:
+            run["val"]["loss"] -= fall
+        data["variants"][f"mha+rope+x{multiple}"] = longer
+    data["variants"]["dcmha+rope"] = json.loads(json.dumps(base))
+    for run in data["variants"]["dcmha+rope"]["runs"]:
+        run["val"]["loss"] -= 0.05  # what MHA reaches with 1.5× the tokens
+    values = claim.measure.read(CompareResults.from_dict(data), "dcmha+rope")
+    assert values == {0: pytest.approx(1.5), 1: pytest.approx(1.5)}
+    assert claim.measure.read(CompareResults.from_dict(data), "mha+rope") == {0: 1.0, 1: 1.0}

@@ -302,6 +302,18 @@ def test_the_tasks_train_their_own_seeds(micro, copy_of):
     assert resolve_spec(replace(spec, task_seeds=(0, 1, 2)), seeds=[0]).task_seed_list == (0,)
 
 
+def test_a_variant_with_more_compute_trains_the_same_model_longer(micro, copy_of):
+    """``+x2``: twice the steps of the same model, which the bench measures once, under the model's label."""
+    (copy_of / "results.json").unlink()
+    spec = resolve_spec("micro", variants=[*VARIANTS, "mha+rope+x2"], corpus=str(micro["text"]), tasks=[])
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert run_compare(spec, copy_of, progress=False).interrupted_by is None
+    results = _results(copy_of)
+    longer, base = results.variants["mha+rope+x2"], results.variants["mha+rope"]
+    assert [run.steps for run in longer.runs] == [12, 12] and longer.runs[0].tokens == 2 * base.runs[0].tokens
+    assert longer.config == base.config and {m.variant for m in results.bench.measurements} == set(VARIANTS)
+
+
 def test_an_interrupted_compare_resumes_where_it_stopped(micro, copy_of):
     # As if stopped during diff+rope seed 1 (after its step-3 checkpoint), before mha+rope seed 1 saved
     # anything, and before the mqar task of diff+rope seed 1 finished.

@@ -22,6 +22,8 @@ BASE = ModelConfig(vocab_size=256, dim=128, n_layers=2, n_heads=8, max_seq_len=6
             Variant("dcmha", "alibi", 2, (("query_wise", True), ("rank", 1))),
         ),
         ("selective[temperature_fn=mlp]", Variant("selective", "rope", options=(("temperature_fn", "mlp"),))),
+        ("mha+rope+x1.5", Variant("mha", "rope", compute=1.5)),
+        ("mha+rope+kv2+x2", Variant("mha", "rope", 2, compute=2.0)),
     ],
 )
 def test_parse(spec, expected):
@@ -36,6 +38,9 @@ def test_parse(spec, expected):
         ("flash+rope", "'flash' is not a known attention mechanism"),
         ("mha+xpos", "'xpos' is not a known positional scheme"),
         ("mha+rope+kv0", "bad kv-head count '0'"),
+        ("mha+rope+x0", r"bad compute multiple '0': expected xC with 0 < C <= 100"),
+        ("mha+rope+x1.2.3", "bad compute multiple '1.2.3'"),
+        ("mha+rope+x2+kv2", "expected ATTENTION"),
         ("mha+rope+alibi", "expected ATTENTION"),
         ("mha[+rope", "expected ATTENTION"),
         ("selective[bogus=1]+rope", r"'selective\[bogus=1\]\+rope'.*unknown option\(s\) \['bogus'\]"),
@@ -92,3 +97,11 @@ def test_labels_spell_word_options_bare_and_quote_only_what_would_parse_otherwis
     assert Variant.parse("dcmha[window_type=LG]").label == "dcmha[window_type=LG]+rope"
     # The string "3" is quoted, or it would read back as the number 3.
     assert Variant("selective", options=(("temperature_fn", "3"),)).label == 'selective[temperature_fn="3"]+rope'
+
+
+def test_a_compute_multiple_trains_the_same_model_longer():
+    longer = Variant.parse("dcmha+rope+x1.5")
+    assert longer.label == "dcmha+rope+x1.5" and longer.model_label == "dcmha+rope"
+    assert longer.steps(300) == 450 and Variant.parse("mha+rope+x1").label == "mha+rope"
+    configs = matched_configs([Variant.parse("mha+rope"), Variant.parse("mha+rope+x2")], BASE)
+    assert configs["mha+rope+x2"] == configs["mha+rope"]

@@ -21,26 +21,38 @@ from attnzoo.config import ModelConfig, parse_key_value
 from attnzoo.positions import POSITIONS
 
 SPEC_FORMAT = (
-    "ATTENTION[KEY=VALUE,...]+POSITION+kvN, the options, position and kv part optional, e.g. 'mha+rope', "
-    "'diff+alibi', 'mha+rope+kv2', 'selective[value_temperature=false]+none'"
+    "ATTENTION[KEY=VALUE,...]+POSITION+kvN+xC, the options, position, kv and compute parts optional, e.g. "
+    "'mha+rope', 'diff+alibi', 'mha+rope+kv2', 'selective[value_temperature=false]+none', 'mha+rope+x1.5'"
 )
 _SPEC = re.compile(r"(?P<attention>[^+\[\]]+)(?:\[(?P<options>[^\]]*)\])?(?P<rest>(?:\+[^+\[\]]+)*)")
 
 
 @dataclass(frozen=True)
 class Variant:
-    """An attention mechanism with its options × a positional scheme × a kv-head count."""
+    """An attention mechanism with its options × a positional scheme × a kv-head count, trained with ``compute``
+    times the comparison's training tokens (``+x1.5``: the same model, 1.5× the steps), so that a mechanism can
+    be set against the baseline at several budgets (DCFormer's compute-equivalence claim)."""
 
     attention: str
     position: str = "rope"
     n_kv_heads: int | None = None  # None keeps the baseline's
     options: tuple[tuple[str, Any], ...] = ()  # attention options, sorted by name; the rest keep their defaults
+    compute: float = 1.0
 
     @property
-    def label(self) -> str:
+    def model_label(self) -> str:
+        """The label of the model alone, whatever its training budget."""
         options = ",".join(f"{key}={_spelled(value)}" for key, value in self.options)
         kv = f"+kv{self.n_kv_heads}" if self.n_kv_heads is not None else ""
         return f"{self.attention}{f'[{options}]' if options else ''}+{self.position}{kv}"
+
+    @property
+    def label(self) -> str:
+        return self.model_label + (f"+x{self.compute:g}" if self.compute != 1 else "")
+
+    def steps(self, steps: int) -> int:
+        """This variant's share of a run of ``steps`` steps."""
+        return max(1, round(steps * self.compute))
 
     @classmethod
     def parse(cls, spec: str) -> Variant:
@@ -49,6 +61,15 @@ class Variant:
             raise ValueError(f"variant {spec!r} is invalid: expected {SPEC_FORMAT}")
         attention = match["attention"].strip()
         rest = [p.strip() for p in match["rest"].split("+")[1:]]
+        compute = 1.0
+        if rest and re.fullmatch(r"x[0-9.]+", rest[-1]):
+            text = rest.pop()[1:]
+            try:
+                compute = float(text)
+            except ValueError:
+                compute = 0.0
+            if not 0 < compute <= 100:
+                raise ValueError(f"variant {spec!r} has a bad compute multiple {text!r}: expected xC with 0 < C <= 100")
         kv = None
         if rest and rest[-1].startswith("kv"):
             digits = rest.pop()[2:]
@@ -73,7 +94,7 @@ class Variant:
             ATTENTION.parse_options(attention, options)
         except ValueError as err:
             raise ValueError(f"variant {spec!r}: {err}") from None
-        return cls(attention, position, kv, tuple(sorted(options.items())))
+        return cls(attention, position, kv, tuple(sorted(options.items())), compute)
 
 
 def _spelled(value: Any) -> str:

@@ -53,6 +53,7 @@ class Measure:
     read: Callable[[CompareResults, str], Values | None]
     task: str | None = None  # the synthetic task it is read from; None: the language model
     blocks: Callable[[CompareResults, str], Blocks | None] | None = None
+    trains: tuple[str, ...] = ()  # language-model variants it reads besides the claim's variant and baseline
 
 
 # ------------------------------------------------------------------------------------------------- the gates
@@ -275,6 +276,50 @@ def task_probe(task: str, key: str, label: str) -> Measure:
         return {run.seed: run.probe[key] for run in runs} if runs and all(key in r.probe for r in runs) else None
 
     return Measure(label, f"task {task!r} with its probe", read, task)
+
+
+def compute_to_match(references: dict[float, str]) -> Measure:
+    """The compute multiple at which the baseline's validation loss matches the variant's: per seed, the baseline
+    trained with each multiple of the tokens in ``references`` (multiple → variant label, 1 the baseline itself),
+    interpolated linearly in log-compute, and extrapolated from the nearest two beyond them. The baseline's own
+    value is 1 by definition, so variant − baseline is the multiple's excess over 1."""
+    multiples = sorted(references)
+
+    def read(results: CompareResults, label: str) -> Values | None:
+        runs = {m: results.variants.get(references[m]) for m in multiples}
+        if any(found is None for found in runs.values()):
+            return None
+        if label == references[1.0]:
+            return {run.seed: 1.0 for run in runs[1.0].runs}  # type: ignore[union-attr]
+        found = results.variants.get(label)
+        if found is None:
+            return None
+        by_seed = {m: {run.seed: run.val.loss for run in runs[m].runs} for m in multiples}  # type: ignore[union-attr]
+        return {
+            run.seed: matching_multiple(multiples, [by_seed[m][run.seed] for m in multiples], run.val.loss)
+            for run in found.runs
+            if all(run.seed in by_seed[m] for m in multiples)
+        }
+
+    trained = ", ".join(f"{m:g}×" for m in multiples)
+    return Measure(
+        "compute multiple at which the baseline matches (×)",
+        f"the baseline trained at {trained} the tokens",
+        read,
+        trains=tuple(references.values()),
+    )
+
+
+def matching_multiple(multiples: list[float], losses: list[float], target: float) -> float:
+    """Where the loss-against-log-compute line through ``(multiples, losses)`` reaches ``target``: between the two
+    points that bracket it, else along the end segment nearest to it, bounded to [1/16, 16]."""
+    log_m, loss = np.log(np.asarray(multiples, dtype=float)), np.asarray(losses, dtype=float)
+    inside = [i for i in range(len(loss) - 1) if min(loss[i], loss[i + 1]) <= target <= max(loss[i], loss[i + 1])]
+    i = inside[0] if inside else (0 if target > loss[0] else len(loss) - 2)
+    if loss[i + 1] == loss[i]:
+        return float(np.exp(log_m[i]))
+    fraction = (target - loss[i]) / (loss[i + 1] - loss[i])
+    return float(np.clip(np.exp(log_m[i] + fraction * (log_m[i + 1] - log_m[i])), 1 / 16, 16))
 
 
 def not_built(label: str, needs: str, task: str | None = None) -> Measure:

@@ -91,7 +91,7 @@ def plot_extrapolation(results: CompareResults, path: Path) -> None:
 def plot_throughput_memory(results: CompareResults, path: Path) -> None:
     rows: list[BenchRatio] = results.bench.ratios(results.baseline)
     cases = list(dict.fromkeys((r.measurement.mode, r.measurement.seq_len) for r in rows))
-    labels = list(results.variants)
+    labels = list(dict.fromkeys(r.measurement.variant for r in rows))  # models: a +xC variant is its model's
     colors = _colors(labels)
     figure, (speed_axes, memory_axes) = _figure(2)
     width = 0.8 / len(labels)

@@ -32,6 +32,7 @@ from attnzoo.compare.stats import CONFIDENCE, PairedDifference, Summary, paired_
 from attnzoo.compare.verdicts import MIN_SEEDS, Verdict, judge_all, verdicts_record
 from attnzoo.io import atomic_write_text
 from attnzoo.tables import Table, memory_header, ratio, speed_header
+from attnzoo.variants import Variant
 
 PLOTS = "plots"
 VERDICTS = "verdicts.json"
@@ -51,7 +52,8 @@ def _difference_text(diff: PairedDifference | None, digits: int) -> str:
 
 
 def summary_table(results: CompareResults) -> Table:
-    """One row per variant: mean ± std over seeds, the noise verdict against the baseline, and the costs."""
+    """One row per variant: mean ± std over seeds, the paired difference from the baseline, and the costs (a
+    variant trained with more compute costs what its model does per token)."""
     longest = max(results.evals.extrapolation_multiples)
     ratios = [r for r in results.bench.ratios(results.baseline) if r.measurement.mode == "train"]
     # Speed at the training length; memory at the longest training case, where attention's share shows.
@@ -73,8 +75,8 @@ def summary_table(results: CompareResults) -> Table:
                 _fmt(summary.get("val_bits_per_byte"), 4),
                 versus,
                 _fmt(summary.get(f"loss_at_{longest}x"), 3),
-                ratio(speed.get(label)),
-                ratio(memory.get(label)),
+                ratio(speed.get(Variant.parse(label).model_label)),
+                ratio(memory.get(Variant.parse(label).model_label)),
             ]
         )
     header = [

@@ -205,13 +205,13 @@ class Comparison:
 
     def lm_estimate(self, bench: BenchRecord, label: str) -> float:
         """Training seconds of one run from its token budget and the throughput just measured at its length."""
-        train = self.spec.train
+        train, variant = self.spec.train, Variant.parse(label)
         rates = [
             m.timing.tokens_per_s
             for m in bench.measurements
-            if m.variant == label and m.mode == "train" and m.seq_len == train.seq_len and m.timing
+            if m.variant == variant.model_label and m.mode == "train" and m.seq_len == train.seq_len and m.timing
         ]
-        return train.steps * train.tokens_per_step / rates[0] if rates else 0.0
+        return variant.steps(train.steps) * train.tokens_per_step / rates[0] if rates else 0.0
 
     def task_estimates(self, spec: TaskSpec) -> dict[tuple, float]:
         """Training seconds of each task run still to do, from a few timed steps of each variant's model."""
@@ -237,7 +237,7 @@ class Comparison:
         the record was reused as it was."""
         spec = self.spec
         run_dir = self.out_dir / "runs" / label / f"seed{seed}"
-        train_config = dataclasses.replace(spec.train, seed=seed)
+        train_config = dataclasses.replace(spec.train, seed=seed, steps=Variant.parse(label).steps(spec.train.steps))
         evals = _jsonable({**asdict(spec.evals), "maps": seed == spec.seeds[0]})
         found = latest_checkpoint(run_dir)
         checkpoint = read_checkpoint(found) if found is not None else None
@@ -371,9 +371,13 @@ class Comparison:
         if stored is not None and stored.key == key:
             self.say(f"reusing {self.out_dir / BENCH}")
             return stored, None
+        # A variant trained with more compute is another variant's model: measured once, under the model's label.
+        models: dict[str, str] = {}  # the model's label → the first variant that trains it
+        for label in self.labels:
+            models.setdefault(Variant.parse(label).model_label, label)
         cases = [
-            BenchCase(label, configs[label], max(1, train.batch_size // multiple), train.seq_len * multiple, mode)
-            for (mode, multiple), label in product(spec.bench_cases, self.labels)
+            BenchCase(model, configs[label], max(1, train.batch_size // multiple), train.seq_len * multiple, mode)
+            for (mode, multiple), (model, label) in product(spec.bench_cases, models.items())
         ]
         partial = _read_record(BenchRecord, self.out_dir / BENCH_PARTIAL)
         kept = {_case_key(m): m for m in partial.measurements} if partial is not None and partial.key == key else {}

@@ -97,6 +97,7 @@ def _measure(claim: Claim, results: CompareResults) -> Verdict:
         )
     ours, theirs = claim.measure.read(results, claim.variant), claim.measure.read(results, claim.baseline)
     missing = [label for label, values in ((claim.variant, ours), (claim.baseline, theirs)) if values is None]
+    missing = [label for label in claim.measure.trains if label not in results.variants] or missing
     if missing:
         gpu = " (a CUDA GPU)" if claim.needs_gpu else ""
         return Verdict(
@@ -250,7 +251,7 @@ def _conditions(claim: Claim, results: CompareResults, values: dict[int, float])
         return f"{seeds}; task {task.name}: {scale}"
     budget, found = results.budget, results.variants[claim.variant]
     return (
-        f"{seeds}; {budget.tokens_per_run:,} tokens/run at T={budget.seq_len}, {found.parameters / 1e6:.2f}M params, "
+        f"{seeds}; {found.runs[0].tokens:,} tokens/run at T={budget.seq_len}, {found.parameters / 1e6:.2f}M params, "
         f"{results.corpus.name}"
     )
 
