@@ -314,6 +314,24 @@ def test_a_variant_with_more_compute_trains_the_same_model_longer(micro, copy_of
     assert longer.config == base.config and {m.variant for m in results.bench.measurements} == set(VARIANTS)
 
 
+def test_an_uptrained_variant_starts_from_its_sources_pooled_weights(micro, copy_of):
+    """``+kv1+up0.5``: the same seed's trained mha+rope, its kv heads mean-pooled, trained for half the steps."""
+    (copy_of / "results.json").unlink()
+    spec = resolve_spec("micro", variants=[*VARIANTS, "mha+rope+kv1+up0.5"], corpus=str(micro["text"]), tasks=[])
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert run_compare(spec, copy_of, progress=False).interrupted_by is None
+    results = _results(copy_of)
+    up, source = results.variants["mha+rope+kv1+up0.5"], results.variants["mha+rope"]
+    assert up.config == {**source.config, "n_kv_heads": 1} and up.parameters < source.parameters
+    assert [record.steps for record in up.runs] == [3, 3]
+    for record, origin in zip(up.runs, source.runs, strict=True):
+        first_loss = record.train_curve[0][1]  # already near where the source ended, far below a fresh model's
+        assert first_loss < origin.train_curve[0][1] - 0.1
+        assert (copy_of / "runs" / "mha+rope+kv1+up0.5" / f"seed{record.seed}-converted" / "config.json").is_file()
+    with pytest.raises(ValueError, match=r"uptrain mha\+rope\+kv1\+up0\.5 from mha\+rope, which must be compared"):
+        resolve_spec("micro", variants=["diff+rope", "mha+rope+kv1+up0.5"])
+
+
 def test_an_interrupted_compare_resumes_where_it_stopped(micro, copy_of):
     # As if stopped during diff+rope seed 1 (after its step-3 checkpoint), before mha+rope seed 1 saved
     # anything, and before the mqar task of diff+rope seed 1 finished.

@@ -21,8 +21,9 @@ from attnzoo.config import ModelConfig, parse_key_value
 from attnzoo.positions import POSITIONS
 
 SPEC_FORMAT = (
-    "ATTENTION[KEY=VALUE,...]+POSITION+kvN+xC, the options, position, kv and compute parts optional, e.g. "
-    "'mha+rope', 'diff+alibi', 'mha+rope+kv2', 'selective[value_temperature=false]+none', 'mha+rope+x1.5'"
+    "ATTENTION[KEY=VALUE,...]+POSITION+kvN+upF+xC, the options, position, kv, uptraining and compute parts optional, "
+    "e.g. 'mha+rope', 'diff+alibi', 'mha+rope+kv2', 'selective[value_temperature=false]+none', 'mha+rope+x1.5', "
+    "'mha+rope+kv2+up0.05'"
 )
 _SPEC = re.compile(r"(?P<attention>[^+\[\]]+)(?:\[(?P<options>[^\]]*)\])?(?P<rest>(?:\+[^+\[\]]+)*)")
 
@@ -38,21 +39,30 @@ class Variant:
     n_kv_heads: int | None = None  # None keeps the baseline's
     options: tuple[tuple[str, Any], ...] = ()  # attention options, sorted by name; the rest keep their defaults
     compute: float = 1.0
+    # GQA uptraining (Ainslie et al., 2023, ``+upF``): converted from the same seed's trained model without the kv
+    # part (its kv heads mean-pooled), then trained for F × the steps; None: trained from scratch.
+    uptrain: float | None = None
 
     @property
     def model_label(self) -> str:
         """The label of the model alone, whatever its training budget."""
         options = ",".join(f"{key}={_spelled(value)}" for key, value in self.options)
         kv = f"+kv{self.n_kv_heads}" if self.n_kv_heads is not None else ""
-        return f"{self.attention}{f'[{options}]' if options else ''}+{self.position}{kv}"
+        up = f"+up{self.uptrain:g}" if self.uptrain is not None else ""
+        return f"{self.attention}{f'[{options}]' if options else ''}+{self.position}{kv}{up}"
 
     @property
     def label(self) -> str:
         return self.model_label + (f"+x{self.compute:g}" if self.compute != 1 else "")
 
+    @property
+    def source(self) -> Variant:
+        """The model an uptrained variant is converted from: itself with the baseline's kv heads."""
+        return dataclasses.replace(self, n_kv_heads=None, uptrain=None)
+
     def steps(self, steps: int) -> int:
         """This variant's share of a run of ``steps`` steps."""
-        return max(1, round(steps * self.compute))
+        return max(1, round(steps * (self.uptrain if self.uptrain is not None else self.compute)))
 
     @classmethod
     def parse(cls, spec: str) -> Variant:
@@ -61,15 +71,10 @@ class Variant:
             raise ValueError(f"variant {spec!r} is invalid: expected {SPEC_FORMAT}")
         attention = match["attention"].strip()
         rest = [p.strip() for p in match["rest"].split("+")[1:]]
-        compute = 1.0
-        if rest and re.fullmatch(r"x[0-9.]+", rest[-1]):
-            text = rest.pop()[1:]
-            try:
-                compute = float(text)
-            except ValueError:
-                compute = 0.0
-            if not 0 < compute <= 100:
-                raise ValueError(f"variant {spec!r} has a bad compute multiple {text!r}: expected xC with 0 < C <= 100")
+        compute = _multiple(spec, rest, "x", "compute multiple", "xC with 0 < C <= 100", 100.0)
+        uptrain = _multiple(spec, rest, "up", "uptraining fraction", "upF with 0 < F <= 1", 1.0)
+        if uptrain is not None and compute is not None:
+            raise ValueError(f"variant {spec!r}: an uptrained variant (+upF) trains F of the steps; drop +xC")
         kv = None
         if rest and rest[-1].startswith("kv"):
             digits = rest.pop()[2:]
@@ -94,7 +99,23 @@ class Variant:
             ATTENTION.parse_options(attention, options)
         except ValueError as err:
             raise ValueError(f"variant {spec!r}: {err}") from None
-        return cls(attention, position, kv, tuple(sorted(options.items())), compute)
+        if uptrain is not None and kv is None:
+            raise ValueError(f"variant {spec!r}: uptraining (+upF) converts to fewer kv heads; name them with +kvN")
+        return cls(attention, position, kv, tuple(sorted(options.items())), compute or 1.0, uptrain)
+
+
+def _multiple(spec: str, parts: list[str], prefix: str, what: str, expected: str, most: float) -> float | None:
+    """Pop a trailing ``PREFIX<number>`` part (``x1.5``, ``up0.05``) off ``parts``; None if there is none."""
+    if not parts or not re.fullmatch(rf"{prefix}[0-9.]+", parts[-1]):
+        return None
+    text = parts.pop()[len(prefix) :]
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value <= most:
+        raise ValueError(f"variant {spec!r} has a bad {what} {text!r}: expected {expected}")
+    return value
 
 
 def _spelled(value: Any) -> str:
@@ -145,4 +166,11 @@ def match_parameters(cfg: ModelConfig, target: int, tolerance: float = 0.02) -> 
 def matched_configs(variants: list[Variant], baseline: ModelConfig, tolerance: float = 0.02) -> dict[str, ModelConfig]:
     """Parameter-matched configs keyed by variant label; the target is the baseline's parameter count."""
     target = count_parameters(baseline)
-    return {v.label: match_parameters(variant_config(v, baseline), target, tolerance) for v in variants}
+    configs = {}
+    for v in variants:
+        if v.uptrain is not None:  # the source's model with its kv heads pooled: fewer parameters, as in the paper
+            source = match_parameters(variant_config(v.source, baseline), target, tolerance)
+            configs[v.label] = dataclasses.replace(source, n_kv_heads=v.n_kv_heads)
+        else:
+            configs[v.label] = match_parameters(variant_config(v, baseline), target, tolerance)
+    return configs

@@ -62,6 +62,7 @@ from attnzoo.compare.stats import Summary, paired_over_seeds
 from attnzoo.compare.tasks import context_len, step_seconds, task_configs, train_task
 from attnzoo.compare.verdicts import judge_all
 from attnzoo.config import ModelConfig
+from attnzoo.convert.directory import group_kv_heads
 from attnzoo.data.corpora import Corpus
 from attnzoo.distributed import Distributed, resolve_device
 from attnzoo.evals.lm import LMEvalConfig, evaluate_lm, length_extrapolation, window_plan
@@ -71,7 +72,13 @@ from attnzoo.io import atomic_write_text, locked_directory
 from attnzoo.model import Transformer
 from attnzoo.records import from_dict, to_dict
 from attnzoo.tables import Table
-from attnzoo.training.checkpoint import CheckpointError, latest_checkpoint, load_pretrained, read_checkpoint
+from attnzoo.training.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    latest_checkpoint,
+    load_pretrained,
+    read_checkpoint,
+)
 from attnzoo.training.config import TrainConfig
 from attnzoo.training.metrics import MetricsLog
 from attnzoo.training.trainer import METRICS, Trainer, check_resumable, load_corpus
@@ -237,7 +244,10 @@ class Comparison:
         the record was reused as it was."""
         spec = self.spec
         run_dir = self.out_dir / "runs" / label / f"seed{seed}"
-        train_config = dataclasses.replace(spec.train, seed=seed, steps=Variant.parse(label).steps(spec.train.steps))
+        variant = Variant.parse(label)
+        train_config = dataclasses.replace(spec.train, seed=seed, steps=variant.steps(spec.train.steps))
+        if variant.uptrain is not None:
+            train_config = uptraining_config(train_config)
         evals = _jsonable({**asdict(spec.evals), "maps": seed == spec.seeds[0]})
         found = latest_checkpoint(run_dir)
         checkpoint = read_checkpoint(found) if found is not None else None
@@ -258,8 +268,18 @@ class Comparison:
             shutil.rmtree(run_dir)  # stopped before its first checkpoint: nothing in it can be continued
 
         if not finished:
+            source = None
+            if variant.uptrain is not None and checkpoint is None:
+                source = self.converted_source(variant, seed)
             trainer = Trainer(
-                config, train_config, corpus, run_dir, env=self.env, resume=checkpoint, progress=self.progress
+                config,
+                train_config,
+                corpus,
+                run_dir,
+                env=self.env,
+                resume=checkpoint,
+                init_from=source,
+                progress=self.progress,
             )
             result = trainer.fit()
             if result.interrupted_by is not None:
@@ -271,6 +291,15 @@ class Comparison:
         record = self.evaluate_lm_run(model, label, seed, train_config, corpus, run_dir, evals)
         _write_record(record, run_dir / RUN_RECORD)
         return record, None, False
+
+    def converted_source(self, variant: Variant, seed: int) -> Checkpoint:
+        """The same seed's trained source model with its kv heads mean-pooled (``attnzoo convert --kv-heads``): where
+        an uptrained variant starts. The source trains first, since it is listed before (CompareSpec checks)."""
+        source_dir = self.out_dir / "runs" / variant.source.label / f"seed{seed}"
+        converted = self.out_dir / "runs" / variant.label / f"seed{seed}-converted"
+        shutil.rmtree(converted, ignore_errors=True)  # a conversion cut off midway is simply redone
+        group_kv_heads(source_dir, converted, variant.n_kv_heads)  # type: ignore[arg-type]
+        return read_checkpoint(converted)
 
     def extrapolation_tokens(self, corpus: Corpus) -> np.ndarray:
         """The start of the validation split that every length is scored on: whole blocks of the longest."""
@@ -581,6 +610,21 @@ def kv_cache_bytes_per_token(config: ModelConfig) -> int:
         cache = Transformer(config).new_cache(1, config.max_seq_len)
     total = sum(b.numel() * b.element_size() for layer in cache.layers for b in layer.buffers.values())
     return total // config.max_seq_len
+
+
+def uptraining_config(train: TrainConfig) -> TrainConfig:
+    """GQA uptraining continues the pre-training recipe where it ended: at its final learning rate (lr ×
+    min_lr_ratio), constant after a warmup of a quarter of the steps for the fresh optimiser, evaluated four times
+    so the gates can read its curve. A restart at the peak rate would spend the few steps undoing noise."""
+    steps = train.steps
+    return dataclasses.replace(
+        train,
+        lr=train.lr * train.min_lr_ratio,
+        min_lr_ratio=1.0,
+        warmup_steps=max(1, steps // 4) if steps > 1 else 0,
+        eval_interval=max(1, steps // 4),
+        checkpoint_interval=steps,
+    )
 
 
 def progress_table(lm_runs: dict[str, dict[int, LMRun]], baseline: str) -> str:

@@ -123,6 +123,14 @@ class CompareSpec:
         labels = [Variant.parse(spec).label for spec in self.variants]  # a bad spec raises its own clear error
         duplicates = sorted({label for label in labels if labels.count(label) > 1})
         require(not duplicates, "variants", self.variants, f"name {duplicates} more than once")
+        for i, spec in enumerate(self.variants):
+            source = Variant.parse(spec).source.label
+            require(
+                Variant.parse(spec).uptrain is None or source in labels[:i],
+                "variants",
+                self.variants,
+                f"uptrain {labels[i]} from {source}, which must be compared too and listed before it",
+            )
         check_model_settings(self.model, "model")
         names = [task.name for task in self.tasks]
         require(len(set(names)) == len(names), "tasks", names, "must name each task at most once")
@@ -225,10 +233,10 @@ PRESETS: dict[str, CompareSpec] = {
     "claims": CompareSpec(
         name="claims",
         description=(
-            "every paper claim's experiment that a CPU can run, about 25 minutes on 2 CPU cores (22.5 min when last "
-            "timed, with 3 task seeds): 8 variants × 3 seeds × 300 steps × 16 × 64 tokens of language modelling "
-            "with extrapolation to 16×, and the needles, passkey, denoising and composition tasks with 5 seeds for "
-            "the variants whose claims use them"
+            "every paper claim's experiment that a CPU can run, about 35 minutes on 2 CPU cores (estimated: 22.5 "
+            "min when last timed, before MHA at 1.5× and 2× the tokens, GQA uptraining and 5 task seeds joined): "
+            "12 language-model variants × 3 seeds × 300 steps × 16 × 64 tokens with extrapolation to 16×, and the "
+            "needles, passkey, denoising and composition tasks with 5 seeds for the variants whose claims use them"
         ),
         model={"dim": 128, "n_layers": 4, "n_heads": 4},
         train=TrainConfig(
