@@ -244,7 +244,8 @@ def build_report(results: CompareResults, plots: dict[str, str]) -> Report:
         Paragraph(
             f"{len(results.variants)} variants × {len(seeds)} seed(s) {seeds}, trained on the same data in the "
             f"same order under the same budget; **{baseline}** is the baseline. Parameters are matched to the "
-            f"baseline within 2% by the MLP width."
+            f"baseline within 2% by the MLP width, except an uptrained variant (+upF), which keeps its source's model "
+            f"with fewer kv heads, as GQA uptraining does."
         ),
         Bullets(
             [
