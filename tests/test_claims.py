@@ -302,3 +302,27 @@ def test_compute_equivalence_reads_every_budget_and_says_which_is_missing(result
     values = claim.measure.read(CompareResults.from_dict(data), "dcmha+rope")
     assert values == {0: pytest.approx(1.5), 1: pytest.approx(1.5)}
     assert claim.measure.read(CompareResults.from_dict(data), "mha+rope") == {0: 1.0, 1: 1.0}
+
+
+def test_a_non_finite_value_never_passes_a_gate_or_reaches_a_verdict(results):
+    """A diverged run (NaN or inf) did not learn: every comparison with a NaN is false, so a gate written as
+    "refuse when below" would let it through."""
+    data = json.loads((FIXTURE / "results.json").read_text())
+    needles = data["tasks"]["needles"]
+    for label, values in (("mha+rope", [float("nan"), float("nan")]), ("diff+rope", [0.85, 0.95])):
+        for run, value in zip(needles["runs"][label], values, strict=True):
+            run["final"]["accuracy"] = value
+    nan_task = judge(CLAIMS["diff.multi_needle"], CompareResults.from_dict(data))
+    assert nan_task.outcome == "not measurable" and not nan_task.gate.passed and "non-finite" in nan_task.reason
+
+    data = json.loads((FIXTURE / "results.json").read_text())
+    for variant in data["variants"].values():
+        for run in variant["runs"]:
+            run["val_curve"] = [[step, 3.0] for step in (100, 200, 300)] + [[400, float("nan")]]
+    claim = _claim({"diff+rope": [1.0, 1.1, 1.2], "mha+rope": [1.5, 1.6, 1.8]}, gate=LossFlattened(max_fall=0.02))
+    nan_curve = judge(claim, CompareResults.from_dict(data))
+    assert nan_curve.outcome == "not measurable" and "non-finite" in nan_curve.reason
+
+    inf = judge(_claim({"diff+rope": [1.0, float("inf"), 1.2], "mha+rope": [1.5, 1.6, 1.8]}), results)
+    assert inf.outcome == "not measurable" and "non-finite" in inf.reason and inf.p_raw is None
+    assert "does not diverge" in inf.would_change and "does not diverge" in nan_task.would_change

@@ -21,6 +21,7 @@ where that figure is printed (``source``), and fixes, before any run, everything
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
@@ -36,6 +37,7 @@ LOWER, HIGHER, NONINFERIOR = "lower", "higher", "noninferior"
 # for a measure where lower is better (a loss): the variant is no worse than the baseline by more than it.
 Rule = Literal["lower", "higher", "noninferior"]
 
+DIVERGED = "a diverged training"  # how a gate's reason ends when a value is NaN or infinite
 Values = dict[int, float]  # seed → the measure
 Blocks = dict[int, np.ndarray]  # seed → the measure on each evaluation block (the same blocks for every variant)
 
@@ -88,6 +90,8 @@ class LossFlattened:
             fall = _last_fall(found.runs, self.window) if found else None
             if fall is None:
                 return Gate(False, f"{label} logged fewer than two validation points: the slope cannot be read", {})
+            if not math.isfinite(fall):
+                return Gate(False, f"{label}'s validation loss is non-finite near the end: {DIVERGED}", {})
             levels[f"{label}: fall over the last {self.window:.0%} (nats)"] = fall
             if fall >= self.max_fall:
                 falling.append(f"{label} still fell {fall:.3f} nats")
@@ -133,6 +137,9 @@ class TaskLearned:
         threshold = task.chance + self.share * (task.solved - task.chance)
         finals = {label: [run.final[task.metric] for run in task.runs[label]] for label in task.runs}
         baseline, variant = np.mean(finals[claim.baseline]), np.mean(finals[claim.variant])
+        diverged = [label for label in (claim.baseline, claim.variant) if not np.all(np.isfinite(finals[label]))]
+        if diverged:
+            return Gate(False, f"{' and '.join(diverged)} ended with a non-finite {task.metric}: {DIVERGED}", {})
         levels = {
             f"{claim.baseline} (baseline)": float(baseline),
             f"{claim.variant}": float(variant),

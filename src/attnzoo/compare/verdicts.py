@@ -4,7 +4,7 @@ In order, the first that applies:
 
 1. **not run**: the comparison did not train what the claim needs (a variant, a task, a GPU preset).
 2. **not measurable**: the validity gate failed: the baseline did not learn the task, or the loss had not
-   flattened. The levels reached are reported beside it.
+   flattened; or a run diverged (a NaN or infinite value). The levels reached are reported beside it.
 3. **inconclusive**: fewer than :data:`MIN_SEEDS` seeds, or no spread to form an interval from.
 4. For a directional claim, with the paired difference ``variant − baseline`` (:mod:`attnzoo.compare.stats`):
    **negligible** when its 90% interval lies inside ± the smallest effect of interest (two one-sided tests at
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from attnzoo.compare.claims import CLAIMS, LOWER, NONINFERIOR, Claim
+from attnzoo.compare.claims import CLAIMS, DIVERGED, LOWER, NONINFERIOR, Claim
 from attnzoo.compare.stats import (
     ALPHA,
     CONFIDENCE,
@@ -117,11 +117,26 @@ def _measure(claim: Claim, results: CompareResults) -> Verdict:
             "not measurable",
             gate.reason,
             gate,
-            would_change=_what_would_measure(claim),
+            would_change=_what_would_measure(claim, gate.reason.endswith(DIVERGED)),
             conditions=conditions,
             levels=levels,
         )
     seeds = sorted(ours.keys() & theirs.keys())
+    non_finite = [
+        label
+        for label, values in ((claim.variant, ours), (claim.baseline, theirs))
+        if not all(math.isfinite(values[s]) for s in seeds)
+    ]
+    if non_finite:
+        return Verdict(
+            claim,
+            "not measurable",
+            f"{' and '.join(non_finite)} gave a non-finite {claim.measure.label} on some seed: {DIVERGED}",
+            gate,
+            would_change=_what_would_measure(claim, diverged=True),
+            conditions=conditions,
+            levels=levels,
+        )
     difference = _difference(claim, results, ours, theirs, seeds)
     if len(seeds) < MIN_SEEDS:
         return Verdict(
@@ -220,7 +235,9 @@ def _would_change(claim: Claim, outcome: Outcome, difference: PairedDifference) 
     return f"about {needed} seeds would make it {toward} if the mean {mean:+.3g} and spread held{block}"
 
 
-def _what_would_measure(claim: Claim) -> str:
+def _what_would_measure(claim: Claim, diverged: bool = False) -> str:
+    if diverged:
+        return "a training that does not diverge (a lower learning rate, or a check of why it did)"
     if claim.measure.task is not None:
         return "a task budget at which the baseline learns the task (more steps, or an easier configuration)"
     return "more training tokens, until the validation loss flattens (a longer run, or the GPU preset)"
