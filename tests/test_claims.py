@@ -25,7 +25,7 @@ from attnzoo.compare.claims import (
 )
 from attnzoo.compare.paper_claims import claim_tasks, claim_variants
 from attnzoo.compare.report import write_report
-from attnzoo.compare.stats import holm
+from attnzoo.compare.stats import holm, paired_over_seeds
 from attnzoo.compare.verdicts import counts, judge, judge_all
 
 FIXTURE = Path(__file__).parent / "fixtures" / "compare_micro"  # mha+rope and diff+rope, seeds 0 and 1
@@ -326,3 +326,32 @@ def test_a_non_finite_value_never_passes_a_gate_or_reaches_a_verdict(results):
     inf = judge(_claim({"diff+rope": [1.0, float("inf"), 1.2], "mha+rope": [1.5, 1.6, 1.8]}), results)
     assert inf.outcome == "not measurable" and "non-finite" in inf.reason and inf.p_raw is None
     assert "does not diverge" in inf.would_change and "does not diverge" in nan_task.would_change
+
+
+def test_seeds_are_paired_by_their_number_and_a_missing_seed_is_not_a_crash(results):
+    """A variant and baseline trained on different seeds are compared on the seeds they share, and said so."""
+
+    def keyed(values):  # seed → value
+        return Measure("x", "the test's runs", lambda _, label: values.get(label))
+
+    def claim(values):
+        return dataclasses.replace(_claim({}), measure=keyed(values))
+
+    disjoint = judge(claim({"diff+rope": {0: 1.0, 1: 1.1, 2: 1.2}, "mha+rope": {3: 2.0, 4: 2.1, 5: 2.2}}), results)
+    assert disjoint.outcome == "inconclusive" and "0 seed(s)" in disjoint.reason
+    partial = {"diff+rope": {0: 1.0, 1: 1.1, 2: 1.3}, "mha+rope": {0: 2.0, 1: 2.05, 2: 2.2, 3: 9.0}}
+    verdict = judge(claim(partial), results)
+    assert verdict.difference.per_seed == pytest.approx([-1.0, -0.95, -0.9]) and verdict.outcome == "supported"
+
+    data = json.loads((FIXTURE / "results.json").read_text())
+    data["variants"]["diff+rope"]["runs"] = data["variants"]["diff+rope"]["runs"][1:]  # seed 1 only
+    one_seed = CompareResults.from_dict(data)
+    lm = judge(dataclasses.replace(CLAIMS["diff.lm_loss"], gate=ALWAYS_FLAT), one_seed)
+    assert lm.outcome == "inconclusive" and "1 seed(s)" in lm.reason and lm.conditions.startswith("1 seed(s)")
+    seed_1 = next(run for run in one_seed.variants["mha+rope"].runs if run.seed == 1)
+    assert lm.difference.per_seed == pytest.approx([one_seed.variants["diff+rope"].runs[0].val.loss - seed_1.val.loss])
+    # The summary table's paired difference pairs the same seeds, rather than broadcasting one run against two.
+    summary = one_seed.versus_baseline("diff+rope", "val_loss")
+    assert summary.seeds == 1 and summary.mean == pytest.approx(lm.difference.mean)
+    with pytest.raises(ValueError, match="one value per seed"):
+        paired_over_seeds([1.0], [1.0, 2.0])

@@ -221,7 +221,7 @@ def lm_metric(name: str, label: str) -> Measure:
     def read(results: CompareResults, variant: str) -> Values | None:
         found = results.variants.get(variant)
         values = found.metric_values().get(name) if found else None
-        return dict(zip(results.seeds, values, strict=True)) if values else None
+        return {run.seed: value for run, value in zip(found.runs, values, strict=True)} if values else None
 
     def blocks(results: CompareResults, variant: str) -> Blocks | None:
         found = results.variants.get(variant)

@@ -112,6 +112,8 @@ class PairedDifference:
 
 def paired_over_seeds(variant: Sequence[float], baseline: Sequence[float]) -> PairedDifference:
     """One value per seed and variant: the paired t statistics (``scipy.stats.ttest_rel``'s)."""
+    if np.shape(variant) != np.shape(baseline):  # numpy would broadcast one seed against every other
+        raise ValueError(f"expected one value per seed for both, got shapes {np.shape(variant)}, {np.shape(baseline)}")
     differences = np.asarray(variant, dtype=np.float64) - np.asarray(baseline, dtype=np.float64)
     if differences.ndim != 1 or len(differences) < 1:
         raise ValueError(f"expected one value per seed for both, got shapes {np.shape(variant)}, {np.shape(baseline)}")
@@ -122,6 +124,8 @@ def paired_over_seeds(variant: Sequence[float], baseline: Sequence[float]) -> Pa
 
 def paired_over_seeds_and_blocks(variant: np.ndarray, baseline: np.ndarray) -> PairedDifference:
     """``(seeds, blocks)`` values of both, block b being the same text for every seed and variant."""
+    if np.shape(variant) != np.shape(baseline):
+        raise ValueError(f"expected (seeds, blocks) arrays of one shape, got {np.shape(variant)}, {np.shape(baseline)}")
     d = np.asarray(variant, dtype=np.float64) - np.asarray(baseline, dtype=np.float64)
     if d.ndim != 2:
         raise ValueError(f"expected (seeds, blocks) arrays, got shape {d.shape}")

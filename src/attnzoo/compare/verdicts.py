@@ -108,7 +108,8 @@ def _measure(claim: Claim, results: CompareResults) -> Verdict:
             would_change=f"run the {claim.preset} preset{gpu}",
         )
     assert ours is not None and theirs is not None
-    conditions = _conditions(claim, results, ours)
+    seeds = sorted(ours.keys() & theirs.keys())  # paired by the seed's number: only the seeds both ran
+    conditions = _conditions(claim, results, seeds)
     levels = _levels(claim, results, ours, theirs)
     gate = claim.gate.check(results, claim)
     if not gate.passed:
@@ -121,7 +122,6 @@ def _measure(claim: Claim, results: CompareResults) -> Verdict:
             conditions=conditions,
             levels=levels,
         )
-    seeds = sorted(ours.keys() & theirs.keys())
     non_finite = [
         label
         for label, values in ((claim.variant, ours), (claim.baseline, theirs))
@@ -137,7 +137,7 @@ def _measure(claim: Claim, results: CompareResults) -> Verdict:
             conditions=conditions,
             levels=levels,
         )
-    difference = _difference(claim, results, ours, theirs, seeds)
+    difference = _difference(claim, results, ours, theirs, seeds) if seeds else None
     if len(seeds) < MIN_SEEDS:
         return Verdict(
             claim,
@@ -149,6 +149,7 @@ def _measure(claim: Claim, results: CompareResults) -> Verdict:
             conditions=conditions,
             levels=levels,
         )
+    assert difference is not None
     if not difference.has_spread:
         return Verdict(
             claim,
@@ -258,9 +259,9 @@ def _levels(
     return levels
 
 
-def _conditions(claim: Claim, results: CompareResults, values: dict[int, float]) -> str:
-    """This test's own scale, never the paper's."""
-    seeds = f"{len(values)} seed(s)"
+def _conditions(claim: Claim, results: CompareResults, paired: list[int]) -> str:
+    """This test's own scale, never the paper's: ``paired`` are the seeds both sides ran."""
+    seeds = f"{len(paired)} seed(s)"
     if claim.measure.task is not None:
         task = results.tasks[claim.measure.task]
         run = task.runs[claim.variant][0]
