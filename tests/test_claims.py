@@ -355,3 +355,15 @@ def test_seeds_are_paired_by_their_number_and_a_missing_seed_is_not_a_crash(resu
     assert summary.seeds == 1 and summary.mean == pytest.approx(lm.difference.mean)
     with pytest.raises(ValueError, match="one value per seed"):
         paired_over_seeds([1.0], [1.0, 2.0])
+
+
+def test_the_loss_gate_reads_seeds_logged_at_different_steps(results):
+    """Each seed's slope from its own curve: seeds whose validation points differ (a resumed run) are still read."""
+    data = json.loads((FIXTURE / "results.json").read_text())
+    for variant in data["variants"].values():
+        for i, run in enumerate(variant["runs"]):
+            steps = (100, 200, 300, 400) if i == 0 else (150, 250, 350, 400)
+            run["val_curve"] = [[step, 3.0 - 0.05 * step / 100] for step in steps]
+    claim = _claim({"diff+rope": [1.0, 1.1, 1.2], "mha+rope": [1.5, 1.6, 1.8]}, gate=LossFlattened(max_fall=0.02))
+    falling = judge(claim, CompareResults.from_dict(data))
+    assert falling.outcome == "not measurable" and "fell 0.050 nats" in falling.reason

@@ -73,8 +73,8 @@ class Gate:
 @dataclass(frozen=True)
 class LossFlattened:
     """Judged only where the validation loss of both models fell by less than ``max_fall`` nats over the last
-    ``window`` of training (a least-squares line through the mean curve over seeds, or the last two points when
-    the window holds fewer). A model still improving faster than the effect sought is measured mid-descent,
+    ``window`` of training (a least-squares line through each seed's curve, or its last two points when the window
+    holds fewer; the mean over seeds). A model still improving faster than the effect sought is measured mid-descent,
     where a difference in speed of learning passes for a difference in the end state."""
 
     max_fall: float
@@ -106,10 +106,17 @@ class LossFlattened:
 
 
 def _last_fall(runs, window: float) -> float | None:
-    steps = [step for step, _ in runs[0].val_curve]
-    if len(steps) < 2 or any([s for s, _ in run.val_curve] != steps for run in runs):
+    """The mean over seeds of each seed's fall, from its own curve (for seeds logged at the same steps, the fall of
+    the mean curve); None where a seed logged fewer than two points."""
+    falls = [_run_fall(run.val_curve, window) for run in runs]
+    return None if not falls or any(f is None for f in falls) else float(np.mean(falls))
+
+
+def _run_fall(val_curve, window: float) -> float | None:
+    steps = [step for step, _ in val_curve]
+    if len(steps) < 2:
         return None
-    curve = np.mean([[loss for _, loss in run.val_curve] for run in runs], axis=0)
+    curve = np.asarray([loss for _, loss in val_curve], dtype=np.float64)
     start = steps[-1] - window * steps[-1]
     inside = [i for i, step in enumerate(steps) if step >= start]
     if len(inside) < 2:
