@@ -367,3 +367,24 @@ def test_the_loss_gate_reads_seeds_logged_at_different_steps(results):
     claim = _claim({"diff+rope": [1.0, 1.1, 1.2], "mha+rope": [1.5, 1.6, 1.8]}, gate=LossFlattened(max_fall=0.02))
     falling = judge(claim, CompareResults.from_dict(data))
     assert falling.outcome == "not measurable" and "fell 0.050 nats" in falling.reason
+
+
+def test_a_primary_held_back_by_holm_says_so_and_asks_for_more_than_the_seeds_it_has(results, registered):
+    """Raw p below 5%, Holm-adjusted above: the reason must not describe an interval that crosses the margin, and
+    "what would change it" must count the seeds for the adjusted test, not the raw one it already passes."""
+    weak = [b + d for b, d in zip(BASELINE, (-0.12, -0.03, -0.10, -0.04), strict=True)]  # p 0.047 alone
+    strong = [b - 1.0 + 0.01 * i for i, b in enumerate(BASELINE)]
+    close = [b + d for b, d in zip(BASELINE, (0.0, 0.03, -0.02, 0.01), strict=True)]
+    registered(
+        _claim({"diff+rope": weak, "mha+rope": BASELINE}, effect=0.01, primary=True, paper="A", id="a.weak"),
+        _claim({"diff+rope": strong, "mha+rope": BASELINE}, effect=0.01, primary=True, paper="B", id="b.strong"),
+        _claim({"diff+rope": close, "mha+rope": BASELINE}, NONINFERIOR, 0.033, primary=True, paper="C", id="c.close"),
+    )
+    verdicts = {v.claim.id: v for v in judge_all(results)}
+    weak_verdict, close_verdict = verdicts["a.weak"], verdicts["c.close"]
+    assert weak_verdict.p_raw < 0.05 < weak_verdict.p_adjusted and weak_verdict.outcome == "inconclusive"
+    assert int(re.search(r"about (\d+) seeds", weak_verdict.would_change)[1]) > 4
+    assert close_verdict.p_raw < 0.05 < close_verdict.p_adjusted and close_verdict.outcome == "inconclusive"
+    assert close_verdict.interval is not None and "crosses the margin" not in close_verdict.reason
+    assert "Holm" in close_verdict.reason
+    assert int(re.search(r"about (\d+) seeds", close_verdict.would_change)[1]) > 4

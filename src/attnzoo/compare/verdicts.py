@@ -195,6 +195,12 @@ def _decide(verdict: Verdict) -> Verdict:
             outcome, reason = "supported", f"the 90% interval's upper end {high90:+.4g} is below the margin {delta:g}"
         elif low90 > delta:
             outcome, reason = "contradicted", f"the 90% interval's lower end {low90:+.4g} is above the margin {delta:g}"
+        elif high90 < delta:  # the raw test rejects; the Holm-adjusted one does not
+            outcome, reason = (
+                "inconclusive",
+                f"the 90% interval's upper end {high90:+.4g} is below the margin {delta:g}, but not after Holm's "
+                "adjustment",
+            )
         else:
             outcome, reason = (
                 "inconclusive",
@@ -208,28 +214,37 @@ def _decide(verdict: Verdict) -> Verdict:
         outcome = "supported" if claimed else "contradicted"
         reason = "the difference is " + ("in the claimed direction" if claimed else "opposite to the claim")
     else:
-        outcome, reason = "inconclusive", "the test of zero difference does not reject at 5%"
+        after = " after Holm's adjustment" if verdict.p_raw < ALPHA else ""
+        outcome, reason = "inconclusive", f"the test of zero difference does not reject at 5%{after}"
+    # The level the raw p must reach for the adjusted one to reach 5%: Holm multiplies this p by p_adjusted / p_raw.
+    level = ALPHA * verdict.p_raw / p if p > 0 else ALPHA
     return dataclasses.replace(
-        verdict, outcome=outcome, reason=f"{reason}; {p_text}", would_change=_would_change(claim, outcome, difference)
+        verdict,
+        outcome=outcome,
+        reason=f"{reason}; {p_text}",
+        would_change=_would_change(claim, outcome, difference, level),
     )
 
 
-def _would_change(claim: Claim, outcome: Outcome, difference: PairedDifference) -> str:
+def _would_change(claim: Claim, outcome: Outcome, difference: PairedDifference, level: float = ALPHA) -> str:
     """Sign-aware: which verdict more seeds would reach if the mean and spread held, and how many, each n at its own
-    n − 1 degrees of freedom."""
+    n − 1 degrees of freedom. ``level``: what the raw p must fall below for the claim's own test to reject (below
+    5% for a primary held back by Holm's adjustment)."""
     n, mean, delta = difference.seeds, difference.mean, claim.smallest_effect
     if outcome in ("supported", "contradicted", "negligible"):
         return f"settled at this scale with {n} seeds; a larger model or more tokens may differ"
     if claim.rule == NONINFERIOR:
-        target, toward = (delta - mean, "supported") if mean < delta else (mean - delta, "contradicted")
-        needed = difference.seeds_needed(target, EQUIVALENCE_CONFIDENCE)
+        if mean < delta:  # the one-sided test at ``level``: the (1 − 2·level) interval's upper end below the margin
+            toward, needed = "supported", difference.seeds_needed(delta - mean, 1 - 2 * level)
+        else:
+            toward, needed = "contradicted", difference.seeds_needed(mean - delta, EQUIVALENCE_CONFIDENCE)
     elif abs(mean) < delta:
         toward = "negligible"
         needed = difference.seeds_needed(delta - abs(mean), EQUIVALENCE_CONFIDENCE)
     else:
         claimed = (mean < 0) == (claim.rule == LOWER)
         toward = "supported" if claimed else "contradicted"
-        needed = difference.seeds_needed(abs(mean))
+        needed = difference.seeds_needed(abs(mean), 1 - level)
     if needed is None:
         return f"no feasible number of seeds at this spread: the effect {mean:+.3g} is too close to the boundary"
     block = " (the evaluation-text term does not shrink with seeds)" if difference.blocks > 1 else ""
