@@ -388,3 +388,25 @@ def test_a_primary_held_back_by_holm_says_so_and_asks_for_more_than_the_seeds_it
     assert close_verdict.interval is not None and "crosses the margin" not in close_verdict.reason
     assert "Holm" in close_verdict.reason
     assert int(re.search(r"about (\d+) seeds", close_verdict.would_change)[1]) > 4
+
+
+def test_each_smallest_effects_stated_reason_agrees_with_the_numbers_it_cites():
+    """The reasons quote figures: a binomial standard error at the claims budget's own evaluation samples, and the
+    stored run's own loss curve. The figure quoted must be the figure."""
+    from attnzoo.compare.paper_claims import LM_EFFECT, LM_EFFECT_SOURCE
+    from attnzoo.evals.task import TaskSpec
+
+    for claim in CLAIMS.values():
+        if claim.measure.task is None or "binomial" not in claim.smallest_effect_source:
+            continue
+        found = re.search(r"([\d.]+) binomial standard errors .*?at (\d+) samples", claim.smallest_effect_source)
+        assert found, claim.id
+        samples = TaskSpec.at_scale(claim.measure.task, "claims").budget.eval_samples
+        assert int(found[2]) == samples, claim.id
+        assert float(found[1]) == pytest.approx(claim.smallest_effect / (0.25 / samples) ** 0.5, rel=0.05), claim.id
+    stored = CompareResults.load(STORED / "results.json")
+    curve = [sum(run.val_curve[i][1] for run in stored.variants["mha+rope"].runs) / 3 for i in range(3)]
+    last_third = curve[1] - curve[2]  # steps 200 → 300 of 300
+    assert f"{last_third:.3f} nats" in LM_EFFECT_SOURCE
+    share = LM_EFFECT / (0.6 * last_third)  # the last 1.25× of training: steps 240 → 300
+    assert "about a third" in LM_EFFECT_SOURCE and 0.3 < share < 0.4
