@@ -410,3 +410,27 @@ def test_each_smallest_effects_stated_reason_agrees_with_the_numbers_it_cites():
     assert f"{last_third:.3f} nats" in LM_EFFECT_SOURCE
     share = LM_EFFECT / (0.6 * last_third)  # the last 1.25× of training: steps 240 → 300
     assert "about a third" in LM_EFFECT_SOURCE and 0.3 < share < 0.4
+
+
+def test_a_mechanism_probe_is_not_read_off_a_variant_that_did_not_learn_the_task():
+    """The attention shares of a Diff model that retrieves nothing say nothing about differential attention: a
+    probe claim needs the variant, too, past the gate (the accuracy claim may still say it is worse)."""
+    data = json.loads((FIXTURE / "results.json").read_text())
+    needles = data["tasks"]["needles"]
+    for label, values in (("mha+rope", [0.8, 0.9]), ("diff+rope", [0.03, 0.04])):  # chance 0.011, gate 0.51
+        for run, value in zip(needles["runs"][label], values, strict=True):
+            run["final"]["accuracy"] = value
+    barely = CompareResults.from_dict(data)
+    for name in ("diff.attention_to_answer", "diff.attention_noise"):
+        verdict = judge(CLAIMS[name], barely)
+        assert verdict.outcome == "not measurable" and "diff+rope reached accuracy 0.035" in verdict.reason, name
+    accuracy = judge(CLAIMS["diff.multi_needle"], barely)
+    assert accuracy.gate.passed  # judged: failing where the baseline learns is evidence against the claim
+
+
+def test_the_docs_state_the_rules_the_report_states():
+    """docs/jobs/compare.md's "How a verdict is reached" is the report's own paragraph, word for word."""
+    from attnzoo.compare.report_claims import HOW_A_VERDICT_IS_REACHED
+
+    text = (Path(__file__).parents[1] / "docs" / "jobs" / "compare.md").read_text()
+    assert HOW_A_VERDICT_IS_REACHED.removeprefix("**How a verdict is reached.** ") in text

@@ -129,12 +129,16 @@ def _run_fall(val_curve, window: float) -> float | None:
 class TaskLearned:
     """Judged only where the baseline closed at least ``share`` of the gap from chance to the solved level
     (mean over seeds), and no seed of the variant ended at or beyond chance: a model worse than a uniform guess
-    failed to train, and says nothing about its mechanism."""
+    failed to train, and says nothing about its mechanism. ``variant_too``, for a claim read off a probe of the
+    mechanism (attention shares) rather than the task's metric: the variant must pass the same gate, since a model
+    that did not learn the task says nothing about how its mechanism solves it."""
 
     share: float = 0.5
+    variant_too: bool = False
 
     def describe(self) -> str:
-        return f"the baseline closed ≥ {self.share:.0%} of the gap from chance to solved"
+        who = "the baseline and the variant each" if self.variant_too else "the baseline"
+        return f"{who} closed ≥ {self.share:.0%} of the gap from chance to solved"
 
     def check(self, results: CompareResults, claim: Claim) -> Gate:
         task = results.tasks[claim.measure.task]  # type: ignore[index]
@@ -159,6 +163,13 @@ class TaskLearned:
                 False,
                 f"the baseline reached {task.metric} {baseline:.3g}, short of the gate {threshold:.3g} (chance "
                 f"{task.chance:.3g}, solved {task.solved:g}): it did not learn the task",
+                levels,
+            )
+        if self.variant_too and sign * (variant - threshold) < 0:
+            return Gate(
+                False,
+                f"{claim.variant} reached {task.metric} {variant:.3g}, short of the gate {threshold:.3g} (chance "
+                f"{task.chance:.3g}, solved {task.solved:g}): a probe of a model that did not learn the task",
                 levels,
             )
         failed = [run.seed for run in task.runs[claim.variant] if sign * (run.final[task.metric] - task.chance) <= 0]
