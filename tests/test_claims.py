@@ -25,7 +25,7 @@ from attnzoo.compare.claims import (
 )
 from attnzoo.compare.paper_claims import claim_tasks, claim_variants
 from attnzoo.compare.report import write_report
-from attnzoo.compare.stats import holm
+from attnzoo.compare.stats import holm, paired_over_seeds
 from attnzoo.compare.verdicts import counts, judge, judge_all
 
 FIXTURE = Path(__file__).parent / "fixtures" / "compare_micro"  # mha+rope and diff+rope, seeds 0 and 1
@@ -302,3 +302,135 @@ def test_compute_equivalence_reads_every_budget_and_says_which_is_missing(result
     values = claim.measure.read(CompareResults.from_dict(data), "dcmha+rope")
     assert values == {0: pytest.approx(1.5), 1: pytest.approx(1.5)}
     assert claim.measure.read(CompareResults.from_dict(data), "mha+rope") == {0: 1.0, 1: 1.0}
+
+
+def test_a_non_finite_value_never_passes_a_gate_or_reaches_a_verdict(results):
+    """A diverged run (NaN or inf) did not learn: every comparison with a NaN is false, so a gate written as
+    "refuse when below" would let it through."""
+    data = json.loads((FIXTURE / "results.json").read_text())
+    needles = data["tasks"]["needles"]
+    for label, values in (("mha+rope", [float("nan"), float("nan")]), ("diff+rope", [0.85, 0.95])):
+        for run, value in zip(needles["runs"][label], values, strict=True):
+            run["final"]["accuracy"] = value
+    nan_task = judge(CLAIMS["diff.multi_needle"], CompareResults.from_dict(data))
+    assert nan_task.outcome == "not measurable" and not nan_task.gate.passed and "non-finite" in nan_task.reason
+
+    data = json.loads((FIXTURE / "results.json").read_text())
+    for variant in data["variants"].values():
+        for run in variant["runs"]:
+            run["val_curve"] = [[step, 3.0] for step in (100, 200, 300)] + [[400, float("nan")]]
+    claim = _claim({"diff+rope": [1.0, 1.1, 1.2], "mha+rope": [1.5, 1.6, 1.8]}, gate=LossFlattened(max_fall=0.02))
+    nan_curve = judge(claim, CompareResults.from_dict(data))
+    assert nan_curve.outcome == "not measurable" and "non-finite" in nan_curve.reason
+
+    inf = judge(_claim({"diff+rope": [1.0, float("inf"), 1.2], "mha+rope": [1.5, 1.6, 1.8]}), results)
+    assert inf.outcome == "not measurable" and "non-finite" in inf.reason and inf.p_raw is None
+    assert "does not diverge" in inf.would_change and "does not diverge" in nan_task.would_change
+
+
+def test_seeds_are_paired_by_their_number_and_a_missing_seed_is_not_a_crash(results):
+    """A variant and baseline trained on different seeds are compared on the seeds they share, and said so."""
+
+    def keyed(values):  # seed → value
+        return Measure("x", "the test's runs", lambda _, label: values.get(label))
+
+    def claim(values):
+        return dataclasses.replace(_claim({}), measure=keyed(values))
+
+    disjoint = judge(claim({"diff+rope": {0: 1.0, 1: 1.1, 2: 1.2}, "mha+rope": {3: 2.0, 4: 2.1, 5: 2.2}}), results)
+    assert disjoint.outcome == "inconclusive" and "0 seed(s)" in disjoint.reason
+    partial = {"diff+rope": {0: 1.0, 1: 1.1, 2: 1.3}, "mha+rope": {0: 2.0, 1: 2.05, 2: 2.2, 3: 9.0}}
+    verdict = judge(claim(partial), results)
+    assert verdict.difference.per_seed == pytest.approx([-1.0, -0.95, -0.9]) and verdict.outcome == "supported"
+
+    data = json.loads((FIXTURE / "results.json").read_text())
+    data["variants"]["diff+rope"]["runs"] = data["variants"]["diff+rope"]["runs"][1:]  # seed 1 only
+    one_seed = CompareResults.from_dict(data)
+    lm = judge(dataclasses.replace(CLAIMS["diff.lm_loss"], gate=ALWAYS_FLAT), one_seed)
+    assert lm.outcome == "inconclusive" and "1 seed(s)" in lm.reason and lm.conditions.startswith("1 seed(s)")
+    seed_1 = next(run for run in one_seed.variants["mha+rope"].runs if run.seed == 1)
+    assert lm.difference.per_seed == pytest.approx([one_seed.variants["diff+rope"].runs[0].val.loss - seed_1.val.loss])
+    # The summary table's paired difference pairs the same seeds, rather than broadcasting one run against two.
+    summary = one_seed.versus_baseline("diff+rope", "val_loss")
+    assert summary.seeds == 1 and summary.mean == pytest.approx(lm.difference.mean)
+    with pytest.raises(ValueError, match="one value per seed"):
+        paired_over_seeds([1.0], [1.0, 2.0])
+
+
+def test_the_loss_gate_reads_seeds_logged_at_different_steps(results):
+    """Each seed's slope from its own curve: seeds whose validation points differ (a resumed run) are still read."""
+    data = json.loads((FIXTURE / "results.json").read_text())
+    for variant in data["variants"].values():
+        for i, run in enumerate(variant["runs"]):
+            steps = (100, 200, 300, 400) if i == 0 else (150, 250, 350, 400)
+            run["val_curve"] = [[step, 3.0 - 0.05 * step / 100] for step in steps]
+    claim = _claim({"diff+rope": [1.0, 1.1, 1.2], "mha+rope": [1.5, 1.6, 1.8]}, gate=LossFlattened(max_fall=0.02))
+    falling = judge(claim, CompareResults.from_dict(data))
+    assert falling.outcome == "not measurable" and "fell 0.050 nats" in falling.reason
+
+
+def test_a_primary_held_back_by_holm_says_so_and_asks_for_more_than_the_seeds_it_has(results, registered):
+    """Raw p below 5%, Holm-adjusted above: the reason must not describe an interval that crosses the margin, and
+    "what would change it" must count the seeds for the adjusted test, not the raw one it already passes."""
+    weak = [b + d for b, d in zip(BASELINE, (-0.12, -0.03, -0.10, -0.04), strict=True)]  # p 0.047 alone
+    strong = [b - 1.0 + 0.01 * i for i, b in enumerate(BASELINE)]
+    close = [b + d for b, d in zip(BASELINE, (0.0, 0.03, -0.02, 0.01), strict=True)]
+    registered(
+        _claim({"diff+rope": weak, "mha+rope": BASELINE}, effect=0.01, primary=True, paper="A", id="a.weak"),
+        _claim({"diff+rope": strong, "mha+rope": BASELINE}, effect=0.01, primary=True, paper="B", id="b.strong"),
+        _claim({"diff+rope": close, "mha+rope": BASELINE}, NONINFERIOR, 0.033, primary=True, paper="C", id="c.close"),
+    )
+    verdicts = {v.claim.id: v for v in judge_all(results)}
+    weak_verdict, close_verdict = verdicts["a.weak"], verdicts["c.close"]
+    assert weak_verdict.p_raw < 0.05 < weak_verdict.p_adjusted and weak_verdict.outcome == "inconclusive"
+    assert int(re.search(r"about (\d+) seeds", weak_verdict.would_change)[1]) > 4
+    assert close_verdict.p_raw < 0.05 < close_verdict.p_adjusted and close_verdict.outcome == "inconclusive"
+    assert close_verdict.interval is not None and "crosses the margin" not in close_verdict.reason
+    assert "Holm" in close_verdict.reason
+    assert int(re.search(r"about (\d+) seeds", close_verdict.would_change)[1]) > 4
+
+
+def test_each_smallest_effects_stated_reason_agrees_with_the_numbers_it_cites():
+    """The reasons quote figures: a binomial standard error at the claims budget's own evaluation samples, and the
+    stored run's own loss curve. The figure quoted must be the figure."""
+    from attnzoo.compare.paper_claims import LM_EFFECT, LM_EFFECT_SOURCE
+    from attnzoo.evals.task import TaskSpec
+
+    for claim in CLAIMS.values():
+        if claim.measure.task is None or "binomial" not in claim.smallest_effect_source:
+            continue
+        found = re.search(r"([\d.]+) binomial standard errors .*?at (\d+) samples", claim.smallest_effect_source)
+        assert found, claim.id
+        samples = TaskSpec.at_scale(claim.measure.task, "claims").budget.eval_samples
+        assert int(found[2]) == samples, claim.id
+        assert float(found[1]) == pytest.approx(claim.smallest_effect / (0.25 / samples) ** 0.5, rel=0.05), claim.id
+    stored = CompareResults.load(STORED / "results.json")
+    curve = [sum(run.val_curve[i][1] for run in stored.variants["mha+rope"].runs) / 3 for i in range(3)]
+    last_third = curve[1] - curve[2]  # steps 200 → 300 of 300
+    assert f"{last_third:.3f} nats" in LM_EFFECT_SOURCE
+    share = LM_EFFECT / (0.6 * last_third)  # the last 1.25× of training: steps 240 → 300
+    assert "about a third" in LM_EFFECT_SOURCE and 0.3 < share < 0.4
+
+
+def test_a_mechanism_probe_is_not_read_off_a_variant_that_did_not_learn_the_task():
+    """The attention shares of a Diff model that retrieves nothing say nothing about differential attention: a
+    probe claim needs the variant, too, past the gate (the accuracy claim may still say it is worse)."""
+    data = json.loads((FIXTURE / "results.json").read_text())
+    needles = data["tasks"]["needles"]
+    for label, values in (("mha+rope", [0.8, 0.9]), ("diff+rope", [0.03, 0.04])):  # chance 0.011, gate 0.51
+        for run, value in zip(needles["runs"][label], values, strict=True):
+            run["final"]["accuracy"] = value
+    barely = CompareResults.from_dict(data)
+    for name in ("diff.attention_to_answer", "diff.attention_noise"):
+        verdict = judge(CLAIMS[name], barely)
+        assert verdict.outcome == "not measurable" and "diff+rope reached accuracy 0.035" in verdict.reason, name
+    accuracy = judge(CLAIMS["diff.multi_needle"], barely)
+    assert accuracy.gate.passed  # judged: failing where the baseline learns is evidence against the claim
+
+
+def test_the_docs_state_the_rules_the_report_states():
+    """docs/jobs/compare.md's "How a verdict is reached" is the report's own paragraph, word for word."""
+    from attnzoo.compare.report_claims import HOW_A_VERDICT_IS_REACHED
+
+    text = (Path(__file__).parents[1] / "docs" / "jobs" / "compare.md").read_text()
+    assert HOW_A_VERDICT_IS_REACHED.removeprefix("**How a verdict is reached.** ") in text

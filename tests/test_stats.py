@@ -82,3 +82,24 @@ def test_summary_is_mean_and_sample_std():
     assert Summary.of([0.5]).format(2) == "0.50 (1 seed)"
     with pytest.raises(ValueError, match="at least one value"):
         Summary.of([])
+
+
+def test_seeds_needed_keeps_the_block_term_that_more_seeds_do_not_shrink():
+    """With the text shared by every seed, σ²_block/B stays whatever the seeds: a half-width below its own t-scaled
+    square root cannot be reached by seeds, and any other needs more seeds than the seed term alone would."""
+    rng = np.random.default_rng(3)
+    d = 0.05 + rng.normal(0, 0.01, (4, 1)) + rng.normal(0, 0.05, (1, 16)) + rng.normal(0, 0.01, (4, 16))
+    diff = paired_over_seeds_and_blocks(d, np.zeros_like(d))
+    seed_means = paired_over_seeds(d.mean(axis=1), np.zeros(4))
+    ms_block = 4 * ((d.mean(axis=0) - d.mean()) ** 2).sum() / 15
+    resid = d - d.mean(axis=1, keepdims=True) - d.mean(axis=0, keepdims=True) + d.mean()
+    ms_resid = (resid**2).sum() / (3 * 15)
+    block_variance = max(0.0, ms_block - ms_resid) / (4 * 16)  # σ²_block / B
+    assert block_variance > 0.5 * diff.se**2  # the text dominates here
+    assert diff.seeds_needed(np.sqrt(block_variance), most=10_000) is None
+    half = 2 * np.sqrt(block_variance)
+    n = diff.seeds_needed(half)
+    assert n is not None
+    at_n = block_variance + (diff.se**2 - block_variance) * 4 / n
+    assert stats.t.ppf(0.975, n - 1) * np.sqrt(at_n) < half
+    assert n > seed_means.seeds_needed(half)

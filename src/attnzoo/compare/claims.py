@@ -21,6 +21,7 @@ where that figure is printed (``source``), and fixes, before any run, everything
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
@@ -36,6 +37,7 @@ LOWER, HIGHER, NONINFERIOR = "lower", "higher", "noninferior"
 # for a measure where lower is better (a loss): the variant is no worse than the baseline by more than it.
 Rule = Literal["lower", "higher", "noninferior"]
 
+DIVERGED = "a diverged training"  # how a gate's reason ends when a value is NaN or infinite
 Values = dict[int, float]  # seed → the measure
 Blocks = dict[int, np.ndarray]  # seed → the measure on each evaluation block (the same blocks for every variant)
 
@@ -71,8 +73,8 @@ class Gate:
 @dataclass(frozen=True)
 class LossFlattened:
     """Judged only where the validation loss of both models fell by less than ``max_fall`` nats over the last
-    ``window`` of training (a least-squares line through the mean curve over seeds, or the last two points when
-    the window holds fewer). A model still improving faster than the effect sought is measured mid-descent,
+    ``window`` of training (a least-squares line through each seed's curve, or its last two points when the window
+    holds fewer; the mean over seeds). A model still improving faster than the effect sought is measured mid-descent,
     where a difference in speed of learning passes for a difference in the end state."""
 
     max_fall: float
@@ -88,6 +90,8 @@ class LossFlattened:
             fall = _last_fall(found.runs, self.window) if found else None
             if fall is None:
                 return Gate(False, f"{label} logged fewer than two validation points: the slope cannot be read", {})
+            if not math.isfinite(fall):
+                return Gate(False, f"{label}'s validation loss is non-finite near the end: {DIVERGED}", {})
             levels[f"{label}: fall over the last {self.window:.0%} (nats)"] = fall
             if fall >= self.max_fall:
                 falling.append(f"{label} still fell {fall:.3f} nats")
@@ -102,10 +106,17 @@ class LossFlattened:
 
 
 def _last_fall(runs, window: float) -> float | None:
-    steps = [step for step, _ in runs[0].val_curve]
-    if len(steps) < 2 or any([s for s, _ in run.val_curve] != steps for run in runs):
+    """The mean over seeds of each seed's fall, from its own curve (for seeds logged at the same steps, the fall of
+    the mean curve); None where a seed logged fewer than two points."""
+    falls = [_run_fall(run.val_curve, window) for run in runs]
+    return None if not falls or any(f is None for f in falls) else float(np.mean(falls))
+
+
+def _run_fall(val_curve, window: float) -> float | None:
+    steps = [step for step, _ in val_curve]
+    if len(steps) < 2:
         return None
-    curve = np.mean([[loss for _, loss in run.val_curve] for run in runs], axis=0)
+    curve = np.asarray([loss for _, loss in val_curve], dtype=np.float64)
     start = steps[-1] - window * steps[-1]
     inside = [i for i, step in enumerate(steps) if step >= start]
     if len(inside) < 2:
@@ -118,12 +129,16 @@ def _last_fall(runs, window: float) -> float | None:
 class TaskLearned:
     """Judged only where the baseline closed at least ``share`` of the gap from chance to the solved level
     (mean over seeds), and no seed of the variant ended at or beyond chance: a model worse than a uniform guess
-    failed to train, and says nothing about its mechanism."""
+    failed to train, and says nothing about its mechanism. ``variant_too``, for a claim read off a probe of the
+    mechanism (attention shares) rather than the task's metric: the variant must pass the same gate, since a model
+    that did not learn the task says nothing about how its mechanism solves it."""
 
     share: float = 0.5
+    variant_too: bool = False
 
     def describe(self) -> str:
-        return f"the baseline closed ≥ {self.share:.0%} of the gap from chance to solved"
+        who = "the baseline and the variant each" if self.variant_too else "the baseline"
+        return f"{who} closed ≥ {self.share:.0%} of the gap from chance to solved"
 
     def check(self, results: CompareResults, claim: Claim) -> Gate:
         task = results.tasks[claim.measure.task]  # type: ignore[index]
@@ -133,6 +148,9 @@ class TaskLearned:
         threshold = task.chance + self.share * (task.solved - task.chance)
         finals = {label: [run.final[task.metric] for run in task.runs[label]] for label in task.runs}
         baseline, variant = np.mean(finals[claim.baseline]), np.mean(finals[claim.variant])
+        diverged = [label for label in (claim.baseline, claim.variant) if not np.all(np.isfinite(finals[label]))]
+        if diverged:
+            return Gate(False, f"{' and '.join(diverged)} ended with a non-finite {task.metric}: {DIVERGED}", {})
         levels = {
             f"{claim.baseline} (baseline)": float(baseline),
             f"{claim.variant}": float(variant),
@@ -145,6 +163,13 @@ class TaskLearned:
                 False,
                 f"the baseline reached {task.metric} {baseline:.3g}, short of the gate {threshold:.3g} (chance "
                 f"{task.chance:.3g}, solved {task.solved:g}): it did not learn the task",
+                levels,
+            )
+        if self.variant_too and sign * (variant - threshold) < 0:
+            return Gate(
+                False,
+                f"{claim.variant} reached {task.metric} {variant:.3g}, short of the gate {threshold:.3g} (chance "
+                f"{task.chance:.3g}, solved {task.solved:g}): a probe of a model that did not learn the task",
                 levels,
             )
         failed = [run.seed for run in task.runs[claim.variant] if sign * (run.final[task.metric] - task.chance) <= 0]
@@ -214,7 +239,7 @@ def lm_metric(name: str, label: str) -> Measure:
     def read(results: CompareResults, variant: str) -> Values | None:
         found = results.variants.get(variant)
         values = found.metric_values().get(name) if found else None
-        return dict(zip(results.seeds, values, strict=True)) if values else None
+        return {run.seed: value for run, value in zip(found.runs, values, strict=True)} if values else None
 
     def blocks(results: CompareResults, variant: str) -> Blocks | None:
         found = results.variants.get(variant)

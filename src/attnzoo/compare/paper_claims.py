@@ -33,8 +33,8 @@ VAL_LOSS = lm_metric("val_loss", "validation loss (nats/token)")
 # The smallest LM-loss difference of interest, and the gate that goes with it: see LM_EFFECT_SOURCE.
 LM_EFFECT = 0.02
 LM_EFFECT_SOURCE = (
-    "our choice, no paper figure being citable: 2% in perplexity, about what 1.25× more training gave MHA at the "
-    "end of the stored claims run"
+    "our choice, no paper figure being citable: 2% in perplexity, about a third of what the last 1.25× of training "
+    "gave MHA in the stored claims run (0.091 nats over its last 100 of 300 steps)"
 )
 LM_FLAT = LossFlattened(max_fall=LM_EFFECT)
 EXTRAPOLATION_EFFECT = 0.1
@@ -42,7 +42,11 @@ EXTRAPOLATION_EFFECT_SOURCE = (
     "our choice: a rise gap of 10% in perplexity at 16L; the paper's Figure 1 shows sinusoidal and rotary rising by "
     "far more, but its table values are not citable here"
 )
+ACCURACY_EFFECT_SOURCE = (
+    "our choice: 5 accuracy points, about 1.4 binomial standard errors of one seed's accuracy near 50% at 200 samples"
+)
 LEARNED = TaskLearned()
+BOTH_LEARNED = TaskLearned(variant_too=True)  # a claim read off a probe of the mechanism
 
 SETUP_CHECKS = (
     "every variant parameter-matched to the baseline within 2% (the params column)",
@@ -184,7 +188,7 @@ for claim in (
         task_metric("needles", "multi-needle accuracy"),
         HIGHER,
         0.05,
-        "our choice: 5 accuracy points, one binomial standard error at 100 samples near 50%",
+        ACCURACY_EFFECT_SOURCE,
         LEARNED,
         paper_scale="model sizes not given in the review",
         checks=DIFF_CHECKS,
@@ -201,7 +205,7 @@ for claim in (
         HIGHER,
         0.05,
         "our choice: 5 points of attention share",
-        LEARNED,
+        BOTH_LEARNED,
         paper_scale="model sizes not given in the review",
         checks=DIFF_CHECKS,
     ),
@@ -216,7 +220,7 @@ for claim in (
         LOWER,
         0.05,
         "our choice: 5 points of attention share",
-        LEARNED,
+        BOTH_LEARNED,
         paper_scale="model sizes not given in the review",
         checks=DIFF_CHECKS,
     ),
@@ -278,7 +282,7 @@ for claim in (
         task_metric("passkey", "passkey accuracy"),
         HIGHER,
         0.05,
-        "our choice: 5 accuracy points, about one binomial standard error at 200 samples",
+        ACCURACY_EFFECT_SOURCE,
         LEARNED,
         paper_scale="fine-tuned pretrained models (sizes not given in the review)",
         checks=SELECTIVE_CHECKS,
@@ -329,7 +333,7 @@ for claim in (
         task_metric("passkey", "passkey accuracy"),
         HIGHER,
         0.05,
-        "our choice: 5 accuracy points, about one binomial standard error at 200 samples",
+        ACCURACY_EFFECT_SOURCE,
         LEARNED,
         paper_scale="fine-tuned pretrained models (sizes not given in the review)",
         checks=SELECTIVE_CHECKS,
@@ -408,7 +412,7 @@ for claim in (
         task_metric("composition", "two-hop accuracy"),
         HIGHER,
         0.05,
-        "our choice: 5 accuracy points, about one binomial standard error at 200 samples",
+        ACCURACY_EFFECT_SOURCE,
         LEARNED,
         paper_scale="DCPythia-6.9B against Pythia-6.9B, pretrained (003:605)",
         checks=DCMHA_CHECKS,

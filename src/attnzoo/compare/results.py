@@ -287,12 +287,20 @@ class CompareResults:
         """``variant − baseline`` in a metric both have, paired by seed (and by validation block for the validation
         loss, where the runs stored them); None where either lacks it."""
         ours, base = self.variants[variant], self.variants[self.baseline]
-        if metric == "val_loss" and all(r.val.block_losses is not None for r in ours.runs + base.runs):
+        shared = sorted({r.seed for r in ours.runs} & {r.seed for r in base.runs})
+        ours_runs = [next(r for r in ours.runs if r.seed == s) for s in shared]
+        base_runs = [next(r for r in base.runs if r.seed == s) for s in shared]
+        if not shared:
+            return None
+        if metric == "val_loss" and all(r.val.block_losses is not None for r in ours_runs + base_runs):
             return paired_over_seeds_and_blocks(
-                np.array([r.val.block_losses for r in ours.runs]), np.array([r.val.block_losses for r in base.runs])
+                np.array([r.val.block_losses for r in ours_runs]), np.array([r.val.block_losses for r in base_runs])
             )
-        mine, theirs = ours.metric_values().get(metric), base.metric_values().get(metric)
-        return paired_over_seeds(mine, theirs) if mine and theirs else None
+        mine = dict(zip((r.seed for r in ours.runs), ours.metric_values().get(metric) or [], strict=False))
+        theirs = dict(zip((r.seed for r in base.runs), base.metric_values().get(metric) or [], strict=False))
+        if not mine or not theirs:
+            return None
+        return paired_over_seeds([mine[s] for s in shared], [theirs[s] for s in shared])
 
     def save(self, path: str | os.PathLike) -> None:
         atomic_write_text(path, json.dumps(to_dict(self), indent=2) + "\n")

@@ -67,6 +67,7 @@ class PairedDifference:
     df: float
     blocks: int  # evaluation blocks per seed; 1 when only each seed's overall value is known
     method: str
+    fixed_variance: float = 0.0  # the share of se² that more seeds do not shrink: σ²_block/B, the shared text
 
     @property
     def seeds(self) -> int:
@@ -95,9 +96,10 @@ class PairedDifference:
         """
         if half_width <= 0:
             return None
-        seed_variance = self.se**2 * self.seeds  # the per-seed share, as σ²/n would give it
+        fixed = min(self.fixed_variance, self.se**2)
+        seed_variance = (self.se**2 - fixed) * self.seeds  # the per-seed share, as σ²/n would give it
         for n in range(max(self.seeds, 2), most + 1):
-            if stats.t.ppf(0.5 + confidence / 2, n - 1) * math.sqrt(seed_variance / n) < half_width:
+            if stats.t.ppf(0.5 + confidence / 2, n - 1) * math.sqrt(fixed + seed_variance / n) < half_width:
                 return n
         return None
 
@@ -110,6 +112,8 @@ class PairedDifference:
 
 def paired_over_seeds(variant: Sequence[float], baseline: Sequence[float]) -> PairedDifference:
     """One value per seed and variant: the paired t statistics (``scipy.stats.ttest_rel``'s)."""
+    if np.shape(variant) != np.shape(baseline):  # numpy would broadcast one seed against every other
+        raise ValueError(f"expected one value per seed for both, got shapes {np.shape(variant)}, {np.shape(baseline)}")
     differences = np.asarray(variant, dtype=np.float64) - np.asarray(baseline, dtype=np.float64)
     if differences.ndim != 1 or len(differences) < 1:
         raise ValueError(f"expected one value per seed for both, got shapes {np.shape(variant)}, {np.shape(baseline)}")
@@ -120,6 +124,8 @@ def paired_over_seeds(variant: Sequence[float], baseline: Sequence[float]) -> Pa
 
 def paired_over_seeds_and_blocks(variant: np.ndarray, baseline: np.ndarray) -> PairedDifference:
     """``(seeds, blocks)`` values of both, block b being the same text for every seed and variant."""
+    if np.shape(variant) != np.shape(baseline):
+        raise ValueError(f"expected (seeds, blocks) arrays of one shape, got {np.shape(variant)}, {np.shape(baseline)}")
     d = np.asarray(variant, dtype=np.float64) - np.asarray(baseline, dtype=np.float64)
     if d.ndim != 2:
         raise ValueError(f"expected (seeds, blocks) arrays, got shape {d.shape}")
@@ -146,7 +152,9 @@ def paired_over_seeds_and_blocks(variant: np.ndarray, baseline: np.ndarray) -> P
     total = sum(weight * ms for weight, ms, _ in terms)
     spread = sum((weight * ms) ** 2 / df for weight, ms, df in terms if weight)
     df = total**2 / spread if spread > 0 else 0.0
-    return PairedDifference(per_seed, mean, math.sqrt(total / (n_seeds * n_blocks)), df, n_blocks, SEEDS_AND_BLOCKS)
+    fixed = (ms_block - ms_resid) / (n_seeds * n_blocks) if use_block else 0.0  # σ²_block / B
+    se = math.sqrt(total / (n_seeds * n_blocks))
+    return PairedDifference(per_seed, mean, se, df, n_blocks, SEEDS_AND_BLOCKS, fixed)
 
 
 def holm(p_values: Sequence[float]) -> list[float]:

@@ -4,7 +4,7 @@ In order, the first that applies:
 
 1. **not run**: the comparison did not train what the claim needs (a variant, a task, a GPU preset).
 2. **not measurable**: the validity gate failed: the baseline did not learn the task, or the loss had not
-   flattened. The levels reached are reported beside it.
+   flattened; or a run diverged (a NaN or infinite value). The levels reached are reported beside it.
 3. **inconclusive**: fewer than :data:`MIN_SEEDS` seeds, or no spread to form an interval from.
 4. For a directional claim, with the paired difference ``variant − baseline`` (:mod:`attnzoo.compare.stats`):
    **negligible** when its 90% interval lies inside ± the smallest effect of interest (two one-sided tests at
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from attnzoo.compare.claims import CLAIMS, LOWER, NONINFERIOR, Claim
+from attnzoo.compare.claims import CLAIMS, DIVERGED, LOWER, NONINFERIOR, Claim
 from attnzoo.compare.stats import (
     ALPHA,
     CONFIDENCE,
@@ -108,7 +108,8 @@ def _measure(claim: Claim, results: CompareResults) -> Verdict:
             would_change=f"run the {claim.preset} preset{gpu}",
         )
     assert ours is not None and theirs is not None
-    conditions = _conditions(claim, results, ours)
+    seeds = sorted(ours.keys() & theirs.keys())  # paired by the seed's number: only the seeds both ran
+    conditions = _conditions(claim, results, seeds)
     levels = _levels(claim, results, ours, theirs)
     gate = claim.gate.check(results, claim)
     if not gate.passed:
@@ -117,12 +118,26 @@ def _measure(claim: Claim, results: CompareResults) -> Verdict:
             "not measurable",
             gate.reason,
             gate,
-            would_change=_what_would_measure(claim),
+            would_change=_what_would_measure(claim, gate.reason.endswith(DIVERGED)),
             conditions=conditions,
             levels=levels,
         )
-    seeds = sorted(ours.keys() & theirs.keys())
-    difference = _difference(claim, results, ours, theirs, seeds)
+    non_finite = [
+        label
+        for label, values in ((claim.variant, ours), (claim.baseline, theirs))
+        if not all(math.isfinite(values[s]) for s in seeds)
+    ]
+    if non_finite:
+        return Verdict(
+            claim,
+            "not measurable",
+            f"{' and '.join(non_finite)} gave a non-finite {claim.measure.label} on some seed: {DIVERGED}",
+            gate,
+            would_change=_what_would_measure(claim, diverged=True),
+            conditions=conditions,
+            levels=levels,
+        )
+    difference = _difference(claim, results, ours, theirs, seeds) if seeds else None
     if len(seeds) < MIN_SEEDS:
         return Verdict(
             claim,
@@ -134,6 +149,7 @@ def _measure(claim: Claim, results: CompareResults) -> Verdict:
             conditions=conditions,
             levels=levels,
         )
+    assert difference is not None
     if not difference.has_spread:
         return Verdict(
             claim,
@@ -179,6 +195,12 @@ def _decide(verdict: Verdict) -> Verdict:
             outcome, reason = "supported", f"the 90% interval's upper end {high90:+.4g} is below the margin {delta:g}"
         elif low90 > delta:
             outcome, reason = "contradicted", f"the 90% interval's lower end {low90:+.4g} is above the margin {delta:g}"
+        elif high90 < delta:  # the raw test rejects; the Holm-adjusted one does not
+            outcome, reason = (
+                "inconclusive",
+                f"the 90% interval's upper end {high90:+.4g} is below the margin {delta:g}, but not after Holm's "
+                "adjustment",
+            )
         else:
             outcome, reason = (
                 "inconclusive",
@@ -192,35 +214,46 @@ def _decide(verdict: Verdict) -> Verdict:
         outcome = "supported" if claimed else "contradicted"
         reason = "the difference is " + ("in the claimed direction" if claimed else "opposite to the claim")
     else:
-        outcome, reason = "inconclusive", "the test of zero difference does not reject at 5%"
+        after = " after Holm's adjustment" if verdict.p_raw < ALPHA else ""
+        outcome, reason = "inconclusive", f"the test of zero difference does not reject at 5%{after}"
+    # The level the raw p must reach for the adjusted one to reach 5%: Holm multiplies this p by p_adjusted / p_raw.
+    level = ALPHA * verdict.p_raw / p if p > 0 else ALPHA
     return dataclasses.replace(
-        verdict, outcome=outcome, reason=f"{reason}; {p_text}", would_change=_would_change(claim, outcome, difference)
+        verdict,
+        outcome=outcome,
+        reason=f"{reason}; {p_text}",
+        would_change=_would_change(claim, outcome, difference, level),
     )
 
 
-def _would_change(claim: Claim, outcome: Outcome, difference: PairedDifference) -> str:
+def _would_change(claim: Claim, outcome: Outcome, difference: PairedDifference, level: float = ALPHA) -> str:
     """Sign-aware: which verdict more seeds would reach if the mean and spread held, and how many, each n at its own
-    n − 1 degrees of freedom."""
+    n − 1 degrees of freedom. ``level``: what the raw p must fall below for the claim's own test to reject (below
+    5% for a primary held back by Holm's adjustment)."""
     n, mean, delta = difference.seeds, difference.mean, claim.smallest_effect
     if outcome in ("supported", "contradicted", "negligible"):
         return f"settled at this scale with {n} seeds; a larger model or more tokens may differ"
     if claim.rule == NONINFERIOR:
-        target, toward = (delta - mean, "supported") if mean < delta else (mean - delta, "contradicted")
-        needed = difference.seeds_needed(target, EQUIVALENCE_CONFIDENCE)
+        if mean < delta:  # the one-sided test at ``level``: the (1 − 2·level) interval's upper end below the margin
+            toward, needed = "supported", difference.seeds_needed(delta - mean, 1 - 2 * level)
+        else:
+            toward, needed = "contradicted", difference.seeds_needed(mean - delta, EQUIVALENCE_CONFIDENCE)
     elif abs(mean) < delta:
         toward = "negligible"
         needed = difference.seeds_needed(delta - abs(mean), EQUIVALENCE_CONFIDENCE)
     else:
         claimed = (mean < 0) == (claim.rule == LOWER)
         toward = "supported" if claimed else "contradicted"
-        needed = difference.seeds_needed(abs(mean))
+        needed = difference.seeds_needed(abs(mean), 1 - level)
     if needed is None:
         return f"no feasible number of seeds at this spread: the effect {mean:+.3g} is too close to the boundary"
     block = " (the evaluation-text term does not shrink with seeds)" if difference.blocks > 1 else ""
     return f"about {needed} seeds would make it {toward} if the mean {mean:+.3g} and spread held{block}"
 
 
-def _what_would_measure(claim: Claim) -> str:
+def _what_would_measure(claim: Claim, diverged: bool = False) -> str:
+    if diverged:
+        return "a training that does not diverge (a lower learning rate, or a check of why it did)"
     if claim.measure.task is not None:
         return "a task budget at which the baseline learns the task (more steps, or an easier configuration)"
     return "more training tokens, until the validation loss flattens (a longer run, or the GPU preset)"
@@ -241,9 +274,9 @@ def _levels(
     return levels
 
 
-def _conditions(claim: Claim, results: CompareResults, values: dict[int, float]) -> str:
-    """This test's own scale, never the paper's."""
-    seeds = f"{len(values)} seed(s)"
+def _conditions(claim: Claim, results: CompareResults, paired: list[int]) -> str:
+    """This test's own scale, never the paper's: ``paired`` are the seeds both sides ran."""
+    seeds = f"{len(paired)} seed(s)"
     if claim.measure.task is not None:
         task = results.tasks[claim.measure.task]
         run = task.runs[claim.variant][0]
