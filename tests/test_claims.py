@@ -26,7 +26,7 @@ from attnzoo.compare.claims import (
 from attnzoo.compare.paper_claims import claim_tasks, claim_variants
 from attnzoo.compare.report import write_report
 from attnzoo.compare.stats import holm, paired_over_seeds
-from attnzoo.compare.verdicts import counts, judge, judge_all
+from attnzoo.compare.verdicts import judge, judge_all, verdicts_record
 
 FIXTURE = Path(__file__).parent / "fixtures" / "compare_micro"  # mha+rope and diff+rope, seeds 0 and 1
 STORED = Path(__file__).parents[1] / "docs" / "claims"  # the claims preset's run, as committed
@@ -193,7 +193,7 @@ def test_a_claim_no_comparison_ran_says_what_would_run_it(results):
     assert gpu_verdict.would_change == "run the gpu-lm preset (a CUDA GPU)"
 
 
-def test_implementation_checks_are_never_a_papers_verdict(results):
+def test_implementation_checks_are_never_a_papers_verdict(results, tmp_path):
     data = json.loads((FIXTURE / "results.json").read_text())
     kv2 = json.loads(json.dumps(data["variants"]["mha+rope"]))
     kv2["config"]["n_kv_heads"] = kv2["config"]["n_heads"] // 2
@@ -204,9 +204,14 @@ def test_implementation_checks_are_never_a_papers_verdict(results):
     assert check.status == "pass" and check.expected.startswith("2×")
     kv2["kv_cache_bytes_per_token"] *= 2  # did not shrink
     assert run_checks(CompareResults.from_dict(data))[0].status == "fail"
-    verdicts = judge_all(with_gqa)
-    assert not any("kv_cache" in v.claim.measure.needs or "KV-cache" in v.claim.measure.label for v in verdicts)
-    assert sum(counts(verdicts).values()) == len(CLAIMS)
+    # The report: the check in its own table, after the verdicts, and in no count of them.
+    shutil.copytree(FIXTURE, tmp_path / "out")
+    markdown = write_report(with_gqa, tmp_path / "out")["markdown"].read_text()
+    claims_part, checks_part = markdown.split("### Implementation checks")
+    assert "mha+rope+kv2: KV-cache bytes per token" in checks_part and "KV-cache" not in claims_part
+    record = verdicts_record(with_gqa, judge_all(with_gqa))
+    assert sum(record["counts"].values()) == len(CLAIMS) == len(record["claims"])
+    assert all("KV-cache" not in row["measure"] for row in record["claims"])
 
 
 def test_every_claim_cites_its_source_and_each_paper_names_one_primary():

@@ -182,7 +182,7 @@ for claim in (
         DIFF,
         "Differential attention retrieves key information from a context full of distractors better, by "
         "cancelling attention noise (figure not available).",
-        "shared/seeds/000:5, 000:8",
+        "arXiv 2410.05258, abstract (key information retrieval); shared/seeds/000:5, 000:8",
         "diff+rope",
         BASELINE,
         task_metric("needles", "multi-needle accuracy"),
