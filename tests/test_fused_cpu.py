@@ -20,6 +20,7 @@ from attnzoo import ModelConfig, Transformer
 from attnzoo.attention import AttentionContext, fused_cpu, kernels
 from attnzoo.attention.kernels import eager_attention, sdpa_attention
 from attnzoo.bench import sdpa_kernels
+from attnzoo.cli import main
 from attnzoo.positions import POSITIONS
 
 B, H, H_KV, D = 2, 4, 2, 8
@@ -203,9 +204,11 @@ def test_cached_decoding_equals_the_full_forward(monkeypatch):
     assert_close(torch.cat(pieces, dim=1), full, TOLERANCE[torch.float32])
 
 
-def test_the_kernel_is_named_where_it_runs():
-    """``linear_bias_kernel`` (what ``attnzoo info`` prints) and the benchmarks' kernel column name the fused kernel
-    for ALiBi on the CPU, and SDPA's flash kernel for RoPE."""
+def test_the_kernel_is_named_where_it_runs(capsys):
+    """``attnzoo info`` (through ``linear_bias_kernel``) and the benchmarks' kernel column name the fused kernel for
+    ALiBi on the CPU, and SDPA's flash kernel for RoPE."""
+    assert main(["info", "--position", "alibi"]) == 0
+    assert f"attention kernel (CPU, fp32 training)\n  {fused_cpu.KERNEL_NAME}, built" in capsys.readouterr().out
     assert fused_cpu.KERNEL_NAME in kernels.linear_bias_kernel(torch.device("cpu"), torch.float32)
     assert "(1, H, T, T) bias" in kernels.linear_bias_kernel(torch.device("cpu"), torch.float64)
     idx = torch.randint(0, 32, (1, 16))
