@@ -14,12 +14,13 @@ when the source or flags change, so it needs nothing the install does not alread
 (no compiler, no ninja, a compile error) attnzoo warns once, naming the reason, and ALiBi runs on today's path
 (SDPA's flash kernel with the (1, H, T, T) bias, :func:`~attnzoo.attention.kernels.sdpa_attention`).
 
-The library is built for the CPU's vector extension (``torch.backends.cpu.get_cpu_capability``), named after it, so
-a cache shared by different machines never hands one a build for instructions it lacks.
+The library is built for the CPU's vector extension (``torch.backends.cpu.get_cpu_capability``) and named after it,
+so a cache shared by different machines never hands one a build for instructions it lacks.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import threading
@@ -69,8 +70,11 @@ def _build() -> None:
     flags = ["-O3"]
     if capability in _CAPABILITY_FLAGS:
         flags += [*_CAPABILITY_FLAGS[capability], f"-DCPU_CAPABILITY={capability}"]
+    # One cache entry per checkout: the build file names the source's path, so two installs sharing one name would
+    # rebuild each other's library on every first use.
+    checkout = hashlib.sha256(str(SOURCE.resolve()).encode()).hexdigest()[:10]
     load(
-        name=f"attnzoo_alibi_flash_{capability.lower()}",
+        name=f"attnzoo_alibi_flash_{capability.lower()}_{checkout}",
         sources=[str(SOURCE)],
         extra_cflags=flags,
         is_python_module=False,
