@@ -17,7 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import attnzoo
 from attnzoo import ModelConfig, Transformer
-from attnzoo.attention import ATTENTION, AttentionContext, kernels
+from attnzoo.attention import ATTENTION, AttentionContext, fused_cpu, kernels
 from attnzoo.attention.kernels import Hooks, attend, chunked_attention, eager_attention, sdpa_attention
 from attnzoo.cache import WindowCache
 from attnzoo.positions import POSITIONS, alibi_slopes
@@ -118,7 +118,9 @@ def test_sdpa_expresses_the_row_scale_exactly(start):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_alibi_with_the_causal_flag_equals_the_masked_form(monkeypatch, length, dtype):
     """On CPU a fresh ALiBi sequence passes the bias with the causal flag (``sdpa_with_causal_bias``): equal to
-    SDPA with the one additive mask, in output and in the gradients to q, k and v (GQA, 2 kv heads)."""
+    SDPA with the one additive mask, in output and in the gradients to q, k and v (GQA, 2 kv heads). This is the
+    path where the fused ALiBi kernel is not available (tests/test_fused_cpu.py)."""
+    monkeypatch.setattr(fused_cpu, "runs_alibi", lambda *args: False)
     spy = KernelSpy(monkeypatch)
     ctx = context(length=length)
     leaves = [x.to(dtype).requires_grad_() for x in qkv(length, length)]
@@ -157,7 +159,9 @@ class LargestTensor(TorchDispatchMode):
 def test_alibi_inference_in_query_blocks_equals_one_call_without_a_t_by_t_bias(monkeypatch, dtype):
     """Without autograd recording, a fresh ALiBi sequence longer than BIAS_BLOCK_ROWS runs in query blocks, each with
     its own bias and causal mask: equal to the one call with the whole bias (what training runs), and no tensor as
-    large as the (H, T, T) bias is made (GQA, 2 kv heads; the last block shorter than the others)."""
+    large as the (H, T, T) bias is made (GQA, 2 kv heads; the last block shorter than the others). This is the
+    path where the fused ALiBi kernel is not available (tests/test_fused_cpu.py)."""
+    monkeypatch.setattr(fused_cpu, "runs_alibi", lambda *args: False)
     monkeypatch.setattr(kernels, "BIAS_BLOCK_ROWS", 64)
     length = 3 * 64 + 37
     q, k, v = (x.to(dtype) for x in qkv(length, length))
@@ -272,14 +276,16 @@ def test_chunked_keys_at_explicit_positions_are_masked_by_position():
 
 
 class KernelSpy:
-    """Counts the kernels attend reaches: SDPA itself (the torch function, or its CPU kernel called directly with a
-    bias and the causal flag), the chunked form and eager calls."""
+    """Counts the kernels attend reaches: SDPA itself (the torch function, its CPU kernel called directly with a
+    bias and the causal flag, or on CPU the fused ALiBi kernel that replaces both), the chunked form and eager
+    calls."""
 
     def __init__(self, monkeypatch):
         self.calls = {"sdpa": 0, "chunked": 0, "eager": 0}
         for name, module, attr in (
             ("sdpa", F, "scaled_dot_product_attention"),
             ("sdpa", kernels, "sdpa_with_causal_bias"),
+            ("sdpa", fused_cpu, "alibi_flash_attention"),
             ("chunked", kernels, "chunked_attention"),
             ("eager", kernels, "eager_attention"),
         ):
@@ -367,10 +373,11 @@ def test_old_configs_keep_loading():
 
 def test_only_the_kernel_reads_the_backend():
     """Mechanisms call attend and never choose a kernel themselves (the behaviour is tested above). DCMHA's fused
-    kernel (dcmha_triton.py) is a kernel: it reads the backend to leave "eager", the reference, to attend."""
+    kernel (dcmha_triton.py) is a kernel: it reads the backend to leave "eager", the reference, to attend; the fused
+    CPU kernels (fused_cpu.py) name torch.backends, not the attention backend."""
     assert not hasattr(AttentionContext, "use_eager")
     for path in (SRC / "attention").glob("*.py"):
-        if path.name not in ("kernels.py", "base.py", "dcmha_triton.py"):
+        if path.name not in ("kernels.py", "base.py", "dcmha_triton.py", "fused_cpu.py"):
             source = path.read_text()
             assert "backend" not in source and "use_eager" not in source, path.name
 

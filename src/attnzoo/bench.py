@@ -29,6 +29,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from tqdm import tqdm
 
+from attnzoo.attention import fused_cpu
 from attnzoo.config import ModelConfig
 from attnzoo.io import atomic_write_text
 from attnzoo.model import Transformer
@@ -38,8 +39,10 @@ from attnzoo.variants import Variant, matched_configs
 MODES = ("train", "train+adamw", "prefill", "decode", "decode-nocache")
 TRAINING_MODES = ("train", "train+adamw")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-# The fused kernels SDPA may dispatch to; its math fallback decomposes into ordinary ops and shows as none.
+# The fused kernels SDPA may dispatch to, and attnzoo's own (``attention/fused_cpu.py``); SDPA's math fallback
+# decomposes into ordinary ops and shows as none.
 SDPA_KERNELS = {
+    "alibi_flash_forward": fused_cpu.KERNEL_NAME,
     "_scaled_dot_product_flash_attention_for_cpu": "flash (CPU)",
     "_scaled_dot_product_flash_attention": "flash",
     "_scaled_dot_product_efficient_attention": "memory-efficient",
@@ -341,7 +344,7 @@ def ratio_table(results: list[BenchResult], baseline: str) -> Table:
     cache also shows the bytes its cache buffers hold (T + decoded tokens positions, measured on the allocation)."""
     base = {(r.mode, r.seq_len): r for r in results if r.case == baseline}
     header = ["case", "mode", "T", "batch", "tok/s (median)", "spread (min–max)", speed_header(baseline)]
-    header += ["peak MB", memory_header(baseline), "KV cache MB", "SDPA kernel"]
+    header += ["peak MB", memory_header(baseline), "KV cache MB", "kernel"]
     rows = []
     for r in results:
         b = base.get((r.mode, r.seq_len))

@@ -110,6 +110,20 @@ class AttentionContext:
             lambda: self.position_bias(n_heads, self.positions, self.key_positions(key_len), bias_repeat),
         )
 
+    def bias_slopes(self, n_heads: int, bias_repeat: int = 1) -> Tensor | None:
+        """(n_heads,) fp32 slopes of a causal linear bias m_h·(j − i) (:meth:`PositionalEncoding.bias_slopes`), each
+        shared by ``bias_repeat`` adjacent heads, or None when the scheme's bias is not one."""
+
+        def build() -> Tensor | None:
+            slopes = self.position.bias_slopes(n_heads // bias_repeat)
+            if slopes is None:
+                return None
+            return torch.tensor(slopes, dtype=torch.float32, device=self.positions.device).repeat_interleave(
+                bias_repeat
+            )
+
+        return self._memoized(("slopes", n_heads, bias_repeat), build)
+
     def allowed(self, key_len: int, window: int | None = None) -> Tensor:
         """(T, key_len) bool mask of this call's queries, causal unless the context is not, within ``window``
         keys if given (:func:`visible`)."""

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnzoo.attention import fused_cpu
 from attnzoo.attention.base import AttentionContext, visible
 from attnzoo.precision import compute_dtype
 
@@ -97,6 +98,21 @@ def sdpa_with_causal_bias(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: 
     return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True, attn_mask=bias, scale=scale)[
         0
     ]
+
+
+def linear_bias_kernel(device: torch.device, dtype: torch.dtype, dropout_p: float = 0.0) -> str:
+    """The kernel that runs a fresh causal sequence with a linear bias (ALiBi) on ``device`` at ``dtype``, as
+    :func:`sdpa_attention` decides it, without building the fused kernel: what ``attnzoo info`` and the benchmarks
+    print. (A recording context, ``ctx.records_scores``, or the "eager" backend runs the eager reference instead.)"""
+    on_cpu = device.type == "cpu"
+    if on_cpu and dropout_p == 0 and dtype in fused_cpu.DTYPES:
+        status = fused_cpu.status()
+        if not status.startswith("unavailable"):
+            return f"{fused_cpu.KERNEL_NAME}, {status}"
+        return f"SDPA flash (CPU) with a (1, H, T, T) bias: the fused kernel is {status}"
+    if on_cpu:
+        return "SDPA flash (CPU) with a (1, H, T, T) bias"
+    return "SDPA with a (1, H, T, T) additive mask"
 
 
 # Query rows per block of sdpa_biased_in_blocks. One layer's forward at T = 8192 (8 heads, d = 32, 1 thread) took
@@ -206,28 +222,36 @@ def sdpa_attention(
     """``F.scaled_dot_product_attention`` with the semantics of :func:`eager_attention` without hooks.
 
     Plain causal attention over a fresh sequence uses ``is_causal`` (block skipping, no T×S mask), and
-    bidirectional attention (``ctx.causal`` false) no mask at all. With a positional bias, a fresh causal sequence
-    passes the bias with the causal flag where the kernel takes both (:func:`sdpa_takes_bias_with_causal`: CPU);
-    otherwise, and on a non-empty cache, bias and mask enter as one additive mask. Without autograd recording, a
-    fresh biased sequence longer than :data:`BIAS_BLOCK_ROWS` runs in query blocks (:func:`sdpa_biased_in_blocks`),
-    so inference never builds the T×T bias.
+    bidirectional attention (``ctx.causal`` false) no mask at all. A fresh causal sequence with a linear bias
+    (ALiBi) runs on the CPU on the fused kernel that adds the bias inside its tiles
+    (:func:`~attnzoo.attention.fused_cpu.alibi_flash_attention`, where :func:`linear_bias_kernel` names it), in
+    training and inference. Otherwise, with a positional bias, a fresh causal sequence passes the bias with the
+    causal flag where the kernel takes both (:func:`sdpa_takes_bias_with_causal`: CPU); otherwise, and on a
+    non-empty cache, bias and mask enter as one additive mask. Without autograd recording, a fresh biased sequence
+    longer than :data:`BIAS_BLOCK_ROWS` runs in query blocks (:func:`sdpa_biased_in_blocks`), so inference never
+    builds the T×T bias.
     """
     if query_scale is not None:
         # Scaling query row t scales logit row t before the bias is added: the eager kernel's row scale.
         q = q * query_scale[..., None].to(q.dtype)
+    has_bias = ctx.position.adds_bias
+    fresh_biased = has_bias and ctx.causal and q.shape[2] == k.shape[2] > 1
+    slopes = ctx.bias_slopes(q.shape[1], bias_repeat) if fresh_biased else None
+    if slopes is not None and fused_cpu.runs_alibi(q, k, v, dropout_p):
+        # Before the padding and the kv repeat below: the kernel takes wider values and reads shared kv heads.
+        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+        return fused_cpu.alibi_flash_attention(q, k, v, slopes, scale)
     if v.shape[-1] > q.shape[-1] and sdpa_pads_queries(q.device):
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale  # the scale of the true width
         width = v.shape[-1] - q.shape[-1]
         q, k = F.pad(q, (0, width)), F.pad(k, (0, width))  # zeros add nothing to q·k
     n_heads, query_len, key_len = q.shape[1], q.shape[2], k.shape[2]
     k, v = repeat_kv(k, n_heads // k.shape[1]), repeat_kv(v, n_heads // v.shape[1])
-    has_bias = ctx.position.adds_bias
     if not ctx.static and not has_bias and query_len in (1, key_len):
         # A fresh sequence is plain causal (or bidirectional); a single new token sees every cached key (on a
         # growing cache: a static step's keys include slots only its mask excludes).
         is_causal = query_len > 1 and ctx.causal
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
-    fresh_biased = has_bias and ctx.causal and query_len == key_len > 1
     records = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
     if fresh_biased and query_len > BIAS_BLOCK_ROWS and not records:  # inference: no (1, H, T, T) bias
         return sdpa_biased_in_blocks(q, k, v, ctx, scale=scale, dropout_p=dropout_p, bias_repeat=bias_repeat)

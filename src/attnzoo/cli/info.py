@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from attnzoo.attention import ATTENTION
+from attnzoo.attention.kernels import linear_bias_kernel
 from attnzoo.cli.command import Command
 from attnzoo.cli.flags import (
     add_config_argument,
@@ -85,6 +86,21 @@ def cache_lines(cfg: ModelConfig, context: int, batch_size: int) -> list[str]:
     return lines
 
 
+def cpu_kernel(model: Transformer) -> str:
+    """The kernel a fresh sequence of this model's attention runs on the CPU in fp32 training, as
+    :func:`~attnzoo.attention.kernels.attend` chooses it (without building anything)."""
+    cfg = model.config
+    if cfg.attn_backend == "eager":
+        return "the eager reference (attn_backend='eager')"
+    if ATTENTION.get(cfg.attention).needs_scores:
+        return "the chunked eager kernel: the mechanism acts on the scores"
+    if model.position.adds_bias and cfg.causal:
+        if model.position.bias_slopes(cfg.n_heads) is not None:
+            return linear_bias_kernel(torch.device("cpu"), torch.float32, cfg.dropout)
+        return "SDPA flash (CPU) with a (1, H, T, T) bias"
+    return "SDPA flash (CPU)"
+
+
 def run(args: argparse.Namespace) -> int:
     if args.path is not None:
         checkpoint = read_checkpoint(args.path)
@@ -114,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
         print("  none: a bidirectional model (causal=False) has no cache and does not generate")
     for line in cache_lines(model_config, context, args.cache_batch) if model_config.causal else ():
         print(f"  {line}")
+    print(f"\nattention kernel (CPU, fp32 training)\n  {cpu_kernel(model)}")
     print("\nmodel config\n" + model_config.to_json())
     if train_config is not None:
         print("train config\n" + train_config.to_json())

@@ -53,3 +53,6 @@ class ALiBi(PositionalEncoding):
         if not causal:
             distance = distance.abs()
         return -slopes[:, None, None] * distance
+
+    def bias_slopes(self, n_heads: int) -> list[float]:
+        return alibi_slopes(n_heads)

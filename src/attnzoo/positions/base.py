@@ -63,3 +63,8 @@ class PositionalEncoding(nn.Module):
         """The (n_heads, T, S) additive bias in ``dtype`` (the model's compute dtype), or None; ``causal`` false
         for a bidirectional model."""
         return None
+
+    def bias_slopes(self, n_heads: int) -> list[float] | None:
+        """The slopes m_h when ``bias`` is m_h·(j − i) for query i and key j ≤ i (a causal linear bias), else None:
+        a kernel can then add the bias as it computes each score instead of reading an (n_heads, T, S) tensor."""
+        return None

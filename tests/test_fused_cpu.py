@@ -1,0 +1,227 @@
+"""The fused CPU ALiBi kernel (``attention/fused_cpu.py``, ``attention/csrc/alibi_flash.cpp``) against attnzoo's eager
+reference with the materialised bias, and the seams around it: the route ``sdpa_attention`` takes, the fallback
+without a compiler, memory, cached decoding, the kernel's name.
+
+Tolerances, each relative to the largest magnitude of the expected tensor (and at least 1, for gradients that are
+exactly 0, such as dq at T = 1): fp32 1e-5 (the kernel and the reference sum in other orders; measured ≤ 5e-7
+against float64), bf16 2e-2 (the reference rounds its probabilities to bf16 before ·V, the kernel does not).
+
+The extension is built once per session (about a minute the first time on a fresh cache, then loaded from the
+torch extensions directory); every test that needs it is skipped, naming the reason, where it cannot be built.
+"""
+
+import math
+
+import pytest
+import torch
+from test_kernels import LargestTensor
+
+from attnzoo import ModelConfig, Transformer
+from attnzoo.attention import AttentionContext, fused_cpu, kernels
+from attnzoo.attention.kernels import eager_attention, sdpa_attention
+from attnzoo.bench import sdpa_kernels
+from attnzoo.cli import main
+from attnzoo.positions import POSITIONS
+
+B, H, H_KV, D = 2, 4, 2, 8
+LENGTHS = [1, 7, 63, 65, 129, 300]
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built():
+    if not fused_cpu.available():
+        pytest.skip(f"the fused CPU kernel cannot be built here: {fused_cpu.status()}")
+
+
+def context(length: int, backend: str = "auto", dtype: torch.dtype = torch.float32) -> AttentionContext:
+    cfg = ModelConfig(vocab_size=8, dim=H * D, n_heads=H, n_layers=1, position="alibi")
+    scheme = POSITIONS.get("alibi")(cfg, D)
+    positions = torch.arange(length)
+    state = scheme.prepare(positions, length)
+    return AttentionContext(
+        positions, 0, scheme, state, backend, dtype=torch.float64 if dtype == torch.float64 else torch.float32
+    )
+
+
+def qkv(length: int, dtype: torch.dtype, value_dim: int = D) -> list[torch.Tensor]:
+    shapes = [(B, H, length, D), (B, H_KV, length, D), (B, H_KV, length, value_dim)]
+    return [torch.randn(shape).to(dtype).requires_grad_() for shape in shapes]
+
+
+def output_and_grads(attention, leaves, grad):
+    out = attention(*leaves)
+    return [out, *torch.autograd.grad(out, leaves, grad)]
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, tolerance: float) -> None:
+    """|actual − expected| ≤ tolerance · max(max |expected|, 1), elementwise."""
+    scale = max(expected.abs().max().item(), 1.0)
+    torch.testing.assert_close(actual, expected, rtol=0, atol=tolerance * scale)
+
+
+class FusedSpy:
+    """Counts the calls of the fused kernel from ``sdpa_attention``."""
+
+    def __init__(self, monkeypatch):
+        self.calls = 0
+        original = fused_cpu.alibi_flash_attention
+
+        def spy(*args, **kwargs):
+            self.calls += 1
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(fused_cpu, "alibi_flash_attention", spy)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The kernel against the eager reference
+
+
+# Small tiles put tile edges inside every length above 16, with key tiles shorter than query tiles (rows that see
+# none of a tile) and longer; bf16 runs the default tiles, whose edges fp32 already covers.
+KERNEL_CASES = [
+    pytest.param(torch.float32, None, id="fp32"),
+    pytest.param(torch.float32, (32, 16), id="fp32-q32-k16"),
+    pytest.param(torch.float32, (16, 32), id="fp32-q16-k32"),
+    pytest.param(torch.bfloat16, None, id="bf16"),
+]
+
+
+@pytest.mark.parametrize("length", LENGTHS)
+@pytest.mark.parametrize(("dtype", "tiles"), KERNEL_CASES)
+def test_kernel_equals_the_eager_reference_forward_and_every_gradient(monkeypatch, dtype, tiles, length):
+    """Output and dq, dk, dv of ``sdpa_attention`` (the fused kernel) equal the eager kernel with the (H, T, T) bias,
+    at odd lengths, GQA (2 kv heads for 4 query heads), batch 2."""
+    if tiles is not None:
+        monkeypatch.setattr(fused_cpu, "Q_TILE", tiles[0])
+        monkeypatch.setattr(fused_cpu, "K_TILE", tiles[1])
+    spy = FusedSpy(monkeypatch)
+    leaves = qkv(length, dtype)
+    grad = torch.randn(B, H, length, D).to(dtype)
+    fused = output_and_grads(lambda *x: sdpa_attention(*x, context(length)), leaves, grad)
+    assert spy.calls == (1 if length > 1 else 0)  # one token is its own output: plain SDPA, no bias needed
+    expected = output_and_grads(lambda *x: eager_attention(*x, context(length, "eager"))[0], leaves, grad)
+    for actual, wanted in zip(fused, expected, strict=True):
+        assert actual.dtype == dtype
+        assert_close(actual, wanted, TOLERANCE[dtype])
+
+
+def test_subheads_sharing_a_slope_and_wider_values(monkeypatch):
+    """Diff's layout: adjacent query heads share one bias head (``bias_repeat`` 2) and values are 2d wide; the kernel
+    takes both as they are (no zero-padding of q and k)."""
+    spy = FusedSpy(monkeypatch)
+    length = 129
+    leaves = qkv(length, torch.float32, value_dim=2 * D)
+    grad = torch.randn(B, H, length, 2 * D)
+    fused = output_and_grads(lambda *x: sdpa_attention(*x, context(length), bias_repeat=2), leaves, grad)
+    eager = output_and_grads(lambda *x: eager_attention(*x, context(length, "eager"), bias_repeat=2)[0], leaves, grad)
+    assert spy.calls == 1
+    for actual, wanted in zip(fused, eager, strict=True):
+        assert_close(actual, wanted, TOLERANCE[torch.float32])
+
+
+def test_float64_keeps_the_float64_path(monkeypatch):
+    """The kernel computes in fp32, so float64 does not enter it: it runs SDPA's flash kernel with the float64 bias,
+    equal to the eager reference in float64 (≤ 1e-12)."""
+    spy = FusedSpy(monkeypatch)
+    length = 65
+    leaves = qkv(length, torch.float64)
+    grad = torch.randn(B, H, length, D, dtype=torch.float64)
+    ctx = context(length, dtype=torch.float64)
+    routed = output_and_grads(lambda *x: sdpa_attention(*x, ctx), leaves, grad)
+    eager = output_and_grads(lambda *x: eager_attention(*x, context(length, "eager", torch.float64))[0], leaves, grad)
+    assert spy.calls == 0
+    for actual, wanted in zip(routed, eager, strict=True):
+        assert_close(actual, wanted, 1e-12)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Memory, decoding, names
+
+
+def alibi_model(**fields) -> Transformer:
+    cfg = ModelConfig(vocab_size=32, dim=H * D, n_layers=2, n_heads=H, n_kv_heads=H_KV, position="alibi", **fields)
+    return Transformer(cfg)
+
+
+def test_a_training_step_makes_no_tensor_as_large_as_the_bias(monkeypatch):
+    """Forward and backward of a model with ALiBi at T = 300: no operator returns a tensor of H·T·T elements or more
+    (the (H, T, T) bias), where today's path (SDPA with the bias) does."""
+    length = 300
+    idx = torch.randint(0, 32, (1, length))
+    model = alibi_model(max_seq_len=length)
+
+    def step() -> int:
+        model.zero_grad(set_to_none=True)
+        with LargestTensor() as largest:
+            model(idx, idx)[1].backward()
+        return largest.numel
+
+    assert step() < H * length * length
+    monkeypatch.setattr(fused_cpu, "runs_alibi", lambda *args: False)
+    assert step() >= H * length * length  # the check sees the bias where there is one
+
+
+def test_without_a_compiler_alibi_falls_back_with_one_warning(monkeypatch, tmp_path):
+    """A fresh machine without a compiler (CXX names none; an empty extensions cache): one RuntimeWarning saying why,
+    however many calls follow, and the PyTorch path's numbers, equal to the fused kernel's (fp32, 1e-5)."""
+    length = 129
+    leaves = qkv(length, torch.float32)
+    grad = torch.randn(B, H, length, D)
+    fused = output_and_grads(lambda *x: sdpa_attention(*x, context(length)), leaves, grad)
+
+    monkeypatch.setenv("CXX", "/nonexistent/c++")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
+    monkeypatch.setattr(fused_cpu, "_loaded", None)  # this process has not tried yet
+    monkeypatch.setattr(fused_cpu, "_failure", None)
+    spy = FusedSpy(monkeypatch)
+    with pytest.warns(RuntimeWarning) as warned:
+        fallback = output_and_grads(lambda *x: sdpa_attention(*x, context(length)), leaves, grad)
+        again = sdpa_attention(*leaves, context(length))
+    assert len(warned) == 1
+    message = str(warned[0].message)
+    assert "/nonexistent/c++" in message and "\n" not in message
+    assert spy.calls == 0 and fused_cpu.status().startswith("unavailable")
+    assert "(1, H, T, T) bias" in kernels.linear_bias_kernel(torch.device("cpu"), torch.float32)
+    for actual, wanted in zip(fallback, fused, strict=True):
+        assert_close(actual, wanted, TOLERANCE[torch.float32])
+    torch.testing.assert_close(again, fallback[0], rtol=0, atol=0)
+
+
+def test_cached_decoding_equals_the_full_forward(monkeypatch):
+    """mha + ALiBi (GQA): the full forward (the fused kernel) and a prefill (the fused kernel, on an empty cache)
+    followed by one-token steps (SDPA with a one-row bias) give the same logits (fp32, 1e-5)."""
+    spy = FusedSpy(monkeypatch)
+    model = alibi_model(max_seq_len=64).eval()
+    idx = torch.randint(0, 32, (2, 41))
+    with torch.no_grad():
+        full = model(idx)
+        cache = model.new_cache(2, 41)
+        pieces = [model(idx[:, :29], cache=cache)]
+        pieces += [model(idx[:, t : t + 1], cache=cache) for t in range(29, 41)]
+    assert spy.calls == 2 * model.config.n_layers
+    assert_close(torch.cat(pieces, dim=1), full, TOLERANCE[torch.float32])
+
+
+def test_the_kernel_is_named_where_it_runs(capsys):
+    """``attnzoo info`` (through ``linear_bias_kernel``) and the benchmarks' kernel column name the fused kernel for
+    ALiBi on the CPU, and SDPA's flash kernel for RoPE."""
+    assert main(["info", "--position", "alibi"]) == 0
+    assert f"attention kernel (CPU, fp32 training)\n  {fused_cpu.KERNEL_NAME}, built" in capsys.readouterr().out
+    assert fused_cpu.KERNEL_NAME in kernels.linear_bias_kernel(torch.device("cpu"), torch.float32)
+    assert "(1, H, T, T) bias" in kernels.linear_bias_kernel(torch.device("cpu"), torch.float64)
+    idx = torch.randint(0, 32, (1, 16))
+    assert sdpa_kernels(alibi_model().eval(), idx) == [fused_cpu.KERNEL_NAME]
+    rope = Transformer(ModelConfig(vocab_size=32, dim=H * D, n_layers=1, n_heads=H)).eval()
+    assert sdpa_kernels(rope, idx) == ["flash (CPU)"]
+
+
+def test_scale_is_the_inverse_square_root_of_the_head_size_by_default():
+    """With no scale given the kernel uses 1/√d of the queries' width, also for wider values."""
+    length = 33
+    q, k, v = (x.detach() for x in qkv(length, torch.float32, value_dim=2 * D))
+    slopes = context(length).bias_slopes(H)
+    default = sdpa_attention(q, k, v, context(length))
+    explicit = fused_cpu.alibi_flash_attention(q, k, v, slopes, 1 / math.sqrt(D))
+    torch.testing.assert_close(default, explicit, rtol=0, atol=0)
