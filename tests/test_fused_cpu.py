@@ -225,3 +225,16 @@ def test_scale_is_the_inverse_square_root_of_the_head_size_by_default():
     default = sdpa_attention(q, k, v, context(length))
     explicit = fused_cpu.alibi_flash_attention(q, k, v, slopes, 1 / math.sqrt(D))
     torch.testing.assert_close(default, explicit, rtol=0, atol=0)
+
+
+def test_torch_compile_keeps_the_sdpa_path_whole():
+    """The op has no fake kernel: a compiled model traces SDPA's biased path without a graph break, and agrees."""
+    import torch._dynamo
+
+    model = Transformer(ModelConfig(vocab_size=64, dim=32, n_layers=1, n_heads=2, position="alibi")).eval()
+    tokens = torch.randint(0, 64, (2, 16))
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model)(tokens)
+    assert explained.graph_break_count == 0
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(tokens), model(tokens), rtol=1e-5, atol=1e-5)

@@ -124,9 +124,11 @@ def status() -> str:
 
 def runs_alibi(q: Tensor, k: Tensor, v: Tensor, dropout_p: float) -> bool:
     """Whether :func:`alibi_flash_attention` serves these operands: on CPU, fp32 or bf16, without dropout (which it
-    does not draw), once the extension is built (building it the first time)."""
+    does not draw), outside ``torch.compile`` (the op has no fake kernel to trace, so a compiled graph keeps SDPA's
+    path whole rather than breaking around it), once the extension is built (building it the first time)."""
     return (
         q.device.type == "cpu"
+        and not torch.compiler.is_compiling()
         and dropout_p == 0
         and q.dtype in DTYPES
         and q.dtype == k.dtype == v.dtype
