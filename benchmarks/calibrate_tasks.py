@@ -8,6 +8,8 @@ config) and ``--model`` (ModelConfig fields) change it, each ``KEY=VALUE`` with 
 appends one JSON line to ``--log`` (the budget, the learning curve, the final evaluation, seconds, the load
 average) and prints a line; the final table gives per-seed levels beside the task's chance and solved levels.
 Runs are sequential, so wall-clock figures mean something only at 1 thread on a quiet machine.
+
+    python benchmarks/calibrate_tasks.py --table     # the log as benchmarks/results/task_calibration.md
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ import torch
 
 from attnzoo.compare.tasks import task_configs, train_task
 from attnzoo.config import parse_key_value
-from attnzoo.evals.task import TaskSpec
+from attnzoo.evals.task import TaskSpec, get_task
+from attnzoo.io import atomic_write_text
+from attnzoo.tables import Table
 from attnzoo.variants import Variant
 
 DEFAULT_LOG = Path(__file__).parent / "results" / "task_calibration.jsonl"
@@ -47,9 +51,40 @@ def calibrated_spec(task: str, scale: str, budget: list[str], options: list[str]
     return spec.replace(**changes)
 
 
+def calibration_table(records: list[dict[str, Any]]) -> Table:
+    """One row per (task, setting, variant): the final metric of each seed, in the order run."""
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for record in records:
+        groups.setdefault((record["task"], record["tag"], record["variant"]), []).append(record)
+    rows = []
+    for (task, tag, variant), runs in groups.items():
+        metric = get_task(task).metric
+        levels = ", ".join(f"{run['final'][metric]:.3f}" for run in runs)
+        seconds = ", ".join(f"{run['seconds']:.0f}" for run in runs)
+        loads = f"{min(r['load_average'] for r in runs):.1f}–{max(r['load_average'] for r in runs):.1f}"
+        chance = "—" if runs[0]["chance"] is None else f"{runs[0]['chance']:.3f}"
+        seeds = ", ".join(str(run["seed"]) for run in runs)
+        rows.append([task, tag, variant, f"{runs[0]['steps']}", metric, chance, seeds, levels, seconds, loads])
+    header = ["task", "setting", "variant", "steps", "metric", "chance", "seeds", "final", "seconds", "load"]
+    return Table(header, rows)
+
+
+def write_table(log: Path) -> Path:
+    records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    out = log.with_suffix(".md")
+    intro = (
+        f"Task calibration runs from `{log.name}` (benchmarks/calibrate_tasks.py), one thread each on the shared "
+        "2-core machine: seconds are wall clock under the load average shown, not a quiet machine's. Each "
+        "setting's budget is in the log.\n\n"
+    )
+    atomic_write_text(out, intro + calibration_table(records).to_markdown() + "\n")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("task")
+    parser.add_argument("task", nargs="?")
+    parser.add_argument("--table", action="store_true", help="write the log as a markdown table and stop")
     parser.add_argument("--variants", nargs="+", default=["mha+rope"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--scale", default="claims")
@@ -59,6 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tag", default="", help="a label for this setting in the log")
     parser.add_argument("--log", type=Path, default=DEFAULT_LOG)
     args = parser.parse_args(argv)
+    if args.table:
+        print(write_table(args.log))
+        return 0
+    if args.task is None:
+        parser.error("name a task, or pass --table")
 
     spec = calibrated_spec(args.task, args.scale, args.budget, args.option, args.model)
     labels = [Variant.parse(v).label for v in args.variants]
