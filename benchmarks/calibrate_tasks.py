@@ -62,10 +62,15 @@ def calibration_table(records: list[dict[str, Any]]) -> Table:
         levels = ", ".join(f"{run['final'][metric]:.3f}" for run in runs)
         seconds = ", ".join(f"{run['seconds']:.0f}" for run in runs)
         loads = f"{min(r['load_average'] for r in runs):.1f}–{max(r['load_average'] for r in runs):.1f}"
+        task_record = get_task(task)
+        config = task_record.config(**runs[0]["budget"]["options"])
         chance = "—" if runs[0]["chance"] is None else f"{runs[0]['chance']:.3f}"
+        shortcut = "—" if task_record.shortcut is None else f"{task_record.shortcut(config):.3f}"
         seeds = ", ".join(str(run["seed"]) for run in runs)
-        rows.append([task, tag, variant, f"{runs[0]['steps']}", metric, chance, seeds, levels, seconds, loads])
-    header = ["task", "setting", "variant", "steps", "metric", "chance", "seeds", "final", "seconds", "load"]
+        steps = ", ".join(str(run["steps"]) for run in runs)
+        rows.append([task, tag, variant, steps, metric, chance, shortcut, seeds, levels, seconds, loads])
+    header = ["task", "setting", "variant", "steps", "metric", "chance", "shortcut", "seeds", "final"]
+    header += ["seconds", "load"]
     return Table(header, rows)
 
 
@@ -105,8 +110,12 @@ def main(argv: list[str] | None = None) -> int:
     configs = task_configs(spec, labels)
     task = spec.task
     chance = task.chance(spec.config()) if task.chance is not None else None
+    shortcut = task.shortcut(spec.config()) if task.shortcut is not None else None
     device = torch.device("cpu")
-    print(f"{args.task} [{args.tag}] budget {dataclasses.asdict(spec.budget)}; chance {chance}, solved {task.solved}")
+    print(
+        f"{args.task} [{args.tag}] budget {dataclasses.asdict(spec.budget)}; chance {chance}, shortcut {shortcut}, "
+        f"solved {task.solved}"
+    )
     args.log.parent.mkdir(parents=True, exist_ok=True)
     for label in labels:
         for seed in args.seeds:
@@ -127,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
                 "steps_to_threshold": run.steps_to_threshold,
                 "probe": run.probe,
                 "chance": chance,
+                "shortcut": shortcut,
                 "solved": task.solved,
             }
             with args.log.open("a") as log:

@@ -313,6 +313,8 @@ register_task(
         paper="Diff Transformer (Ye et al., 2024)",
         chance=lambda cfg: 1 / (9 * 10 ** (cfg.n_digits - 1)),  # a uniform number of n_digits digits
         solved=1.0,
+        # The numbers are distinct, so copying a random needle is right 1 / N of the time.
+        shortcut=lambda cfg: 1 / cfg.n_needles,
         sweep=needles_sweep,
         probe=noise_probe,
         probe_columns={"mean/answer": "attention to answer", "mean/noise": "attention noise"},
