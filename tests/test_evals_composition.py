@@ -125,3 +125,20 @@ def test_heldout_objects_spread_evenly_over_categories_so_a_constant_answer_scor
     for category in range(cfg.n_categories):
         constant = torch.full_like(batch.targets, vocabulary(cfg).ids[f"cat{category}"])
         assert score_composition(constant, batch) == pytest.approx(1 / cfg.n_categories, abs=0.02)
+
+
+def test_the_shortcut_level_is_what_answering_from_a_random_binding_scores():
+    from attnzoo.evals.composition import shortcut_accuracy
+
+    cfg = CompositionConfig(split="eval")
+    vocab, world = vocabulary(cfg), World.build(cfg)
+    batch = composition_batch(cfg, 4000, seed=0)
+    generator = torch.Generator().manual_seed(1)
+    first_object, first_category = vocab.ids["obj0"], vocab.ids["cat0"]
+    predictions = torch.zeros_like(batch.targets)
+    for row, tokens in enumerate(batch.inputs.tolist()):
+        episode = tokens[tokens.index(vocab.ids["<"]) : tokens.index(vocab.ids[">"])]
+        objects = [t - first_object for t in episode if first_object <= t < first_object + cfg.n_objects]
+        picked = objects[int(torch.randint(len(objects), (), generator=generator))]
+        predictions[row, -1] = first_category + int(world.category_of[picked])
+    assert score_composition(predictions, batch) == pytest.approx(shortcut_accuracy(cfg), abs=0.025)
