@@ -131,7 +131,7 @@ def test_summary_is_mean_and_sample_std_over_seeds():
         ({"seeds": []}, r"seeds=\(\) is invalid"),
         ({"seeds": [0, 0]}, "must be distinct"),
         ({"steps": 0}, "steps=0 is invalid"),
-        ({"tasks": ["nope"]}, r"task='nope' is invalid: choose one of \['composition', 'denoising', 'mqar'"),
+        ({"tasks": ["nope"]}, r"task='nope' is invalid: choose one of \['composition', 'denoising', 'graph', 'mqar'"),
     ],
 )
 def test_bad_overrides_are_refused_by_name(overrides, message):

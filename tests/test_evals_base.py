@@ -7,6 +7,7 @@ from attnzoo.evals import (
     TASKS,
     CompositionConfig,
     DenoisingConfig,
+    GraphConfig,
     LengthDepthSweep,
     MQARConfig,
     NeedlesConfig,
@@ -26,7 +27,10 @@ SMALL = {
     "random_walk": RandomWalkConfig(n_nodes=8, degrees=(1, 2, 4), walk_len=16),
     "composition": CompositionConfig(n_facts=2),
     "denoising": DenoisingConfig(dim=3, n_tokens=5),
+    "graph": GraphConfig(clique_sizes=(2, 3)),
 }
+# The graph model reads its tokens as a set (no positions), and its one head is the transition matrix.
+OWN_MODEL_SETTINGS = {"graph": {"position": "none", "n_heads": 1}}
 
 
 def test_scored_accuracy_and_exact_match_by_hand():
@@ -80,7 +84,8 @@ def test_every_task_generates_valid_batches_and_evaluates_a_transformer(name):
     task.make_batch(cfg, 4, generator)
     assert not torch.equal(task.make_batch(cfg, 4, generator).inputs, batch.inputs)
     vocab_size = task.vocab_size(cfg)
-    model_cfg = ModelConfig(vocab_size=vocab_size, dim=16, n_layers=1, n_heads=2, max_seq_len=batch.inputs.shape[1])
+    settings = {"dim": 16, "n_layers": 1, "n_heads": 2, **OWN_MODEL_SETTINGS.get(name, {})}
+    model_cfg = ModelConfig(vocab_size=vocab_size, max_seq_len=batch.inputs.shape[1], **settings)
     if task.build_model is None:  # the language model reads token ids and predicts them
         assert batch.inputs.dtype == batch.targets.dtype == torch.long and batch.inputs.shape == batch.targets.shape
         assert batch.inputs.min() >= 0 and batch.inputs.max() < vocab_size

@@ -7,7 +7,7 @@ from torch import nn
 
 from attnzoo import ModelConfig, Transformer
 from attnzoo.evals import IGNORE_INDEX, CompositionConfig, composition_batch, evaluate_composition
-from attnzoo.evals.composition import World, vocabulary
+from attnzoo.evals.composition import World, score_composition, vocabulary
 
 CFG = CompositionConfig(n_names=6, n_objects=12, n_categories=3, n_heldout_objects=4, n_bindings=3, n_facts=4)
 VOCAB = vocabulary(CFG)
@@ -112,3 +112,33 @@ def test_runs_on_an_untrained_transformer():
     model = Transformer(ModelConfig(vocab_size=len(VOCAB), dim=16, n_layers=1, n_heads=2, max_seq_len=64))
     result = evaluate_composition(model, CFG, n_samples=16)
     assert set(result) == {"accuracy", "seen_accuracy"} and all(0 <= v <= 1 for v in result.values())
+
+
+def test_heldout_objects_spread_evenly_over_categories_so_a_constant_answer_scores_chance():
+    cfg = CompositionConfig()
+    world = World.build(cfg)
+    counts = torch.bincount(world.category_of[world.heldout], minlength=cfg.n_categories)
+    assert counts.tolist() == [cfg.n_heldout_objects // cfg.n_categories] * cfg.n_categories
+    uneven = World.build(CompositionConfig(n_heldout_objects=10))
+    assert sorted(torch.bincount(uneven.category_of[uneven.heldout], minlength=8).tolist()) == [1] * 6 + [2] * 2
+    batch = composition_batch(dataclasses.replace(cfg, split="eval"), 4000, seed=0)
+    for category in range(cfg.n_categories):
+        constant = torch.full_like(batch.targets, vocabulary(cfg).ids[f"cat{category}"])
+        assert score_composition(constant, batch) == pytest.approx(1 / cfg.n_categories, abs=0.02)
+
+
+def test_the_shortcut_level_is_what_answering_from_a_random_binding_scores():
+    from attnzoo.evals.composition import shortcut_accuracy
+
+    cfg = CompositionConfig(split="eval")
+    vocab, world = vocabulary(cfg), World.build(cfg)
+    batch = composition_batch(cfg, 4000, seed=0)
+    generator = torch.Generator().manual_seed(1)
+    first_object, first_category = vocab.ids["obj0"], vocab.ids["cat0"]
+    predictions = torch.zeros_like(batch.targets)
+    for row, tokens in enumerate(batch.inputs.tolist()):
+        episode = tokens[tokens.index(vocab.ids["<"]) : tokens.index(vocab.ids[">"])]
+        objects = [t - first_object for t in episode if first_object <= t < first_object + cfg.n_objects]
+        picked = objects[int(torch.randint(len(objects), (), generator=generator))]
+        predictions[row, -1] = first_category + int(world.category_of[picked])
+    assert score_composition(predictions, batch) == pytest.approx(shortcut_accuracy(cfg), abs=0.025)

@@ -1,3 +1,4 @@
+import itertools
 import math
 
 import pytest
@@ -7,16 +8,29 @@ from torch import nn
 from attnzoo.config import ModelConfig
 from attnzoo.evals import (
     DenoisingConfig,
+    GraphConfig,
     RandomWalkConfig,
+    bayes_optimal,
+    clique_graph,
     denoising_batch,
-    denoising_risks,
     entropy_floor,
     evaluate_denoising,
+    evaluate_graph,
     evaluate_random_walk,
+    graph_batch,
     make_graph,
     random_walk_batch,
 )
-from attnzoo.evals.ssa_tasks import DenoisingBatch, Graph, bayes_optimal, naive_average, oracle_mean, random_walks
+from attnzoo.evals.ssa_tasks import (
+    DenoisingBatch,
+    Graph,
+    GraphModel,
+    graph_chance,
+    graph_probe,
+    naive_average,
+    random_walks,
+    signal_mean,
+)
 
 CFG = RandomWalkConfig(n_nodes=8, degrees=(1, 2, 4), walk_len=12)
 
@@ -97,28 +111,52 @@ def test_walk_distribution_matches_the_transitions():
     assert abs(from_one.float().mean().item() - 0.5) < 0.05
 
 
-def hand_batch(values, is_signal):
+def hand_batch(values, is_signal, direction, dim):
     values = torch.tensor(values, dtype=torch.float32)
-    return DenoisingBatch(values=values, is_signal=torch.tensor(is_signal), target=torch.zeros(values.shape[0], 1))
+    target = torch.nn.functional.one_hot(torch.tensor(direction), dim).float()
+    return DenoisingBatch(values=values, is_signal=torch.tensor(is_signal), target=target)
 
 
-def test_baseline_estimates_by_hand():
-    # One signal token at 2 and one noise token at 4 (d = 1), σ = 1: the naive mean is 3, the signal mean 2,
-    # and Bayes shrinks the single observation halfway to the prior mean: 2 / (1 + 1) = 1.
-    batch = hand_batch([[[2.0], [4.0]], [[5.0], [-1.0]]], [[True, False], [False, False]])
-    cfg = DenoisingConfig(dim=1, n_tokens=2, signal_std=1.0)
-    assert naive_average(batch).flatten().tolist() == [3.0, 2.0]
-    assert oracle_mean(batch).flatten().tolist() == [2.0, 0.0]  # no signal: the prior mean
-    assert bayes_optimal(batch, cfg).flatten().tolist() == [1.0, 0.0]
-    # With σ = 2 the prior weighs as much as four observations: 2 / (1 + 4).
-    assert bayes_optimal(batch, DenoisingConfig(dim=1, n_tokens=2, signal_std=2.0))[0].item() == pytest.approx(0.4)
+def brute_force_posterior(values, cfg):
+    """p(q | X) by summing the likelihood over every signal/noise assignment of the tokens: exponential in n."""
+    n, dim = values.shape
+    weights = torch.zeros(dim, dtype=torch.float64)
+    normal = torch.distributions.Normal(0.0, cfg.noise_std)
+    for q in range(dim):
+        direction = torch.nn.functional.one_hot(torch.tensor(q), dim).double()
+        for assignment in itertools.product((False, True), repeat=n):
+            log_p = 0.0
+            for x, signal in zip(values.double(), assignment, strict=True):
+                mean = direction if signal else torch.zeros(dim, dtype=torch.float64)
+                prior = cfg.signal_fraction if signal else 1 - cfg.signal_fraction
+                log_p += math.log(prior) + normal.log_prob(x - mean).sum().item()
+            weights[q] += math.exp(log_p)
+    return weights / weights.sum()
 
 
-def test_closed_form_risks_by_hand():
-    # n = 1, σ = 1, σ_noise = 3; n_s is 0 or 1 with probability 1/2 each.
-    # Bayes: (1 + 1/2) / 2. Signal mean: (1 + 1) / 2. Naive: (1 + 9 + 0 + 1) / 2.
-    risks = denoising_risks(DenoisingConfig(dim=1, n_tokens=1, signal_std=1.0, noise_std=3.0))
-    assert risks == pytest.approx({"bayes_optimal": 0.75, "oracle_mean": 1.0, "naive_average": 5.5})
+def test_bayes_optimal_is_the_posterior_over_the_direction():
+    cfg = DenoisingConfig(dim=3, n_tokens=4, signal_fraction=0.3, noise_std=0.8)
+    batch = denoising_batch(cfg, 3, seed=0)
+    posterior = bayes_optimal(batch, cfg)
+    for row in range(3):
+        expected = brute_force_posterior(batch.values[row], cfg)
+        torch.testing.assert_close(posterior[row].double(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_estimators_by_hand():
+    # d = 2, σ = 1, α = 1/2. Tokens (2, 0) signal and (0, 0) noise, target e_0.
+    batch = hand_batch([[[2.0, 0.0], [0.0, 0.0]]], [[True, False]], [0], 2)
+    cfg = DenoisingConfig(dim=2, n_tokens=2, signal_fraction=0.5, noise_std=1.0)
+    assert naive_average(batch).tolist() == [[1.0, 0.0]]
+    assert signal_mean(batch).tolist() == [[2.0, 0.0]]
+    # Coordinate 0: log(½ + ½e^{1.5}) + log(½ + ½e^{-0.5}); coordinate 1: 2·log(½ + ½e^{-0.5}).
+    log_w0 = math.log(0.5 + 0.5 * math.exp(1.5)) + math.log(0.5 + 0.5 * math.exp(-0.5))
+    log_w1 = 2 * math.log(0.5 + 0.5 * math.exp(-0.5))
+    p0 = 1 / (1 + math.exp(log_w1 - log_w0))
+    assert bayes_optimal(batch, cfg)[0].tolist() == pytest.approx([p0, 1 - p0])
+    # Every token signal (α = 1): only the mean along each direction matters.
+    certain = DenoisingConfig(dim=2, n_tokens=2, signal_fraction=1.0, noise_std=1.0)
+    assert bayes_optimal(batch, certain)[0].tolist() == pytest.approx([1 / (1 + math.exp(-2)), 1 / (1 + math.exp(2))])
 
 
 class NaiveAverage(nn.Module):
@@ -127,48 +165,135 @@ class NaiveAverage(nn.Module):
         self.anchor = nn.Parameter(torch.zeros(()))
 
     def forward(self, features):
-        return features[:, :-1, 3:].mean(dim=1) + self.anchor
+        return features[:, :-1, :-1].mean(dim=1) + self.anchor
 
 
-def test_empirical_mse_matches_the_closed_form_risks():
-    cfg = DenoisingConfig(dim=4, n_tokens=8)
-    result = evaluate_denoising(NaiveAverage(), cfg, n_samples=20000)
-    risks = denoising_risks(cfg)
-    for name, risk in risks.items():
-        assert result[name] == pytest.approx(risk, rel=0.05)
-    assert result["model"] == result["naive_average"]  # the features carry the same token values
-    assert risks["bayes_optimal"] < risks["oracle_mean"] < risks["naive_average"]
+def test_the_bayes_estimator_beats_the_others_and_the_model_is_scored_on_the_same_samples():
+    cfg = DenoisingConfig()
+    result = evaluate_denoising(NaiveAverage(), cfg, n_samples=4096)
+    assert result["model"] == result["naive_average"]  # the features carry the token values
+    assert result["bayes_optimal"] < min(result["naive_average"], result["signal_mean"], result["prior_mean"])
+    assert result["prior_mean"] == pytest.approx(1 - 1 / cfg.dim)
+    assert result["excess_mse"] == pytest.approx(result["model"] - result["bayes_optimal"])
 
 
-def test_denoising_batch_layout_and_determinism():
-    cfg = DenoisingConfig(dim=3, n_tokens=5)
-    batch = denoising_batch(cfg, 400, seed=0)
-    assert batch.values.shape == (400, 5, 3) and batch.is_signal.shape == (400, 5) and batch.target.shape == (400, 3)
+def test_denoising_batch_carries_no_type_marker_and_is_deterministic():
+    cfg = DenoisingConfig(dim=4, n_tokens=6, signal_fraction=0.25, noise_std=0.5)
+    batch = denoising_batch(cfg, 4000, seed=0)
     features = batch.features
-    assert features.shape == (400, 6, 6)
-    assert torch.equal(features[:, :-1, 0].bool(), batch.is_signal) and torch.equal(features[:, :-1, 3:], batch.values)
-    assert (features[:, -1] == torch.tensor([0, 0, 1, 0, 0, 0.0])).all()  # the query token
-    assert set(batch.is_signal.sum(dim=1).tolist()) == set(range(6))  # n_s takes every value 0..n
-    # Signal tokens scatter around μ with σ = 1; noise tokens around 0 with σ_noise = 3.
-    signal_error = (batch.values - batch.target[:, None])[batch.is_signal]
-    assert signal_error.std().item() == pytest.approx(1.0, rel=0.1)
-    assert batch.values[~batch.is_signal].std().item() == pytest.approx(3.0, rel=0.1)
-    again, other = denoising_batch(cfg, 400, seed=0), denoising_batch(cfg, 400, seed=1)
-    assert torch.equal(again.values, batch.values) and torch.equal(again.is_signal, batch.is_signal)
-    assert not torch.equal(other.values, batch.values)
+    assert features.shape == (4000, 7, 5)
+    assert torch.equal(features[:, :-1, :-1], batch.values) and (features[:, :-1, -1] == 0).all()
+    assert (features[:, -1] == torch.tensor([0, 0, 0, 0, 1.0])).all()  # the query token
+    assert batch.is_signal.float().mean().item() == pytest.approx(0.25, abs=0.01)
+    assert (batch.target.sum(dim=1) == 1).all() and batch.target.mean(dim=0).tolist() == pytest.approx(
+        [0.25] * 4, abs=0.02
+    )
+    # Signal tokens are e_q plus noise of σ = 0.5; noise tokens are the noise alone.
+    residual = batch.values - batch.is_signal[..., None] * batch.target[:, None]
+    assert residual.std().item() == pytest.approx(0.5, rel=0.02)
+    again, other = denoising_batch(cfg, 4000, seed=0), denoising_batch(cfg, 4000, seed=1)
+    assert torch.equal(again.values, batch.values) and not torch.equal(other.values, batch.values)
 
 
-def test_the_denoising_model_reads_features_and_trains_on_the_squared_error():
+def test_the_denoising_model_is_attention_only():
     from attnzoo.compare import run_task
     from attnzoo.evals import get_task
 
     task = get_task("denoising")
     cfg = DenoisingConfig(dim=3, n_tokens=5)
     model = task.new_model(ModelConfig(vocab_size=1, dim=16, n_layers=1, n_heads=2, position="none"), cfg)
+    assert {name.split(".")[0] for name, _ in model.named_parameters()} == {"read_in", "attention", "read_out"}
     batch = task.make_batch(cfg, 4, 0)
     estimate, loss = model(batch.inputs, batch.targets)
     assert estimate.shape == (4, 3)
-    torch.testing.assert_close(loss, ((estimate - batch.targets) ** 2).mean())
+    torch.testing.assert_close(loss, ((estimate - batch.targets) ** 2).sum(dim=1).mean())
     run = run_task("denoising", "selective[query_temperature=false]+none", scale="micro", progress=False)
     assert run.final["excess_mse"] == pytest.approx(run.final["model"] - run.final["bayes_optimal"])
     assert run.variant == "selective[query_temperature=false]+none" and run.steps == 3
+
+
+def test_clique_graph_degrees_symmetry_and_seed():
+    cfg = GraphConfig(clique_sizes=(2, 3, 5))
+    graph = clique_graph(cfg)
+    assert sorted(graph.degrees) == [1, 1, 2, 2, 2, 4, 4, 4, 4, 4]
+    transition = graph.transition
+    assert torch.equal(transition > 0, (transition > 0).T)  # undirected
+    assert (transition.diagonal() == 0).all()
+    assert torch.allclose(transition.sum(dim=1), torch.ones(10, dtype=torch.float64))
+    assert clique_graph(cfg) == graph and clique_graph(GraphConfig(clique_sizes=(2, 3, 5), graph_seed=1)) != graph
+
+
+def test_graph_batches_sample_the_true_transitions():
+    cfg = GraphConfig(clique_sizes=(2, 4))
+    batch = graph_batch(cfg, 20000, seed=0)
+    transition = clique_graph(cfg).transition
+    counts = torch.zeros(6, 6, dtype=torch.float64)
+    counts.index_put_(
+        (batch.inputs[:, 0], batch.targets[:, 0]), torch.ones(20000, dtype=torch.float64), accumulate=True
+    )
+    empirical = counts / counts.sum(dim=1, keepdim=True)
+    assert (empirical - transition).abs().max().item() < 0.03
+    again, other = graph_batch(cfg, 50, seed=3), graph_batch(cfg, 50, seed=4)
+    assert torch.equal(graph_batch(cfg, 50, seed=3).targets, again.targets)
+    assert not torch.equal(other.inputs, again.inputs)
+
+
+def graph_model(variant_attention, options=None):
+    cfg = GraphConfig(clique_sizes=(2, 3, 5))
+    model_cfg = ModelConfig(
+        vocab_size=cfg.n_nodes,
+        dim=8,
+        n_layers=1,
+        n_heads=1,
+        position="none",
+        attention=variant_attention,
+        attention_options=options or {},
+    )
+    return cfg, GraphModel(model_cfg, cfg)
+
+
+def test_the_graph_model_is_one_attention_map_and_its_errors_are_exact():
+    cfg, model = graph_model("mha")
+    log_transition = model.log_transition()
+    assert log_transition.shape == (10, 10)
+    torch.testing.assert_close(log_transition.exp().sum(dim=1), torch.ones(10))
+    # A model that predicts the true transitions has no excess; the uniform one has the chance level.
+    graph = clique_graph(cfg)
+    model.log_transition = lambda: graph.transition.clamp(min=1e-300).log()
+    assert evaluate_graph(model, cfg) == pytest.approx({"excess_loss": 0.0, "err_map": 0.0}, abs=1e-9)
+    model.log_transition = lambda: torch.full((10, 10), -math.log(10), dtype=torch.float64)
+    assert evaluate_graph(model, cfg)["excess_loss"] == pytest.approx(graph_chance(cfg))
+    assert graph_chance(cfg) == pytest.approx(math.log(10) - (2 * math.log(1) + 3 * math.log(2) + 5 * math.log(4)) / 10)
+
+
+def test_the_graph_model_reads_the_query_temperature():
+    _, vanilla = graph_model("mha")
+    assert vanilla.inverse_temperatures() is None
+    cfg, selective = graph_model("selective", {"value_temperature": False, "position_temperature": False})
+    with torch.no_grad():
+        selective.attention.q_temperature.weight.fill_(0.5)
+    tau = selective.inverse_temperatures()
+    assert tau.shape == (10,) and not torch.allclose(tau, torch.ones(10))
+    x = selective.embed.weight
+    logits = selective.attention.q_proj(x) @ selective.attention.k_proj(x).T / math.sqrt(8)
+    torch.testing.assert_close(selective.log_transition(), torch.log_softmax(logits * tau[:, None], dim=-1))
+    probe = graph_probe(selective, cfg)
+    assert set(probe) == {"qk_operator_norm"} | {
+        f"{name}/degree_{d}" for name in ("excess_loss", "inverse_temperature") for d in (1, 2, 4)
+    }
+    with pytest.raises(ValueError, match="n_heads"):
+        GraphModel(ModelConfig(vocab_size=10, dim=8, n_layers=1, n_heads=2, position="none"), cfg)
+    with pytest.raises(ValueError, match="attention"):
+        GraphModel(ModelConfig(vocab_size=10, dim=8, n_layers=1, n_heads=1, position="none", attention="diff"), cfg)
+    with pytest.raises(ValueError, match="position"):
+        GraphModel(ModelConfig(vocab_size=10, dim=8, n_layers=1, n_heads=1, position="rope"), cfg)
+
+
+def test_a_graph_run_learns_and_the_temperature_keeps_the_norm_smaller():
+    from attnzoo.compare import run_task
+
+    vanilla = run_task("graph", "mha+none", scale="claims", progress=False)
+    selective = run_task("graph", "selective[value_temperature=false,position_temperature=false]+none", progress=False)
+    chance = graph_chance(GraphConfig())
+    assert vanilla.final["excess_loss"] < chance / 10 and selective.final["excess_loss"] < chance / 10
+    assert selective.probe["qk_operator_norm"] < vanilla.probe["qk_operator_norm"]

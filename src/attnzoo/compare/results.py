@@ -219,6 +219,7 @@ class TaskResult:
     runs: dict[str, list[TaskRun]]  # by variant, one per seed
     chance: float | None = None  # the metric of a uniform guess at this budget's config
     solved: float | None = None
+    shortcut: float | None = None  # the metric of skipping the tested step (Task.shortcut), at this config
 
     def summary(self, variant: str) -> Summary:
         return Summary.of([run.final[self.metric] for run in self.runs[variant]])

@@ -492,6 +492,7 @@ class Comparison:
             runs={label: list(by_seed.values()) for label, by_seed in runs.items()},
             chance=task.chance(spec.config()) if task.chance else None,
             solved=task.solved,
+            shortcut=task.shortcut(spec.config()) if task.shortcut else None,
         )
 
     # ------------------------------------------------------------------------------------------ results

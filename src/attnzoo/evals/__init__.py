@@ -6,8 +6,8 @@ evaluator ``evaluate(model, cfg, n_samples, seed, batch_size) -> {metric: value}
 :func:`~attnzoo.evals.task.register_task` call that declares the task as a record (:class:`Task`: its metric,
 direction, sweep, probe, report columns and budgets). Pass an int seed for a fixed evaluation set, or one
 ``torch.Generator`` for fresh batches every training step. The language-model metrics (``lm``) read a token
-stream instead, and the denoising task (``ssa_tasks``) feeds vectors rather than tokens to its own small model,
-so neither is a registered task. Protocols: ``eval_protocols.md``, cited per module.
+stream instead and are not a registered task; the denoising and graph tasks (``ssa_tasks``) train their own
+attention-only models (``Task.build_model``). Protocols: ``eval_protocols.md``, cited per module.
 """
 
 from __future__ import annotations
@@ -42,12 +42,16 @@ from attnzoo.evals.passkey import PasskeyBatch, PasskeyConfig, evaluate_passkey,
 from attnzoo.evals.ssa_tasks import (
     DenoisingBatch,
     DenoisingConfig,
+    GraphConfig,
     RandomWalkConfig,
+    bayes_optimal,
+    clique_graph,
     denoising_batch,
-    denoising_risks,
     entropy_floor,
     evaluate_denoising,
+    evaluate_graph,
     evaluate_random_walk,
+    graph_batch,
     make_graph,
     random_walk_batch,
 )
@@ -62,6 +66,7 @@ __all__ = [
     "DenoisingBatch",
     "DenoisingConfig",
     "ExtrapolationPoint",
+    "GraphConfig",
     "LMEvalConfig",
     "LMScore",
     "LengthDepthSweep",
@@ -79,12 +84,14 @@ __all__ = [
     "WordVocab",
     "attention_noise_probe",
     "attention_shares",
+    "bayes_optimal",
+    "clique_graph",
     "composition_batch",
     "denoising_batch",
-    "denoising_risks",
     "entropy_floor",
     "evaluate_composition",
     "evaluate_denoising",
+    "evaluate_graph",
     "evaluate_lm",
     "evaluate_mqar",
     "evaluate_needles",
@@ -92,6 +99,7 @@ __all__ = [
     "evaluate_random_walk",
     "exact_match",
     "get_task",
+    "graph_batch",
     "greedy_predictions",
     "largest_passing_length",
     "length_extrapolation",

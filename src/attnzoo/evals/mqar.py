@@ -120,6 +120,7 @@ register_task(
         paper="Zoology (Arora et al., 2023)",
         chance=lambda cfg: 2 / cfg.vocab_size,  # values are drawn from the upper half of the vocabulary
         solved=1.0,
+        shortcut=lambda cfg: 1 / cfg.num_kv_pairs,  # one of the K values in context: the 1/K plateau (§3.5)
         budgets={
             "micro": TaskBudget(
                 options={"vocab_size": 64, "seq_len": 16, "num_kv_pairs": 2}, **TINY_LOOP, stop_at=0.99

@@ -95,6 +95,11 @@ class Task:
     probe_columns: Mapping[str, str] = field(default_factory=dict)  # probe value → report column header
     chance: Callable[[Any], float] | None = None  # the metric of a uniform guess, for a config
     solved: float | None = None  # the metric of a model that has solved it
+    # The metric of a model that takes the task's shortcut instead of the step it tests: retrieving a random
+    # needle rather than the one asked for, answering from a random binding. Learning curves sit on it before
+    # the retrieval circuit forms (eval_protocols.md §3.5), often far above chance, so a baseline has learned
+    # the task only clearly above it. None: the task has no such shortcut.
+    shortcut: Callable[[Any], float] | None = None
     # Inputs that are not tokens need their own model around the Transformer; ``model(inputs, targets)`` must
     # return (outputs, loss) as the language model does. None: the language model on the task's tokens.
     build_model: ModelBuilder | None = None
