@@ -439,3 +439,17 @@ def test_the_docs_state_the_rules_the_report_states():
 
     text = (Path(__file__).parents[1] / "docs" / "jobs" / "compare.md").read_text()
     assert HOW_A_VERDICT_IS_REACHED.removeprefix("**How a verdict is reached.** ") in text
+
+
+def test_a_baseline_on_the_tasks_shortcut_has_not_learned_it():
+    """A task's shortcut (the score of skipping the step it tests) raises the gate where it lies above it."""
+    data = json.loads((FIXTURE / "results.json").read_text())
+    needles = data["tasks"]["needles"]
+    for label, values in (("mha+rope", [0.55, 0.6]), ("diff+rope", [0.7, 0.8])):
+        for run, value in zip(needles["runs"][label], values, strict=True):
+            run["final"]["accuracy"] = value
+    assert judge(CLAIMS["diff.multi_needle"], CompareResults.from_dict(data)).gate.passed  # above half the gap
+    needles["shortcut"] = 0.7  # but a random needle would have scored 0.7
+    gated = judge(CLAIMS["diff.multi_needle"], CompareResults.from_dict(data))
+    assert gated.outcome == "not measurable" and gated.gate.levels["gate"] == 0.7
+    assert gated.gate.levels["shortcut"] == 0.7

@@ -128,17 +128,18 @@ def _run_fall(val_curve, window: float) -> float | None:
 @dataclass(frozen=True)
 class TaskLearned:
     """Judged only where the baseline closed at least ``share`` of the gap from chance to the solved level
-    (mean over seeds), and no seed of the variant ended at or beyond chance: a model worse than a uniform guess
-    failed to train, and says nothing about its mechanism. ``variant_too``, for a claim read off a probe of the
-    mechanism (attention shares) rather than the task's metric: the variant must pass the same gate, since a model
-    that did not learn the task says nothing about how its mechanism solves it."""
+    (mean over seeds), and beat the task's shortcut (the score of skipping the step it tests, e.g. answering with a
+    random needle) where the task declares one; and no seed of the variant ended at or beyond chance: a model worse
+    than a uniform guess failed to train, and says nothing about its mechanism. ``variant_too``, for a claim read off
+    a probe of the mechanism (attention shares) rather than the task's metric: the variant must pass the same gate,
+    since a model that did not learn the task says nothing about how its mechanism solves it."""
 
     share: float = 0.5
     variant_too: bool = False
 
     def describe(self) -> str:
         who = "the baseline and the variant each" if self.variant_too else "the baseline"
-        return f"{who} closed ≥ {self.share:.0%} of the gap from chance to solved"
+        return f"{who} closed ≥ {self.share:.0%} of the gap from chance to solved, and beat any shortcut"
 
     def check(self, results: CompareResults, claim: Claim) -> Gate:
         task = results.tasks[claim.measure.task]  # type: ignore[index]
@@ -146,6 +147,8 @@ class TaskLearned:
             return Gate(False, f"task {task.name!r} declares no chance and solved levels to gate on", {})
         sign = 1 if task.higher_is_better else -1
         threshold = task.chance + self.share * (task.solved - task.chance)
+        if task.shortcut is not None:  # a model on the shortcut has not learned the step the task tests
+            threshold = max(threshold, task.shortcut) if sign > 0 else min(threshold, task.shortcut)
         finals = {label: [run.final[task.metric] for run in task.runs[label]] for label in task.runs}
         baseline, variant = np.mean(finals[claim.baseline]), np.mean(finals[claim.variant])
         diverged = [label for label in (claim.baseline, claim.variant) if not np.all(np.isfinite(finals[label]))]
@@ -158,7 +161,9 @@ class TaskLearned:
             "gate": threshold,
             "solved": task.solved,
         }
-        if sign * (baseline - threshold) < 0:
+        if task.shortcut is not None:
+            levels["shortcut"] = task.shortcut
+        if sign * (baseline - threshold) < 0 or (task.shortcut is not None and baseline == task.shortcut):
             return Gate(
                 False,
                 f"the baseline reached {task.metric} {baseline:.3g}, short of the gate {threshold:.3g} (chance "
