@@ -5,6 +5,7 @@ The table grows with the CLI: a new flag gets a row here with a value it must re
 words the error must contain, and that stderr holds no traceback and only one line.
 """
 
+import errno
 import math
 import os
 import re
@@ -305,3 +306,56 @@ def test_a_pickled_weights_file_is_refused_without_advice_to_turn_safety_off(tmp
     with pytest.raises(ValueError, match=r"pytorch_model\.bin holds more than tensors .* not loaded") as refused:
         read_state_dict(tmp_path)
     assert "weights_only" not in str(refused.value) and not marker.exists()
+
+
+# ---------------------------------------------------------------------------------------------- faults: a full disk
+
+
+def _one_error_line(err: str) -> str:
+    assert "Traceback" not in err, err
+    (line,) = [line for line in err.splitlines() if line.startswith("attnzoo")]
+    return line
+
+
+@pytest.mark.parametrize("writer", ["safetensors", "torch.save", "text"])
+@pytest.mark.parametrize("raises", ["OSError", "the writer's own error"])
+def test_a_full_disk_while_saving_names_the_file_the_disk_and_the_checkpoint_kept(
+    world, tmp_path, monkeypatch, capsys, writer, raises
+):
+    """Safetensors raised SafetensorError and torch.save RuntimeError on a full disk: a traceback."""
+    from attnzoo import io
+    from attnzoo.training import checkpoint
+
+    run = tmp_path / "run"
+    argv = ["train", "--data", str(world["text"]), "--out", str(run), *TINY_FLAGS, "--steps", "4"]
+    target = {"safetensors": (checkpoint, "save_file"), "torch.save": (checkpoint.torch, "save"),
+              "text": (Path, "write_text")}[writer]  # fmt: skip
+    real = getattr(*target)
+
+    def full_from_step_4(*args, **kwargs):
+        if not any("step-0000004" in str(arg) for arg in args):
+            return real(*args, **kwargs)
+        if raises == "OSError":
+            raise OSError(errno.ENOSPC, "No space left on device")  # as a failed close does: naming no file
+        monkeypatch.setattr(io, "free_bytes", lambda path: 0)
+        raise RuntimeError("PytorchStreamWriter failed writing file data/0: file write failed")
+
+    monkeypatch.setattr(*target, full_from_step_4)
+    assert main([*argv, "--checkpoint-interval", "2"]) == 1
+    line = _one_error_line(capsys.readouterr().err)
+    assert re.search(r"stopped at step 4: could not write .*step-0000004/\S+: the disk is full", line), line
+    assert re.search(r"\(the disk mounted at /.*\)\. Nothing was lost: the last good checkpoint, .*step-0000002", line)
+    assert not (run / "checkpoints" / "step-0000004").exists()
+
+
+def test_a_full_disk_outside_training_names_the_file_and_the_disk(world, tmp_path, monkeypatch, capsys):
+    from attnzoo import bench
+
+    def full(path, text):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(bench, "atomic_write_text", full)
+    argv = [arg.format(**world) for arg in BENCH]
+    assert main(argv) == 1
+    line = _one_error_line(capsys.readouterr().err)
+    assert re.search(r"No space left on device: .*/b/\S+ \(the disk mounted at /.*\)\. Nothing was lost", line), line

@@ -4,7 +4,9 @@ directory locks (one writer per run or compare directory)."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import shutil
 import stat
 import tempfile
 import threading
@@ -28,7 +30,18 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     os.close(fd)
     tmp = Path(tmp_name)
     try:
-        yield tmp
+        try:
+            yield tmp
+        except OSError as err:
+            if err.filename in (None, str(tmp)):  # a failed close names no file; the temp name means nothing
+                raise OSError(err.errno, err.strerror, str(path)) from err
+            raise
+        except Exception as err:
+            # safetensors and torch.save report a full disk as SafetensorError / RuntimeError: name it as the
+            # OSError it is, so that callers handle it like any other failed write.
+            if free_bytes(tmp.parent) < DISK_FULL_MARGIN:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from err
+            raise
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         # mkstemp creates files readable by their owner alone; give the permissions open() would.
@@ -37,6 +50,40 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         _fsync_dir(path.parent)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+# A writer that failed with less than this left to the user ran out of space: a write fails only once the
+# file system cannot hold its next block, and writers' buffers are smaller than this.
+DISK_FULL_MARGIN = 1 << 20
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def free_bytes(path: str | os.PathLike) -> int:
+    """Bytes an unprivileged writer can still put on the file system holding ``path``."""
+    return shutil.disk_usage(path).free
+
+
+def mount_point(path: str | os.PathLike) -> Path:
+    """The mount point of the file system holding ``path``: what a full disk is named by."""
+    path = Path(path).resolve()
+    while not path.exists():
+        path = path.parent
+    while not os.path.ismount(path) and path != path.parent:
+        path = path.parent
+    return path
+
+
+def describe_os_error(err: OSError) -> str:
+    """One line for an OSError: what failed, on which file and, for a full disk, which disk (every file is
+    written atomically, so the file it was replacing is intact)."""
+    where = f"{err.filename}" + (f" → {err.filename2}" if err.filename2 else "") if err.filename else ""
+    text = f"{err.strerror or err}" + (f": {where}" if where else "")
+    if err.errno in DISK_FULL and err.filename:
+        text += (
+            f" (the disk mounted at {mount_point(err.filename)}). Nothing was lost: a file is replaced only once "
+            "its new version is written in full. Free some space and run the command again."
+        )
+    return text
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> None:

@@ -22,7 +22,7 @@ from attnzoo.cli import bench, compare, convert, eval, generate, info, train, vi
 from attnzoo.cli.command import Command
 from attnzoo.data.corpora import CorpusError
 from attnzoo.data.tokenizers import MissingDependencyError
-from attnzoo.io import DirectoryLocked
+from attnzoo.io import DirectoryLocked, describe_os_error
 from attnzoo.training.checkpoint import CheckpointError
 from attnzoo.training.trainer import TrainingDiverged
 
@@ -95,16 +95,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"attnzoo {args.command.name}: error: {err}", file=sys.stderr)
             return 1
         except OSError as err:  # the machine's doing (disk full, permissions ...): one line naming the file
-            print(f"attnzoo {args.command.name}: error: {_os_error(err)}", file=sys.stderr)
+            print(f"attnzoo {args.command.name}: error: {describe_os_error(err)}", file=sys.stderr)
             return 1
         except KeyboardInterrupt:  # outside the training loop, which handles SIGINT itself
             print(f"attnzoo {args.command.name}: interrupted", file=sys.stderr)
             return 130
-
-
-def _os_error(err: OSError) -> str:
-    where = f"{err.filename}" + (f" → {err.filename2}" if err.filename2 else "") if err.filename else ""
-    return f"{err.strerror or err}" + (f": {where}" if where else "")
 
 
 def _closed_pipe() -> int:

@@ -17,12 +17,11 @@ touches the weights, so the last checkpoint stays good.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import logging
 import math
-import os
 import platform
+import shutil
 import signal
 import sys
 import threading
@@ -44,12 +43,13 @@ from attnzoo.data.corpora import Corpus, prepare_corpus
 from attnzoo.data.tokenizers import Tokenizer
 from attnzoo.distributed import Distributed, gradient_sync, parallelize
 from attnzoo.evals.lm import LMEvalConfig, LMScore, evaluate_lm
-from attnzoo.io import DirectoryLocked, atomic_write_text, locked_directory
+from attnzoo.io import DISK_FULL, DirectoryLocked, atomic_write_text, locked_directory, mount_point
 from attnzoo.model import CONFIG_NAME, Transformer
 from attnzoo.training.checkpoint import (
     TOKENIZER,
     Checkpoint,
     CheckpointError,
+    complete_checkpoints,
     latest_checkpoint,
     load_train_state,
     load_weights,
@@ -372,26 +372,37 @@ class Trainer:
     def save(self) -> None:
         if self.last_checkpoint == step_directory(self.run_dir, self.step):
             return  # already saved at this step (e.g. resumed here, or interrupted right after a checkpoint)
-        try:
-            self.last_checkpoint = save_checkpoint(
-                self.run_dir,
-                step=self.step,
-                model=self.model,
-                optimizer=self.optimizer,
-                model_config=self.model_config,
-                train_config=self.cfg,
-                tokenizer=self.corpus.tokenizer,
-                env=self.env,
-                tied_names=self.tied_names,
+        self.last_checkpoint = save_checkpoint(
+            self.run_dir,
+            step=self.step,
+            model=self.model,
+            optimizer=self.optimizer,
+            model_config=self.model_config,
+            train_config=self.cfg,
+            tokenizer=self.corpus.tokenizer,
+            env=self.env,
+            tied_names=self.tied_names,
+        )
+
+    def _write_failure_message(self, err: OSError) -> str:
+        """Why the run stopped on a failed write (disk full, quota, permissions), and that its last checkpoint
+        is intact: every file is written atomically and a checkpoint counts once its manifest is written."""
+        directory = step_directory(self.run_dir, self.step)
+        if self.env.is_main and directory.exists() and directory not in complete_checkpoints(self.run_dir):
+            shutil.rmtree(directory, ignore_errors=True)  # a torn checkpoint: never read, and it holds the space
+        kept = latest_checkpoint(self.run_dir)
+        if kept is not None:
+            nothing_lost = (
+                f"Nothing was lost: the last good checkpoint, {kept}, is intact; free some space and continue "
+                f"with: attnzoo train --resume {self.run_dir}"
             )
-        except OSError as err:  # disk full, quota, permissions: the run stops, its last checkpoint stays good
-            kept = latest_checkpoint(self.run_dir)
-            last = f"the last good checkpoint is {kept}" if kept else "no checkpoint had been written yet"
-            why = "the disk is full" if err.errno == errno.ENOSPC else err.strerror or str(err)
-            raise CheckpointError(
-                f"could not write the checkpoint of step {self.step} into {step_directory(self.run_dir, self.step)}: "
-                f"{why} ({err.filename or self.run_dir}, on the disk of {_mount_point(self.run_dir)}); {last}"
-            ) from None
+        else:
+            nothing_lost = "No checkpoint had been written yet; free some space and start the run again."
+        why = "the disk is full" if err.errno in DISK_FULL else err.strerror or str(err)
+        return (
+            f"stopped at step {self.step}: could not write {err.filename or self.run_dir}: {why} "
+            f"(the disk mounted at {mount_point(self.run_dir)}). {nothing_lost}"
+        )
 
     def fit(self) -> TrainResult:
         """Train to ``steps``, or until SIGINT/SIGTERM; evaluate, log and checkpoint along the way.
@@ -402,6 +413,8 @@ class Trainer:
             tracker = TensorBoardLog(self.tensorboard_dir) if self.tensorboard_dir and self.env.is_main else None
             try:
                 return self._fit(tracker)
+            except OSError as err:
+                raise CheckpointError(self._write_failure_message(err)) from None
             finally:
                 if tracker is not None:
                     tracker.close()
@@ -536,16 +549,6 @@ class _Throughput:
 
     def total_rate(self) -> float:
         return self.steps * self.tokens_per_step / self.seconds if self.seconds else math.nan
-
-
-def _mount_point(path: Path) -> Path:
-    """The mount point of the file system holding ``path``: what a full disk is named by."""
-    path = Path(path).resolve()
-    while not path.exists():
-        path = path.parent
-    while not os.path.ismount(path) and path != path.parent:
-        path = path.parent
-    return path
 
 
 def _prefixed(prefix: str, values: dict) -> dict:
