@@ -359,3 +359,20 @@ def test_a_full_disk_outside_training_names_the_file_and_the_disk(world, tmp_pat
     assert main(argv) == 1
     line = _one_error_line(capsys.readouterr().err)
     assert re.search(r"No space left on device: .*/b/\S+ \(the disk mounted at /.*\)\. Nothing was lost", line), line
+
+
+def test_convert_from_hf_refuses_a_pickled_checkpoint_with_code_in_one_line(tmp_path, capsys):
+    """transformers' own refusal is a traceback that advises loading the file with weights_only=False."""
+    transformers = pytest.importorskip("transformers")
+    source = tmp_path / "llama"
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=2)  # fmt: skip
+    config.architectures = ["LlamaForCausalLM"]
+    config.save_pretrained(source)
+    marker = tmp_path / "payload-ran"
+    weights = transformers.LlamaForCausalLM(config).state_dict()
+    torch.save({**weights, "extra": _Payload(marker)}, source / "pytorch_model.bin")
+    assert main(["convert", "--from-hf", str(source), "--out", str(tmp_path / "out")]) == 1
+    line = _one_error_line(capsys.readouterr().err)
+    assert re.search(r"pytorch_model\.bin holds more than tensors .* not loaded: .*safetensors", line), line
+    assert "weights_only" not in line and not marker.exists() and not (tmp_path / "out").exists()
