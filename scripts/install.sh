@@ -80,6 +80,9 @@ PY
     exit 0
 fi
 
+if [ $# -gt 1 ]; then
+    say "unexpected argument '$2': expected nothing, --dev or --dry-run [REPORT]"; exit 2
+fi
 case "${1:-}" in
     "") PACKAGE=. ;;
     --dev) PACKAGE=".[dev]" ;;

@@ -44,6 +44,10 @@ def world(tmp_path_factory):
     os.mkfifo(root / "fifo")
     (root / "options.toml").write_text('[model]\nattention_options = "not a table"\n')
     (root / "maps" / "tokenizer.json").mkdir(parents=True)
+    (root / "binary.toml").write_bytes(bytes(range(128, 256)))
+    for name, line in [("huge-seeds", "seeds = 99999999999999999999"), ("many-seeds", "seeds = 1000000000000"),
+                       ("no-variants", "variants = []")]:  # fmt: skip
+        (root / f"{name}.toml").write_text(f'[compare]\npreset = "micro"\n{line}\n')
     return {"root": root, "run": root / "run", "text": text}
 
 
@@ -166,6 +170,29 @@ CASES = [
     (["compare", "--preset", "micro", "--out", "{root}/file"], 1, r"--out .*file is a file, not a directory"),
     (["compare", "--preset", "micro", "--seeds", "0", "--out", "{root}/c"], 1, r"--seeds=0 is invalid"),
     (["compare", "--preset", "micro", "--steps", "0", "--out", "{root}/c"], 1, r"steps=0 is invalid"),
+    # An OverflowError traceback, an empty "error: " line, the defaults run silently, a decode error naming no file.
+    (
+        ["compare", "--config", "{root}/huge-seeds.toml", "--out", "{root}/c"],
+        1,
+        r"\[compare\] seeds = 99999999999999999999 is invalid: must be an integer in \[1, 1000\]",
+    ),
+    (
+        ["compare", "--config", "{root}/many-seeds.toml", "--out", "{root}/c"],
+        1,
+        r"\[compare\] seeds = 1000000000000 is invalid: must be an integer in \[1, 1000\]",
+    ),
+    (["compare", "--seeds", "1000000000000", "--out", "{root}/c"], 1, r"--seeds=1000000000000 is invalid"),
+    (["compare", "--config", "{root}/no-variants.toml", "--out", "{root}/c"], 1, r"variants = \[\] names no variant"),
+    (
+        ["compare", "--config", "{root}/binary.toml", "--out", "{root}/c"],
+        1,
+        r"config file .*binary.toml is not UTF-8 text \(byte 0x80 at offset 0\)",
+    ),
+    ([*TRAIN, "--config", "{root}/binary.toml"], 1, r"config file .*binary.toml is not UTF-8 text"),
+    # An empty path is the current directory to pathlib: it wrote there.
+    ([*TRAIN, "--tensorboard", ""], 2, r"argument --tensorboard: the path is empty"),
+    ([*TRAIN[:4], "", *TINY_FLAGS], 2, r"argument --out: the path is empty"),
+    ([*BENCH[:-1], ""], 2, r"argument --out: the path is empty"),
     # info
     (["info", "--dim", "0"], 1, r"dim=0 is invalid: must be an integer >= 1"),
     (["info", "{root}/nowhere"], 1, r"nowhere does not exist"),
@@ -212,6 +239,14 @@ def test_every_value_flag_of_every_command_has_a_row(world):
             if not any((name, flag) in tried for flag in flags):
                 missing.append(f"{name} {flags[0]}")
     assert not missing, f"flags without a bad-value row in CASES: {missing}"
+
+
+def test_install_sh_refuses_an_argument_it_does_not_know_before_installing_anything():
+    """`install.sh --dev --bogus` ignored --bogus and installed."""
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "install.sh"), "--dev", "--bogus"], capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "PYTHON": "false"})  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stdout == "install.sh: unexpected argument '--bogus': expected nothing, --dev or --dry-run [REPORT]\n"
 
 
 def test_info_into_a_closed_pipe_ends_quietly(world):

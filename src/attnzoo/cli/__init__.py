@@ -92,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         except BrokenPipeError:
             return _closed_pipe()
         except USER_ERRORS as err:
-            print(f"attnzoo {args.command.name}: error: {err}", file=sys.stderr)
+            # A MemoryError from an allocation too large for the allocator to even try carries no message.
+            print(f"attnzoo {args.command.name}: error: {err or type(err).__name__}", file=sys.stderr)
             return 1
         except OSError as err:  # the machine's doing (disk full, permissions ...): one line naming the file
             print(f"attnzoo {args.command.name}: error: {describe_os_error(err)}", file=sys.stderr)

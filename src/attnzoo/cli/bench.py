@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from attnzoo.bench import DTYPES, MODES, BenchSweep, run_bench
-from attnzoo.cli.command import Command, check_out_dir
+from attnzoo.cli.command import Command, check_out_dir, path_argument
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -82,7 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--out",
-        type=Path,
+        type=path_argument,
         metavar="DIR",
         default=Path("runs") / "bench",
         help="writes bench.json and bench.md here (default: runs/bench)",

@@ -23,6 +23,14 @@ class Command:
     run: Callable[[argparse.Namespace], int]  # the exit code
 
 
+def path_argument(text: str) -> Path:
+    """An argparse ``type`` for paths: ``Path("")`` is the current directory, so ``--out ''`` (an unset shell
+    variable) would write there."""
+    if not text:
+        raise argparse.ArgumentTypeError("the path is empty: name a file or directory ('.' for this one)")
+    return Path(text)
+
+
 def check_out_dir(path: Path | None, flag: str = "--out") -> None:
     """A directory to write into: absent (it is created) or a directory, never an existing file."""
     if path is not None and path.exists() and not path.is_dir():

@@ -6,12 +6,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from attnzoo.cli.command import Command, check_int, check_seed
+from attnzoo.cli.command import Command, check_int, check_seed, path_argument
 from attnzoo.compare import run_task
 from attnzoo.data.batches import eval_window_starts, gather_windows
 from attnzoo.data.corpora import prepare_corpus
@@ -34,7 +33,7 @@ EXTRAPOLATION_MULTIPLES = (1, 2, 4, 8, 16)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "path",
-        type=Path,
+        type=path_argument,
         nargs="?",
         help="run directory (its latest checkpoint) or checkpoint directory; not used by the synthetic tasks",
     )

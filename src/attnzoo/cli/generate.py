@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import torch
 
-from attnzoo.cli.command import Command, check_seed, check_text
+from attnzoo.cli.command import Command, check_seed, check_text, path_argument
 from attnzoo.distributed import resolve_device
 from attnzoo.training.checkpoint import load_pretrained
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("path", type=Path, help="run directory (its latest checkpoint) or checkpoint directory")
+    parser.add_argument(
+        "path", type=path_argument, help="run directory (its latest checkpoint) or checkpoint directory"
+    )
     parser.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
     parser.add_argument("--max-new-tokens", type=int, default=500, help="tokens to sample (default: 500)")
     parser.add_argument("--temperature", type=float, default=0.8, help="0 is greedy (default: 0.8)")

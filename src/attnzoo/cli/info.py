@@ -4,12 +4,11 @@ given."""
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import torch
 
 from attnzoo.attention import ATTENTION
-from attnzoo.cli.command import Command
+from attnzoo.cli.command import Command, path_argument
 from attnzoo.cli.flags import (
     add_config_argument,
     add_model_arguments,
@@ -27,7 +26,9 @@ CACHE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("path", nargs="?", type=Path, help="run or checkpoint directory; omit to describe the flags")
+    parser.add_argument(
+        "path", nargs="?", type=path_argument, help="run or checkpoint directory; omit to describe the flags"
+    )
     parser.add_argument(
         "--context", type=int, help="KV cache size at this many positions per sequence (default: max_seq_len)"
     )
