@@ -413,6 +413,29 @@ def test_a_compare_stopped_during_the_bench_keeps_the_cases_measured(micro, copy
     assert "resumed after an interruption" in bench["machine"] and not (copy_of / "bench.partial.json").exists()
 
 
+def test_sigterm_during_the_task_phase_stops_the_compare_with_a_message(micro, copy_of, monkeypatch):
+    """It ended the process with status -15 and no word."""
+    shutil.rmtree(copy_of / "tasks")
+    (copy_of / "results.json").unlink()
+
+    def terminated(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the signal's handler raises before this ends
+        raise AssertionError("SIGTERM did not stop the compare")
+
+    def unhandled(signum, frame):  # instead of ending pytest, as SIGTERM's default action would
+        raise AssertionError("the compare left SIGTERM to its default action")
+
+    monkeypatch.setattr(runner, "train_task", terminated)
+    previous = signal.signal(signal.SIGTERM, unhandled)
+    try:
+        result, stdout = _compare(copy_of, micro["text"])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert result.interrupted_by == signal.SIGTERM and "compare interrupted; run the same command again" in stdout
+    assert not (copy_of / "results.json").exists()
+
+
 def test_a_comparison_other_than_the_presets_gets_its_own_directory():
     from attnzoo.cli.compare import default_out
 

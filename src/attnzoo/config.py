@@ -188,6 +188,8 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
+        if not isinstance(data, dict):
+            raise ValueError(f"ModelConfig.from_dict({data!r:.80}) is invalid: needs a dict of field: value")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -240,7 +242,7 @@ class ModelConfig:
     @classmethod
     def from_json(cls, path_or_text: str | os.PathLike) -> ModelConfig:
         text = str(path_or_text)
-        if not text.lstrip().startswith("{"):
+        if text.lstrip()[:1] not in ("{", "["):  # a file name; JSON text is an object (or a mistaken array)
             try:
                 with open(path_or_text, encoding="utf-8") as f:
                     text = f.read()

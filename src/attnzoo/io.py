@@ -12,6 +12,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -125,14 +126,28 @@ def available_memory(device: torch.device | str) -> int | None:
         return None
 
 
-def check_memory(nbytes: int, what: str, device: torch.device | str) -> None:
-    """Refuse, before allocating, ``nbytes`` that ``device`` does not have: name the size and the memory."""
+class TooLarge(MemoryError):
+    """An allocation refused before it was tried: its size, the memory there is, and the settings that set it."""
+
+    def __init__(self, what: str, nbytes: int, available: int, device: torch.device, settings: dict[str, Any]):
+        self.what, self.nbytes, self.available, self.device, self.settings = what, nbytes, available, device, settings
+        super().__init__(self.describe())
+
+    def describe(self, spell: Callable[[str], str] = str) -> str:
+        """The refusal, each setting's name written by ``spell`` (the CLI writes ``n_layers`` as ``--n-layers``)."""
+        lower = " or ".join(f"{spell(name)}={value}" for name, value in self.settings.items())
+        return (
+            f"{self.what} needs {self.nbytes / 2**30:,.1f} GiB but {self.device} has "
+            f"{self.available / 2**30:,.1f} GiB available: lower {lower}"
+        )
+
+
+def check_memory(nbytes: int, what: str, device: torch.device | str, settings: dict[str, Any]) -> None:
+    """Refuse, before allocating, ``nbytes`` that ``device`` does not have (:class:`TooLarge`), naming the
+    ``settings`` (name: value) the size grows with."""
     available = available_memory(device)
     if available is not None and nbytes > available:
-        raise MemoryError(
-            f"{what} needs {nbytes / 2**30:,.1f} GiB but {torch.device(device)} has {available / 2**30:,.1f} GiB "
-            "available: ask for less"
-        )
+        raise TooLarge(what, nbytes, available, torch.device(device), settings)
 
 
 def _read_umask() -> int:

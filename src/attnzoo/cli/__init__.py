@@ -22,7 +22,7 @@ from attnzoo.cli import bench, compare, convert, eval, generate, info, train, vi
 from attnzoo.cli.command import Command
 from attnzoo.data.corpora import CorpusError
 from attnzoo.data.tokenizers import MissingDependencyError
-from attnzoo.io import DirectoryLocked, describe_os_error
+from attnzoo.io import DirectoryLocked, TooLarge, describe_os_error
 from attnzoo.training.checkpoint import CheckpointError
 from attnzoo.training.trainer import TrainingDiverged
 
@@ -91,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
             return args.command.run(args)
         except BrokenPipeError:
             return _closed_pipe()
+        except TooLarge as err:
+            print(f"attnzoo {args.command.name}: error: {err.describe(_flag)}", file=sys.stderr)
+            return 1
         except USER_ERRORS as err:
             # A MemoryError from an allocation too large for the allocator to even try carries no message.
             print(f"attnzoo {args.command.name}: error: {err or type(err).__name__}", file=sys.stderr)
@@ -101,6 +104,14 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:  # outside the training loop, which handles SIGINT itself
             print(f"attnzoo {args.command.name}: interrupted", file=sys.stderr)
             return 130
+
+
+# The settings a size grows with, as the flags that set them (TooLarge names a setting by its field's name).
+FLAG_OF_SETTING = {"vocab_size": "--tokenizer's vocab_size", "batch": "--num-samples"}
+
+
+def _flag(setting: str) -> str:
+    return FLAG_OF_SETTING.get(setting, "--" + setting.replace("_", "-"))
 
 
 def _closed_pipe() -> int:

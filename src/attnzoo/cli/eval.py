@@ -87,6 +87,13 @@ def run(args: argparse.Namespace) -> int:
     seq_len = args.seq_len or (checkpoint.train_config.seq_len if checkpoint.train_config else model.config.max_seq_len)
     tokenizer = checkpoint.require_tokenizer()
     corpus = prepare_corpus(data.corpus, tokenizer, data.val_fraction)
+    split_tokens = len(getattr(corpus, args.split))
+    if seq_len + 1 > split_tokens:
+        given = f"--seq-len={seq_len}" if args.seq_len else f"the trained seq_len {seq_len} (set it with --seq-len)"
+        raise ValueError(
+            f"{given} is too long for the {args.split} split of {corpus.name} ({split_tokens:,} tokens): a window "
+            f"scores seq_len + 1 tokens, so it must be at most {split_tokens - 1:,}"
+        )
     if args.task == "extrapolation":
         return _print_extrapolation(args, model, tokenizer, getattr(corpus, args.split), seq_len, corpus.name)
     if args.task == "probes":

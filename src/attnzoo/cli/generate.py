@@ -8,6 +8,7 @@ import torch
 
 from attnzoo.cli.command import Command, check_seed, check_text, path_argument
 from attnzoo.distributed import resolve_device
+from attnzoo.io import check_memory
 from attnzoo.training.checkpoint import load_pretrained
 
 
@@ -42,6 +43,10 @@ def run(args: argparse.Namespace) -> int:
     tokenizer = checkpoint.require_tokenizer()
     prompt = torch.from_numpy(tokenizer.encode(args.prompt).astype("int64")).to(device)
     generator = torch.Generator(device).manual_seed(args.seed)
+    settings = {"num_samples": args.num_samples, "max_new_tokens": args.max_new_tokens}
+    length = len(prompt) + max(args.max_new_tokens, 0)
+    what = f"the output ({args.num_samples:,} sample(s) × {length:,} tokens)"
+    check_memory(8 * args.num_samples * length, what, device, settings)
     out = model.generate(
         prompt.repeat(args.num_samples, 1),
         args.max_new_tokens,

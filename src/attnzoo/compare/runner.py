@@ -142,7 +142,14 @@ class Comparison:
         """Locked (see :func:`attnzoo.io.locked_directory`): a second compare into the same directory, or one
         started again while this one runs, is refused with this process's pid rather than sharing its runs."""
         with locked_directory(self.out_dir, "compare directory"):
-            return self._run()
+            try:
+                # Training stops by itself at a signal, with a checkpoint; every other phase (evaluations,
+                # tasks, the report) stops here, keeping what is already written: each record is written whole.
+                with stop_on_signals():
+                    return self._run()
+            except Interrupted as stop:
+                self.say(f"compare interrupted; run the same command again to continue from {self.out_dir}")
+                return CompareResult(self.out_dir, None, stop.signum)
 
     def _run(self) -> CompareResult:
         spec = self.spec
