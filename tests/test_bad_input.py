@@ -78,6 +78,7 @@ CASES = [
     ([*TRAIN, "--lr", "-1"], 1, r"lr=-1.0 is invalid: must be a finite number > 0"),
     ([*TRAIN, "--norm-eps", "inf"], 1, r"norm_eps=inf is invalid: must be a finite number > 0"),
     ([*TRAIN, "--init-std", "inf"], 1, r"init_std=inf is invalid: must be a finite number > 0"),
+    ([*TRAIN, "--init-std", "1e30"], 1, r"initial weights, before any update\. .*--init-std \(it is 1e\+30"),
     ([*TRAIN, "--grad-clip", "inf"], 1, r"grad_clip=inf is invalid: must be a finite number >= 0"),
     ([*TRAIN, "--weight-decay", "nan"], 1, r"weight_decay=nan is invalid"),
     ([*TRAIN, "--min-lr-ratio", "nan"], 1, r"min_lr_ratio=nan is invalid: must be in \[0, 1\]"),
@@ -108,7 +109,11 @@ CASES = [
     ([*TRAIN, "--config", "{root}/options.toml"], 1, r"attention_options='not a table' is invalid: must be a dict"),
     ([*TRAIN, "--config", "{root}/missing.toml"], 1, r"config file .*missing.toml not found"),
     # Sizes that cannot be allocated are refused before allocating, with the size and the memory.
-    ([*TRAIN, "--position", "learned", "--max-seq-len", BIG], 1, r"the model .* needs [\d,.]+ GiB but cpu has"),
+    (
+        [*TRAIN, "--position", "learned", "--max-seq-len", BIG],
+        1,
+        r"the model .* needs [\d,.]+ GiB but cpu has [\d,.]+ GiB available: lower .*--max-seq-len=100000000000",
+    ),
     # Paths.
     ([*TRAIN, "--data", "{root}/nowhere.txt"], 1, r"corpus '.*nowhere.txt' is neither a known corpus"),
     ([*TRAIN, "--data", "{root}/fifo"], 1, r"corpus '.*fifo' is not a regular file or a directory \(it is a FIFO\)"),
@@ -123,7 +128,8 @@ CASES = [
     ([*GENERATE, "--top-k", "0"], 1, r"top_k=0 is invalid: must be None or an integer >= 1"),
     ([*GENERATE, "--top-p", "nan"], 1, r"top_p=nan is invalid: must be None or in \(0, 1\]"),
     ([*GENERATE, "--max-new-tokens", "-1"], 1, r"max_new_tokens=-1 is invalid: must be an int >= 0"),
-    ([*GENERATE, "--max-new-tokens", BIG], 1, r"the KV cache needs [\d,.]+ GiB but cpu has [\d,.]+ GiB"),
+    ([*GENERATE, "--max-new-tokens", BIG], 1, r"needs [\d,.]+ GiB but cpu has [\d,.]+ GiB .*--max-new-tokens=10{11}"),
+    ([*GENERATE, "--num-samples", BIG], 1, r"needs [\d,.]+ GiB but cpu has [\d,.]+ GiB available: lower --num-samples"),
     ([*GENERATE, "--num-samples", "0"], 1, r"--num-samples=0 is invalid: must be >= 1"),
     (
         [*GENERATE, "--seed", HUGE_SEED],
@@ -141,6 +147,7 @@ CASES = [
     ([*EVAL, "--max-windows", "0"], 1, r"--max-windows=0 is invalid: must be an integer >= 1"),
     ([*EVAL, "--seq-len", "-5"], 1, r"--seq-len=-5 is invalid: must be an integer >= 1"),
     ([*EVAL, "--seq-len", "0"], 1, r"--seq-len=0 is invalid: must be an integer >= 1"),
+    ([*EVAL, "--seq-len", "10000000"], 1, r"--seq-len=10000000 is too long for the val split of .* at most [\d,]+"),
     ([*EVAL, "--task", "extrapolation", "--blocks", "0"], 1, r"--blocks=0 is invalid: must be an integer >= 1"),
     ([*EVAL[:2], "--device", "foo"], 1, r"device='foo' is invalid"),
     ([*EVAL, "--data", "{root}/fifo"], 1, r"corpus '.*fifo' is not a regular file or a directory"),
@@ -307,6 +314,8 @@ API_CASES = [
     (lambda m: ModelConfig(init_std=math.inf), r"init_std=inf is invalid: must be a finite number > 0"),
     (lambda m: ModelConfig(norm_eps=1e39), r"norm_eps=1e\+39 is invalid: .*float32"),
     (lambda m: ModelConfig(position_options={"rope_theta": math.nan}), r"rope_theta=nan is invalid"),
+    (lambda m: ModelConfig.from_dict(None), r"ModelConfig.from_dict\(None\) is invalid: needs a dict"),
+    (lambda m: ModelConfig.from_json("[1, 2]"), r"model config JSON must be an object, got list"),
 ]
 
 
@@ -315,6 +324,12 @@ def test_the_api_refuses_bad_values_with_a_value_error(call, words):
     model = Transformer(ModelConfig(vocab_size=64, dim=16, n_layers=1, n_heads=2, max_seq_len=16))
     with pytest.raises(ValueError, match=words):
         call(model)
+
+
+def test_a_model_too_large_for_memory_is_refused_before_the_allocator_is_asked():
+    """It died in the allocator (RuntimeError: DefaultCPUAllocator: can't allocate memory) where the CLI checked."""
+    with pytest.raises(MemoryError, match=r"the model .* needs [\d,.]+ GiB .*: lower .*vocab_size=1000000000000"):
+        Transformer(ModelConfig(vocab_size=10**12, dim=16, n_layers=1, n_heads=2, max_seq_len=16))
 
 
 def test_a_tiny_temperature_samples_the_argmax_instead_of_nan():
