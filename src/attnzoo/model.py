@@ -100,7 +100,8 @@ class Block(nn.Module):
 class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        if torch.get_default_device().type != "meta":  # refused by name, not by the allocator midway
+        shapes_only = torch.get_default_device().type == "meta"
+        if not shapes_only:  # refused by name, not by the allocator midway
             self.check_fits(cfg, torch.get_default_device())
         self.config = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.dim)
@@ -113,7 +114,8 @@ class Transformer(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self._decoder: CompiledDecoder | None = None  # generate(compile=True)'s, kept between calls
-        self.reset_parameters()
+        if not shapes_only:  # nothing to initialise on the meta device (where torch's init imports torch._dynamo)
+            self.reset_parameters()
 
     def __getstate__(self) -> dict[str, Any]:
         """The module's state without the compiled decoder: its step is a function made at run time, which pickle

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from attnzoo.bench import DTYPES, MODES, BenchSweep, run_bench
-from attnzoo.cli.command import Command, check_out_dir, path_argument
+from attnzoo.cli.command import check_out_dir, path_argument
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -108,12 +108,3 @@ def run(args: argparse.Namespace) -> int:
     )
     run_bench(sweep, args.out, progress=not args.no_progress)
     return 0
-
-
-COMMAND = Command(
-    name="bench",
-    summary="measure training, prefill and decode throughput and peak memory as ratios to a baseline",
-    example="attnzoo bench --variants mha+rope diff+rope dcmha+rope --seq-lens 256 1024 --out runs/bench",
-    add_arguments=add_arguments,
-    run=run,
-)

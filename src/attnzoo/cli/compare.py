@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from attnzoo.cli.command import Command, check_out_dir, path_argument
+from attnzoo.cli.command import check_out_dir, path_argument
 from attnzoo.compare import DEFAULT_VARIANTS, PRESETS, run_compare
 from attnzoo.evals import TASKS
 from attnzoo.training.config import read_toml
@@ -178,18 +178,3 @@ def _report_only(out: Path) -> int:
     paths = write_report(CompareResults.load(results_file), out)
     print("report: " + ", ".join(str(path) for path in paths.values()))
     return 0
-
-
-COMMAND = Command(
-    name="compare",
-    summary="train attention variants side by side under one budget and write a report (quick: 5-8 min on 2 CPU cores)",
-    example=(
-        "attnzoo compare\n"
-        "  attnzoo compare --preset standard --out runs/compare-standard\n"
-        "  attnzoo compare --variants mha+rope mha+rope+kv1 diff+alibi --seeds 3 --tasks mqar\n"
-        "  attnzoo compare --config examples/compare.toml --seeds 2\n"
-        "  attnzoo compare --out docs/claims --report-only"
-    ),
-    add_arguments=add_arguments,
-    run=run,
-)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from attnzoo.cli.command import Command, path_argument
+from attnzoo.cli.command import path_argument
 from attnzoo.convert import CONVERTERS, convert_model, group_kv_heads
 from attnzoo.data.tokenizers import HF_TOKENIZER_FILE
 from attnzoo.model import CONFIG_NAME, WEIGHTS_NAME
@@ -82,18 +82,3 @@ def run(args: argparse.Namespace) -> int:
         print(f"tokenizer: copied {', '.join(done.tokenizer_files)} ({done.tokenizer.num_ids:,} ids{padded})")
     print(f"fine-tune it with: attnzoo train --init-from {done.out} ...")
     return 0
-
-
-COMMAND = Command(
-    name="convert",
-    summary="convert a local Hugging Face or official DCFormer model directory into an attnzoo model directory, "
-    "or an MHA model into GQA/MQA",
-    example=(
-        "attnzoo convert --from-hf ~/models/llama --out models/llama\n"
-        "  attnzoo convert --from runs/mha --out models/mha-gqa2 --kv-heads 2\n"
-        "  attnzoo train --init-from models/llama --attention selective --attention-option "
-        "position_coefficient=linear --train-only temperature"
-    ),
-    add_arguments=add_arguments,
-    run=run,
-)

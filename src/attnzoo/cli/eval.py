@@ -10,7 +10,7 @@ import json
 import numpy as np
 import torch
 
-from attnzoo.cli.command import Command, check_int, check_seed, path_argument
+from attnzoo.cli.command import check_int, check_seed, path_argument
 from attnzoo.compare import run_task
 from attnzoo.data.batches import eval_window_starts, gather_windows
 from attnzoo.data.corpora import prepare_corpus
@@ -174,15 +174,3 @@ def _run_task(args: argparse.Namespace, device: torch.device) -> int:
     if result.stop_at is not None:
         print(f"steps to {TASKS[args.task].metric} {result.stop_at}: {result.steps_to_threshold or 'not reached'}")
     return 0
-
-
-COMMAND = Command(
-    name="eval",
-    summary="score a trained model (loss, perplexity, bits per byte, length extrapolation) or a synthetic task",
-    example="attnzoo eval runs/mha-rope-20250101-120000 --seq-len 512\n"
-    "  attnzoo eval runs/mha-alibi-20250101-120000 --task extrapolation\n"
-    "  attnzoo eval runs/diff-rope-20250101-120000 --task probes --json\n"
-    "  attnzoo eval --task mqar --variant diff+rope --steps 500",
-    add_arguments=add_arguments,
-    run=run,
-)

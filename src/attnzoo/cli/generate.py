@@ -6,7 +6,7 @@ import argparse
 
 import torch
 
-from attnzoo.cli.command import Command, check_seed, check_text, path_argument
+from attnzoo.cli.command import check_seed, check_text, path_argument
 from attnzoo.distributed import resolve_device
 from attnzoo.io import check_memory
 from attnzoo.training.checkpoint import load_pretrained
@@ -61,12 +61,3 @@ def run(args: argparse.Namespace) -> int:
             print(f"─── sample {i + 1} ───")
         print(tokenizer.decode(ids))
     return 0
-
-
-COMMAND = Command(
-    name="generate",
-    summary="sample text from a trained model",
-    example='attnzoo generate runs/mha-rope-20250101-120000 --prompt "ROMEO:" --max-new-tokens 300 --top-k 40',
-    add_arguments=add_arguments,
-    run=run,
-)

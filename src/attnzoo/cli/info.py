@@ -8,7 +8,7 @@ import argparse
 import torch
 
 from attnzoo.attention import ATTENTION
-from attnzoo.cli.command import Command, path_argument
+from attnzoo.cli.command import path_argument
 from attnzoo.cli.flags import (
     add_config_argument,
     add_model_arguments,
@@ -119,13 +119,3 @@ def run(args: argparse.Namespace) -> int:
     if train_config is not None:
         print("train config\n" + train_config.to_json())
     return 0
-
-
-COMMAND = Command(
-    name="info",
-    summary="parameter counts by component, KV-cache bytes and the configuration of a run or of the given flags",
-    example="attnzoo info runs/mha-rope-20250101-120000\n  attnzoo info --attention mha --n-kv-heads 2 --dim 256"
-    "\n  attnzoo info --attention dcmha --context 4096 --cache-batch 8",
-    add_arguments=add_arguments,
-    run=run,
-)

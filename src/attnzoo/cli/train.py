@@ -8,7 +8,7 @@ import dataclasses
 from datetime import datetime
 from pathlib import Path
 
-from attnzoo.cli.command import Command, check_out_dir, path_argument
+from attnzoo.cli.command import check_out_dir, path_argument
 from attnzoo.cli.flags import (
     add_config_argument,
     add_model_arguments,
@@ -159,20 +159,3 @@ def run(args: argparse.Namespace) -> int:
 
 def _default_run_dir(model_config: ModelConfig) -> Path:
     return Path("runs") / f"{model_config.attention}-{model_config.position}-{datetime.now():%Y%m%d-%H%M%S}"
-
-
-COMMAND = Command(
-    name="train",
-    summary="train a model (the default: ~0.84M parameters on Shakespeare, a few minutes on a CPU)",
-    example=(
-        "attnzoo train\n"
-        "  attnzoo train --attention mha --n-kv-heads 1 --position alibi --steps 3000 --out runs/mqa\n"
-        "  attnzoo train --config run.toml --lr 1e-3\n"
-        "  attnzoo train --resume runs/mqa\n"
-        "  attnzoo train --init-from models/llama --attention selective --attention-option "
-        "position_coefficient=linear --train-only temperature\n"
-        "  torchrun --nproc_per_node=2 -m attnzoo train --parallel ddp"
-    ),
-    add_arguments=add_arguments,
-    run=run,
-)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from attnzoo.cli.command import Command, check_out_dir, check_text, path_argument
+from attnzoo.cli.command import check_out_dir, check_text, path_argument
 from attnzoo.distributed import resolve_device
 from attnzoo.viz import draw_attention_maps
 
@@ -35,12 +35,3 @@ def run(args: argparse.Namespace) -> int:
     for path in draw_attention_maps(args.path, args.prompt, args.out, args.device):
         print(path)
     return 0
-
-
-COMMAND = Command(
-    name="viz",
-    summary="attention heatmaps per layer and head for a prompt and a trained model (PNG)",
-    example='attnzoo viz runs/diff-rope-20250101-120000 --prompt "ROMEO: But soft" --out maps',
-    add_arguments=add_arguments,
-    run=run,
-)
