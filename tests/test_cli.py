@@ -53,10 +53,10 @@ def test_each_command_is_one_module_of_the_cli_package():
 
 
 STARTUP_PROBE = """
-import json, sys
-from attnzoo.cli import main
+import json, runpy, sys
+sys.argv[0] = "attnzoo"
 try:
-    main(sys.argv[1:])
+    runpy.run_module("attnzoo", run_name="__main__", alter_sys=True)  # python -m attnzoo ARGS
 except SystemExit:
     pass
 print(json.dumps(sorted(sys.modules)))
