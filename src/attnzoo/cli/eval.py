@@ -18,7 +18,7 @@ from attnzoo.data.tokenizers import Tokenizer
 from attnzoo.distributed import Distributed, resolve_device
 from attnzoo.evals import TASKS
 from attnzoo.evals.lm import LMEvalConfig, evaluate_lm, length_extrapolation
-from attnzoo.evals.probes import probe_model, probe_table
+from attnzoo.evals.probes import probe_model, probe_tables
 from attnzoo.model import Transformer
 from attnzoo.records import to_dict
 from attnzoo.training.checkpoint import load_pretrained
@@ -157,7 +157,7 @@ def _print_probes(args: argparse.Namespace, model: Transformer, stream: np.ndarr
         print(json.dumps({**where, "layers": to_dict(probes)}, indent=2))
         return 0
     print(f"{corpus} {args.split}: {inputs.shape[0]} windows of {seq_len} tokens")
-    print(probe_table(probes).to_text())
+    print("\n\n".join(table.to_text() for table in probe_tables(probes)))
     return 0
 
 

@@ -32,6 +32,8 @@ def run(args: argparse.Namespace) -> int:
     check_out_dir(args.out)
     check_text("--prompt", args.prompt)
     resolve_device(args.device)
-    for path in draw_attention_maps(args.path, args.prompt, args.out, args.device):
-        print(path)
+    paths = draw_attention_maps(args.path, args.prompt, args.out, args.device)
+    print(f"wrote {len(paths)} attention heatmap(s), one PNG per layer with a panel per head, into {paths[0].parent}:")
+    for path in paths:
+        print(f"  {path}")
     return 0
