@@ -33,6 +33,7 @@ def test_viz_command_on_a_trained_run(tmp_path, capsys):
         main(["train", "--data", str(text), "--out", str(run), "--attention", "dcmha", "--steps", "4", *TINY_FLAGS])
         == 0
     )
+    capsys.readouterr()
     assert main(["viz", str(run), "--prompt", "the king sat", "--out", str(tmp_path / "maps")]) == 0
     written = sorted(p.name for p in (tmp_path / "maps").iterdir())
     assert written == [f"layer{i}.png" for i in range(len(written))] and written
