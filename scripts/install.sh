@@ -4,7 +4,7 @@
 #   bash scripts/install.sh                       install what running attnzoo needs
 #   bash scripts/install.sh --dev                 also the dev extra: pytest, ruff, transformers, MkDocs, import-linter,
 #                                                 build (the docs, layers and wheel tests), and Triton
-#                                                 (~290 MB, whose interpreter runs the kernel tests on a CPU)
+#                                                 (~1 GB installed, whose interpreter runs the kernel tests on a CPU)
 #   bash scripts/install.sh --dry-run [REPORT]    resolve the torch a machine without torch would get
 #                                                 (pip install --dry-run --report), install nothing
 #
