@@ -23,6 +23,7 @@ from attnzoo.cli.command import Command
 COMMANDS: tuple[Command, ...] = (
     Command(
         name="compare",
+        computes=True,
         summary="train attention variants side by side under one budget and write a report "
         "(quick: 5-8 min on 2 CPU cores)",
         example=(
@@ -35,6 +36,7 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command(
         name="train",
+        computes=True,
         summary="train a model (the default: ~0.84M parameters on Shakespeare, a few minutes on a CPU)",
         example=(
             "attnzoo train\n"
@@ -53,6 +55,7 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command(
         name="eval",
+        computes=True,
         summary="score a trained model (loss, perplexity, bits per byte, length extrapolation) or a synthetic task",
         example="attnzoo eval runs/mha-rope-20250101-120000 --seq-len 512\n"
         "  attnzoo eval runs/mha-alibi-20250101-120000 --task extrapolation\n"
@@ -78,6 +81,7 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command(
         name="bench",
+        computes=True,
         summary="measure training, prefill and decode throughput and peak memory as ratios to a baseline",
         example="attnzoo bench --variants mha+rope diff+rope dcmha+rope --seq-lens 256 1024 --out runs/bench",
     ),
@@ -161,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     with _library_messages():
         try:
+            if args.command.computes:
+                _take_free_cores()
             return args.command.run(args)
         except BrokenPipeError:
             return _closed_pipe()
@@ -173,6 +179,19 @@ def main(argv: list[str] | None = None) -> int:
                 raise  # a bug: its traceback is what to report
             print(f"attnzoo {args.command.name}: error: {said}", file=sys.stderr)
             return 1
+
+
+def _take_free_cores() -> None:
+    """One torch thread per core the load leaves free (OMP_NUM_THREADS wins); a choice the load made is said in
+    one line on stderr."""
+    import torch
+
+    from attnzoo.machine import THREADS_VARIABLE, CpuLoad, choose_threads
+
+    choice = choose_threads(CpuLoad.now(), os.environ.get(THREADS_VARIABLE))
+    torch.set_num_threads(choice.threads)
+    if choice.reason is not None:
+        print(choice.reason, file=sys.stderr)
 
 
 def _one_line(err: Exception) -> str | None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import torch
+
 from attnzoo.bench import DTYPES, MODES, BenchSweep, run_bench
 from attnzoo.cli.command import check_out_dir, path_argument
 
@@ -74,8 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--threads",
         type=int,
-        default=default.threads,
-        help=f"CPU threads per case (default: {default.threads}, torch's default here)",
+        help="CPU threads per case (default: one per core the load average leaves free, or OMP_NUM_THREADS)",
     )
     parser.add_argument(
         "--device", default=default.device, help="cpu, cuda or cuda:N (default: cuda where there is one, else cpu)"
@@ -103,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         n_heads=args.n_heads,
         dtype=args.dtype,
         repeats=args.repeats,
-        threads=args.threads,
+        threads=torch.get_num_threads() if args.threads is None else args.threads,  # the CLI chose it from the load
         device=args.device,
     )
     run_bench(sweep, args.out, progress=not args.no_progress)

@@ -21,6 +21,7 @@ class Command:
     name: str
     summary: str  # one line, lower case, no full stop: the --help listing and the command's description
     example: str  # shown under "example:" in the command's --help; further lines indented by two spaces
+    computes: bool = False  # computes for long: takes one torch thread per free core (attnzoo.machine)
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         importlib.import_module(f"attnzoo.cli.{self.name}").add_arguments(parser)
