@@ -60,3 +60,39 @@ def test_train_computes_with_the_free_cores_and_says_so(tmp_path, monkeypatch, c
     assert (
         "busy machine: 2 cores, load average 4.50: computing with 1 torch thread(s)" in capsys.readouterr().err
     ) == said
+
+
+def _bench_result(case, tokens_per_s, load):
+    from attnzoo.bench import BenchResult
+
+    return BenchResult(case, "train", 256, 4, tokens_per_s, tokens_per_s * 0.9, tokens_per_s * 1.1, 100.0,
+                       {"load_average": load})  # fmt: skip
+
+
+def test_attnzoo_bench_marks_a_ratio_measured_on_a_busy_machine(monkeypatch):
+    """ALiBi '6.07× faster than MHA' at load 4-6 was printed as a result."""
+    from attnzoo import bench
+
+    monkeypatch.setattr(bench.os, "cpu_count", lambda: 2)
+    quiet = bench.ratio_table([_bench_result("mha", 100.0, 0.8), _bench_result("alibi", 120.0, 1.2)], "mha")
+    busy = bench.ratio_table([_bench_result("mha", 100.0, 0.8), _bench_result("alibi", 607.0, 5.3)], "mha")
+    (quiet_row,), (busy_row,) = (table.rows[1:] for table in (quiet, busy))
+    assert quiet_row[6] == "1.20×" and quiet_row[-1] == "1.20"
+    assert busy_row[6] == "6.07× unreliable: busy machine" and busy_row[-1] == "5.30"
+    # The baseline's own load counts too: a ratio is as reliable as the worse of its two measurements.
+    flipped = bench.ratio_table([_bench_result("mha", 100.0, 5.3), _bench_result("alibi", 120.0, 0.8)], "mha")
+    assert flipped.rows[1][6] == "1.20× unreliable: busy machine"
+
+
+def test_the_compare_report_keeps_each_measurements_load_and_marks_busy_ratios():
+    from attnzoo.compare.results import BenchMeasurement, BenchRecord, BenchTiming
+
+    def measured(variant, rate, load):
+        return BenchMeasurement(variant, "train", 64, 16, BenchTiming(rate, rate * 0.9, rate * 1.1, 10.0, load, 2))
+
+    record = BenchRecord({}, "a machine", [measured("mha+rope", 100.0, 1.0), measured("mha+alibi", 607.0, 5.3),
+                                           measured("diff+rope", 80.0, 1.5)])  # fmt: skip
+    busy = {r.measurement.variant: r.busy for r in record.ratios("mha+rope")}
+    assert busy == {"mha+rope": False, "mha+alibi": True, "diff+rope": False}
+    old = BenchTiming(100.0, 90.0, 110.0, 10.0)  # a record written before the load was kept
+    assert not old.busy

@@ -31,6 +31,7 @@ from tqdm import tqdm
 
 from attnzoo.config import ModelConfig
 from attnzoo.io import atomic_write_text
+from attnzoo.machine import is_busy
 from attnzoo.model import Transformer
 from attnzoo.tables import Table, memory_header, ratio, speed_header
 from attnzoo.variants import Variant, matched_configs
@@ -341,11 +342,12 @@ def ratio_table(results: list[BenchResult], baseline: str) -> Table:
     cache also shows the bytes its cache buffers hold (T + decoded tokens positions, measured on the allocation)."""
     base = {(r.mode, r.seq_len): r for r in results if r.case == baseline}
     header = ["case", "mode", "T", "batch", "tok/s (median)", "spread (min–max)", speed_header(baseline)]
-    header += ["peak MB", memory_header(baseline), "KV cache MB", "SDPA kernel"]
+    header += ["peak MB", memory_header(baseline), "KV cache MB", "SDPA kernel", "load average"]
     rows = []
     for r in results:
         b = base.get((r.mode, r.seq_len))
         speed = r.tokens_per_s / b.tokens_per_s if b else None
+        busy = measured_busy(r) or (b is not None and measured_busy(b))
         memory = r.peak_mem_mb / b.peak_mem_mb if b and b.peak_mem_mb > 0 else None
         rows.append(
             [
@@ -355,14 +357,26 @@ def ratio_table(results: list[BenchResult], baseline: str) -> Table:
                 str(r.batch_size),
                 f"{r.tokens_per_s:,.0f}",
                 f"{r.tokens_per_s_min:,.0f}–{r.tokens_per_s_max:,.0f}",
-                ratio(speed),
+                ratio(speed) + (" unreliable: busy machine" if busy and speed is not None else ""),
                 f"{r.peak_mem_mb:,.0f}",
                 ratio(memory),
                 f"{r.extra['cache_bytes'] / 2**20:,.2f}" if "cache_bytes" in r.extra else "–",
                 ", ".join(r.extra.get("sdpa_kernels", [])) or "none",
+                _load_averages(r),
             ]
         )
     return Table(header, rows)
+
+
+def measured_busy(result: BenchResult) -> bool:
+    """Whether any round of ``result`` ran while more work was runnable than cores (its speed is unreliable)."""
+    loads = result.extra.get("round_load_averages") or [result.extra.get("load_average")]
+    return any(is_busy(load, os.cpu_count() or 1) for load in loads)
+
+
+def _load_averages(result: BenchResult) -> str:
+    loads = result.extra.get("round_load_averages") or [result.extra.get("load_average")]
+    return " ".join("–" if load is None else f"{load:.2f}" for load in loads)
 
 
 def pool_rounds(rounds: list[BenchResult]) -> BenchResult:
@@ -486,9 +500,10 @@ def run_bench(sweep: BenchSweep, out: Path, *, progress: bool = True) -> list[Be
             bar.set_postfix_str(f"{case.label} {case.mode} T={case.seq_len}")
             result = measure(case, repeats=sweep.repeats, threads=sweep.threads, device=sweep.device)
             results.append(result)
+            busy = "  unreliable: busy machine" if measured_busy(result) else ""
             tqdm.write(
                 f"{case.label:20s} {case.mode:15s} T={case.seq_len:<6d} {result.tokens_per_s:>10,.0f} tok/s "
-                f"{result.peak_mem_mb:>8,.0f} MB"
+                f"{result.peak_mem_mb:>8,.0f} MB  load average {_load_averages(result)}{busy}"
             )
             sys.stdout.flush()
             bar.update(1)

@@ -453,8 +453,20 @@ class Comparison:
         except RuntimeError as err:  # e.g. learned positions past max_seq_len: N/A, with the reason
             self.say(f"{case.mode} T={case.seq_len} {case.label}: N/A")
             return BenchMeasurement(**where, timing=None, unavailable=str(err))
-        timing = BenchTiming(result.tokens_per_s, result.tokens_per_s_min, result.tokens_per_s_max, result.peak_mem_mb)
-        self.say(f"{case.mode} T={case.seq_len} {case.label}: {result.tokens_per_s:,.0f} tok/s")
+        timing = BenchTiming(
+            result.tokens_per_s,
+            result.tokens_per_s_min,
+            result.tokens_per_s_max,
+            result.peak_mem_mb,
+            load_average=result.extra.get("load_average"),
+            cores=os.cpu_count(),
+        )
+        load = "unknown" if timing.load_average is None else f"{timing.load_average:.2f}"
+        busy = " (unreliable: busy machine)" if timing.busy else ""
+        self.say(
+            f"{case.mode} T={case.seq_len} {case.label}: {result.tokens_per_s:,.0f} tok/s "
+            f"({result.tokens_per_s_min:,.0f}–{result.tokens_per_s_max:,.0f}), load average {load}{busy}"
+        )
         return BenchMeasurement(**where, timing=timing)
 
     # -------------------------------------------------------------------------------------------- tasks
