@@ -286,6 +286,16 @@ def test_the_schedule_scales_what_is_left_by_how_the_estimates_held():
     assert schedule.remaining() == 0.0
 
 
+def test_the_schedule_follows_the_recent_jobs_not_the_average_since_the_start():
+    """The estimate swung 40 → 148 → 78 → 36 min as the machine's load came and went."""
+    schedule = Schedule({job: 10.0 for job in "abcde"})
+    schedule.finish("a", 40.0)  # a busy spell: 4× the estimate
+    for job in "bc":
+        schedule.finish(job, 10.0)  # quiet again: as estimated
+    assert schedule.factor == pytest.approx(0.25 * 4 + 0.75 * 1)  # the average since the start says 2.0
+    assert schedule.remaining() == pytest.approx(1.75 * 20.0)
+
+
 def test_a_second_invocation_reuses_every_finished_run(micro, copy_of):
     before, results_before = _mtimes(copy_of), _results(copy_of)
     result, stdout = _compare(copy_of, micro["text"])

@@ -601,23 +601,27 @@ def lm_probes(model: Transformer, windows: Tensor) -> dict[str, float]:
 
 
 class Schedule:
-    """The training left, estimated per job and corrected by how the estimates of the finished jobs compared
-    with their real time (which includes their evaluations)."""
+    """The training left, estimated per job from the bench and scaled by how the recent jobs' real times (which
+    include their evaluations) compared with their estimates: an exponential mean of each finished job's
+    real ÷ estimated time, in which the latest job weighs ``RECENT_WEIGHT``. On a machine whose load comes and
+    goes, the estimate follows the speed of now, not the average since the start or the bench's moment."""
+
+    RECENT_WEIGHT = 0.5
 
     def __init__(self, estimates: dict[tuple, float]):
         self.left = dict(estimates)
-        self.estimated_done = self.actual_done = 0.0
+        self.factor: float | None = None  # None until a job has run
 
     def finish(self, job: tuple, seconds: float | None) -> None:
         """``job`` is done, in ``seconds``; None when it was reused and took no work."""
         estimate = self.left.pop(job, 0.0)
         if seconds is not None and estimate > 0:
-            self.estimated_done += estimate
-            self.actual_done += seconds
+            ratio = seconds / estimate
+            recent = self.RECENT_WEIGHT
+            self.factor = ratio if self.factor is None else (1 - recent) * self.factor + recent * ratio
 
     def remaining(self) -> float:
-        factor = self.actual_done / self.estimated_done if self.estimated_done else 1.0
-        return factor * sum(self.left.values())
+        return (self.factor or 1.0) * sum(self.left.values())
 
 
 # --------------------------------------------------------------------------------------------------- summaries
