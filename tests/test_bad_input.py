@@ -160,6 +160,7 @@ CASES = [
     # bench: refused before anything is measured
     ([*BENCH, "--seq-lens", "0"], 1, r"seq_lens=\[0\] is invalid: each must be an integer >= 1"),
     ([*BENCH, "--repeats", "0"], 1, r"repeats=0 is invalid: must be an integer >= 1"),
+    ([*BENCH, "--rounds", "0"], 1, r"rounds=0 is invalid: must be an integer >= 1"),
     ([*BENCH, "--threads", "0"], 1, r"threads=0 is invalid: must be an integer >= 1"),
     ([*BENCH, "--tokens-per-step", "0"], 1, r"tokens_per_step=0 is invalid"),
     ([*BENCH, "--decode-tokens", "0"], 1, r"decode_tokens=0 is invalid"),

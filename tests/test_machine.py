@@ -96,3 +96,27 @@ def test_the_compare_report_keeps_each_measurements_load_and_marks_busy_ratios()
     assert busy == {"mha+rope": False, "mha+alibi": True, "diff+rope": False}
     old = BenchTiming(100.0, 90.0, 110.0, 10.0)  # a record written before the load was kept
     assert not old.busy
+
+
+def test_attnzoo_bench_measures_the_cases_in_interleaved_rounds_and_keeps_each_rounds_load(tmp_path, monkeypatch):
+    """Back to back, a load that came mid-sweep fell on whichever cases ran then."""
+    from attnzoo import bench
+
+    measured, loads = [], iter([0.5, 0.6, 5.1, 0.7])  # the third measurement shares the CPU
+
+    def fake_measure(case, *, repeats, threads, device):
+        measured.append((case.label, repeats))
+        result = _bench_result(case.label, 100.0, next(loads))
+        return bench.BenchResult(case.label, case.mode, case.seq_len, case.batch_size, 100.0, 100.0, 100.0, 1.0,
+                                 {**result.extra, "rates": [100.0] * repeats})  # fmt: skip
+
+    monkeypatch.setattr(bench, "measure", fake_measure)
+    monkeypatch.setattr(bench.os, "cpu_count", lambda: 2)
+    sweep = bench.BenchSweep(variants=("mha+rope", "diff+rope"), seq_lens=(16,), modes=("train",), repeats=3,
+                             rounds=2, dim=32, n_layers=1, n_heads=2, threads=1, device="cpu")  # fmt: skip
+    results = bench.run_bench(sweep, tmp_path, progress=False)
+    assert measured == [("mha+rope", 2), ("diff+rope", 2), ("mha+rope", 2), ("diff+rope", 2)]  # round by round
+    assert [r.extra["round_load_averages"] for r in results] == [[0.5, 5.1], [0.6, 0.7]]
+    assert "| diff+rope | train | 16 | 256 | 100 | 100–100 | 1.00× unreliable: busy machine |" in (
+        (tmp_path / "bench.md").read_text()
+    )

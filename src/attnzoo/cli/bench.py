@@ -74,6 +74,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"timed repeats per case, after one warm-up; the median is reported (default: {default.repeats})",
     )
     parser.add_argument(
+        "--rounds",
+        type=int,
+        default=default.rounds,
+        help="measure the case list in turn this many times, each case's repeats spread over the rounds and pooled, "
+        f"so a change in the machine's load falls on every case alike (default: {default.rounds})",
+    )
+    parser.add_argument(
         "--threads",
         type=int,
         help="CPU threads per case (default: one per core the load average leaves free, or OMP_NUM_THREADS)",
@@ -104,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
         n_heads=args.n_heads,
         dtype=args.dtype,
         repeats=args.repeats,
+        rounds=args.rounds,
         threads=torch.get_num_threads() if args.threads is None else args.threads,  # the CLI chose it from the load
         device=args.device,
     )
