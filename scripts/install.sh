@@ -4,7 +4,7 @@
 #   bash scripts/install.sh                       install what running attnzoo needs
 #   bash scripts/install.sh --dev                 also the dev extra: pytest, ruff, transformers, MkDocs, import-linter,
 #                                                 build (the docs, layers and wheel tests), and Triton
-#                                                 (~290 MB, whose interpreter runs the kernel tests on a CPU)
+#                                                 (~1 GB installed, whose interpreter runs the kernel tests on a CPU)
 #   bash scripts/install.sh --dry-run [REPORT]    resolve the torch a machine without torch would get
 #                                                 (pip install --dry-run --report), install nothing
 #
@@ -80,6 +80,9 @@ PY
     exit 0
 fi
 
+if [ $# -gt 1 ]; then
+    say "unexpected argument '$2': expected nothing, --dev or --dry-run [REPORT]"; exit 2
+fi
 case "${1:-}" in
     "") PACKAGE=. ;;
     --dev) PACKAGE=".[dev]" ;;

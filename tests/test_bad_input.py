@@ -5,6 +5,7 @@ The table grows with the CLI: a new flag gets a row here with a value it must re
 words the error must contain, and that stderr holds no traceback and only one line.
 """
 
+import errno
 import math
 import os
 import re
@@ -43,6 +44,10 @@ def world(tmp_path_factory):
     os.mkfifo(root / "fifo")
     (root / "options.toml").write_text('[model]\nattention_options = "not a table"\n')
     (root / "maps" / "tokenizer.json").mkdir(parents=True)
+    (root / "binary.toml").write_bytes(bytes(range(128, 256)))
+    for name, line in [("huge-seeds", "seeds = 99999999999999999999"), ("many-seeds", "seeds = 1000000000000"),
+                       ("no-variants", "variants = []")]:  # fmt: skip
+        (root / f"{name}.toml").write_text(f'[compare]\npreset = "micro"\n{line}\n')
     return {"root": root, "run": root / "run", "text": text}
 
 
@@ -73,6 +78,7 @@ CASES = [
     ([*TRAIN, "--lr", "-1"], 1, r"lr=-1.0 is invalid: must be a finite number > 0"),
     ([*TRAIN, "--norm-eps", "inf"], 1, r"norm_eps=inf is invalid: must be a finite number > 0"),
     ([*TRAIN, "--init-std", "inf"], 1, r"init_std=inf is invalid: must be a finite number > 0"),
+    ([*TRAIN, "--init-std", "1e30"], 1, r"initial weights, before any update\. .*--init-std \(it is 1e\+30"),
     ([*TRAIN, "--grad-clip", "inf"], 1, r"grad_clip=inf is invalid: must be a finite number >= 0"),
     ([*TRAIN, "--weight-decay", "nan"], 1, r"weight_decay=nan is invalid"),
     ([*TRAIN, "--min-lr-ratio", "nan"], 1, r"min_lr_ratio=nan is invalid: must be in \[0, 1\]"),
@@ -103,7 +109,11 @@ CASES = [
     ([*TRAIN, "--config", "{root}/options.toml"], 1, r"attention_options='not a table' is invalid: must be a dict"),
     ([*TRAIN, "--config", "{root}/missing.toml"], 1, r"config file .*missing.toml not found"),
     # Sizes that cannot be allocated are refused before allocating, with the size and the memory.
-    ([*TRAIN, "--position", "learned", "--max-seq-len", BIG], 1, r"the model .* needs [\d,.]+ GiB but cpu has"),
+    (
+        [*TRAIN, "--position", "learned", "--max-seq-len", BIG],
+        1,
+        r"the model .* needs [\d,.]+ GiB but cpu has [\d,.]+ GiB available: lower .*--max-seq-len=100000000000",
+    ),
     # Paths.
     ([*TRAIN, "--data", "{root}/nowhere.txt"], 1, r"corpus '.*nowhere.txt' is neither a known corpus"),
     ([*TRAIN, "--data", "{root}/fifo"], 1, r"corpus '.*fifo' is not a regular file or a directory \(it is a FIFO\)"),
@@ -118,7 +128,8 @@ CASES = [
     ([*GENERATE, "--top-k", "0"], 1, r"top_k=0 is invalid: must be None or an integer >= 1"),
     ([*GENERATE, "--top-p", "nan"], 1, r"top_p=nan is invalid: must be None or in \(0, 1\]"),
     ([*GENERATE, "--max-new-tokens", "-1"], 1, r"max_new_tokens=-1 is invalid: must be an int >= 0"),
-    ([*GENERATE, "--max-new-tokens", BIG], 1, r"the KV cache needs [\d,.]+ GiB but cpu has [\d,.]+ GiB"),
+    ([*GENERATE, "--max-new-tokens", BIG], 1, r"needs [\d,.]+ GiB but cpu has [\d,.]+ GiB .*--max-new-tokens=10{11}"),
+    ([*GENERATE, "--num-samples", BIG], 1, r"needs [\d,.]+ GiB but cpu has [\d,.]+ GiB available: lower --num-samples"),
     ([*GENERATE, "--num-samples", "0"], 1, r"--num-samples=0 is invalid: must be >= 1"),
     (
         [*GENERATE, "--seed", HUGE_SEED],
@@ -136,6 +147,7 @@ CASES = [
     ([*EVAL, "--max-windows", "0"], 1, r"--max-windows=0 is invalid: must be an integer >= 1"),
     ([*EVAL, "--seq-len", "-5"], 1, r"--seq-len=-5 is invalid: must be an integer >= 1"),
     ([*EVAL, "--seq-len", "0"], 1, r"--seq-len=0 is invalid: must be an integer >= 1"),
+    ([*EVAL, "--seq-len", "10000000"], 1, r"--seq-len=10000000 is too long for the val split of .* at most [\d,]+"),
     ([*EVAL, "--task", "extrapolation", "--blocks", "0"], 1, r"--blocks=0 is invalid: must be an integer >= 1"),
     ([*EVAL[:2], "--device", "foo"], 1, r"device='foo' is invalid"),
     ([*EVAL, "--data", "{root}/fifo"], 1, r"corpus '.*fifo' is not a regular file or a directory"),
@@ -148,6 +160,7 @@ CASES = [
     # bench: refused before anything is measured
     ([*BENCH, "--seq-lens", "0"], 1, r"seq_lens=\[0\] is invalid: each must be an integer >= 1"),
     ([*BENCH, "--repeats", "0"], 1, r"repeats=0 is invalid: must be an integer >= 1"),
+    ([*BENCH, "--rounds", "0"], 1, r"rounds=0 is invalid: must be an integer >= 1"),
     ([*BENCH, "--threads", "0"], 1, r"threads=0 is invalid: must be an integer >= 1"),
     ([*BENCH, "--tokens-per-step", "0"], 1, r"tokens_per_step=0 is invalid"),
     ([*BENCH, "--decode-tokens", "0"], 1, r"decode_tokens=0 is invalid"),
@@ -165,6 +178,29 @@ CASES = [
     (["compare", "--preset", "micro", "--out", "{root}/file"], 1, r"--out .*file is a file, not a directory"),
     (["compare", "--preset", "micro", "--seeds", "0", "--out", "{root}/c"], 1, r"--seeds=0 is invalid"),
     (["compare", "--preset", "micro", "--steps", "0", "--out", "{root}/c"], 1, r"steps=0 is invalid"),
+    # An OverflowError traceback, an empty "error: " line, the defaults run silently, a decode error naming no file.
+    (
+        ["compare", "--config", "{root}/huge-seeds.toml", "--out", "{root}/c"],
+        1,
+        r"\[compare\] seeds = 99999999999999999999 is invalid: must be an integer in \[1, 1000\]",
+    ),
+    (
+        ["compare", "--config", "{root}/many-seeds.toml", "--out", "{root}/c"],
+        1,
+        r"\[compare\] seeds = 1000000000000 is invalid: must be an integer in \[1, 1000\]",
+    ),
+    (["compare", "--seeds", "1000000000000", "--out", "{root}/c"], 1, r"--seeds=1000000000000 is invalid"),
+    (["compare", "--config", "{root}/no-variants.toml", "--out", "{root}/c"], 1, r"variants = \[\] names no variant"),
+    (
+        ["compare", "--config", "{root}/binary.toml", "--out", "{root}/c"],
+        1,
+        r"config file .*binary.toml is not UTF-8 text \(byte 0x80 at offset 0\)",
+    ),
+    ([*TRAIN, "--config", "{root}/binary.toml"], 1, r"config file .*binary.toml is not UTF-8 text"),
+    # An empty path is the current directory to pathlib: it wrote there.
+    ([*TRAIN, "--tensorboard", ""], 2, r"argument --tensorboard: the path is empty"),
+    ([*TRAIN[:4], "", *TINY_FLAGS], 2, r"argument --out: the path is empty"),
+    ([*BENCH[:-1], ""], 2, r"argument --out: the path is empty"),
     # info
     (["info", "--dim", "0"], 1, r"dim=0 is invalid: must be an integer >= 1"),
     (["info", "{root}/nowhere"], 1, r"nowhere does not exist"),
@@ -211,6 +247,14 @@ def test_every_value_flag_of_every_command_has_a_row(world):
             if not any((name, flag) in tried for flag in flags):
                 missing.append(f"{name} {flags[0]}")
     assert not missing, f"flags without a bad-value row in CASES: {missing}"
+
+
+def test_install_sh_refuses_an_argument_it_does_not_know_before_installing_anything():
+    """`install.sh --dev --bogus` ignored --bogus and installed."""
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "install.sh"), "--dev", "--bogus"], capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "PYTHON": "false"})  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stdout == "install.sh: unexpected argument '--bogus': expected nothing, --dev or --dry-run [REPORT]\n"
 
 
 def test_info_into_a_closed_pipe_ends_quietly(world):
@@ -271,6 +315,8 @@ API_CASES = [
     (lambda m: ModelConfig(init_std=math.inf), r"init_std=inf is invalid: must be a finite number > 0"),
     (lambda m: ModelConfig(norm_eps=1e39), r"norm_eps=1e\+39 is invalid: .*float32"),
     (lambda m: ModelConfig(position_options={"rope_theta": math.nan}), r"rope_theta=nan is invalid"),
+    (lambda m: ModelConfig.from_dict(None), r"ModelConfig.from_dict\(None\) is invalid: needs a dict"),
+    (lambda m: ModelConfig.from_json("[1, 2]"), r"model config JSON must be an object, got list"),
 ]
 
 
@@ -279,6 +325,12 @@ def test_the_api_refuses_bad_values_with_a_value_error(call, words):
     model = Transformer(ModelConfig(vocab_size=64, dim=16, n_layers=1, n_heads=2, max_seq_len=16))
     with pytest.raises(ValueError, match=words):
         call(model)
+
+
+def test_a_model_too_large_for_memory_is_refused_before_the_allocator_is_asked():
+    """It died in the allocator (RuntimeError: DefaultCPUAllocator: can't allocate memory) where the CLI checked."""
+    with pytest.raises(MemoryError, match=r"the model .* needs [\d,.]+ GiB .*: lower .*vocab_size=1000000000000"):
+        Transformer(ModelConfig(vocab_size=10**12, dim=16, n_layers=1, n_heads=2, max_seq_len=16))
 
 
 def test_a_tiny_temperature_samples_the_argmax_instead_of_nan():
@@ -305,3 +357,73 @@ def test_a_pickled_weights_file_is_refused_without_advice_to_turn_safety_off(tmp
     with pytest.raises(ValueError, match=r"pytorch_model\.bin holds more than tensors .* not loaded") as refused:
         read_state_dict(tmp_path)
     assert "weights_only" not in str(refused.value) and not marker.exists()
+
+
+# ---------------------------------------------------------------------------------------------- faults: a full disk
+
+
+def _one_error_line(err: str) -> str:
+    assert "Traceback" not in err, err
+    (line,) = [line for line in err.splitlines() if line.startswith("attnzoo")]
+    return line
+
+
+@pytest.mark.parametrize("writer", ["safetensors", "torch.save", "text"])
+@pytest.mark.parametrize("raises", ["OSError", "the writer's own error"])
+def test_a_full_disk_while_saving_names_the_file_the_disk_and_the_checkpoint_kept(
+    world, tmp_path, monkeypatch, capsys, writer, raises
+):
+    """Safetensors raised SafetensorError and torch.save RuntimeError on a full disk: a traceback."""
+    from attnzoo import io
+    from attnzoo.training import checkpoint
+
+    run = tmp_path / "run"
+    argv = ["train", "--data", str(world["text"]), "--out", str(run), *TINY_FLAGS, "--steps", "4"]
+    target = {"safetensors": (checkpoint, "save_file"), "torch.save": (checkpoint.torch, "save"),
+              "text": (Path, "write_text")}[writer]  # fmt: skip
+    real = getattr(*target)
+
+    def full_from_step_4(*args, **kwargs):
+        if not any("step-0000004" in str(arg) for arg in args):
+            return real(*args, **kwargs)
+        if raises == "OSError":
+            raise OSError(errno.ENOSPC, "No space left on device")  # as a failed close does: naming no file
+        monkeypatch.setattr(io, "free_bytes", lambda path: 0)
+        raise RuntimeError("PytorchStreamWriter failed writing file data/0: file write failed")
+
+    monkeypatch.setattr(*target, full_from_step_4)
+    assert main([*argv, "--checkpoint-interval", "2"]) == 1
+    line = _one_error_line(capsys.readouterr().err)
+    assert re.search(r"stopped at step 4: could not write .*step-0000004/\S+: the disk is full", line), line
+    assert re.search(r"\(the disk mounted at /.*\)\. Nothing was lost: the last good checkpoint, .*step-0000002", line)
+    assert not (run / "checkpoints" / "step-0000004").exists()
+
+
+def test_a_full_disk_outside_training_names_the_file_and_the_disk(world, tmp_path, monkeypatch, capsys):
+    from attnzoo import bench
+
+    def full(path, text):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(bench, "atomic_write_text", full)
+    argv = [arg.format(**world) for arg in BENCH]
+    assert main(argv) == 1
+    line = _one_error_line(capsys.readouterr().err)
+    assert re.search(r"No space left on device: .*/b/\S+ \(the disk mounted at /.*\)\. Nothing was lost", line), line
+
+
+def test_convert_from_hf_refuses_a_pickled_checkpoint_with_code_in_one_line(tmp_path, capsys):
+    """transformers' own refusal is a traceback that advises loading the file with weights_only=False."""
+    transformers = pytest.importorskip("transformers")
+    source = tmp_path / "llama"
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=2)  # fmt: skip
+    config.architectures = ["LlamaForCausalLM"]
+    config.save_pretrained(source)
+    marker = tmp_path / "payload-ran"
+    weights = transformers.LlamaForCausalLM(config).state_dict()
+    torch.save({**weights, "extra": _Payload(marker)}, source / "pytorch_model.bin")
+    assert main(["convert", "--from-hf", str(source), "--out", str(tmp_path / "out")]) == 1
+    line = _one_error_line(capsys.readouterr().err)
+    assert re.search(r"pytorch_model\.bin holds more than tensors .* not loaded: .*safetensors", line), line
+    assert "weights_only" not in line and not marker.exists() and not (tmp_path / "out").exists()

@@ -48,7 +48,39 @@ def test_help_lists_every_command(capsys):
 def test_each_command_is_one_module_of_the_cli_package():
     assert tuple(command.name for command in COMMANDS) == COMMAND_NAMES
     for command in COMMANDS:
-        assert importlib.import_module(f"attnzoo.cli.{command.name}").COMMAND is command
+        module = importlib.import_module(f"attnzoo.cli.{command.name}")
+        assert callable(module.add_arguments) and callable(module.run)
+
+
+STARTUP_PROBE = """
+import json, runpy, sys
+sys.argv[0] = "attnzoo"
+try:
+    runpy.run_module("attnzoo", run_name="__main__", alter_sys=True)  # python -m attnzoo ARGS
+except SystemExit:
+    pass
+print(json.dumps(sorted(sys.modules)))
+"""
+# What `attnzoo --help` and `info` took 20 s under load to import: every command loaded all of these. (Building a
+# model on the meta device, as info does, makes torch itself import torch._dynamo and with it Triton.)
+HEAVY = {"torch", "attnzoo.bench", "attnzoo.compare", "attnzoo.training.trainer", "matplotlib", "scipy"}
+
+
+@pytest.mark.parametrize(
+    ("argv", "needs"),
+    [
+        (["--help"], set()),
+        (["--version"], set()),
+        (["info", "--help"], {"torch"}),
+        (["info", "--dim", "64", "--n-heads", "2"], {"torch"}),
+    ],
+)
+def test_a_command_imports_only_what_it_needs(argv, needs):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", STARTUP_PROBE, *argv], capture_output=True, text=True, env=env,
+                          timeout=120, check=True)  # fmt: skip
+    loaded = set(json.loads(done.stdout.splitlines()[-1]))
+    assert loaded & HEAVY == needs
 
 
 def _subparsers() -> dict[str, argparse.ArgumentParser]:

@@ -286,6 +286,16 @@ def test_the_schedule_scales_what_is_left_by_how_the_estimates_held():
     assert schedule.remaining() == 0.0
 
 
+def test_the_schedule_follows_the_recent_jobs_not_the_average_since_the_start():
+    """The estimate swung 40 → 148 → 78 → 36 min as the machine's load came and went."""
+    schedule = Schedule({job: 10.0 for job in "abcde"})
+    schedule.finish("a", 40.0)  # a busy spell: 4× the estimate
+    for job in "bc":
+        schedule.finish(job, 10.0)  # quiet again: as estimated
+    assert schedule.factor == pytest.approx(0.25 * 4 + 0.75 * 1)  # the average since the start says 2.0
+    assert schedule.remaining() == pytest.approx(1.75 * 20.0)
+
+
 def test_a_second_invocation_reuses_every_finished_run(micro, copy_of):
     before, results_before = _mtimes(copy_of), _results(copy_of)
     result, stdout = _compare(copy_of, micro["text"])
@@ -411,6 +421,29 @@ def test_a_compare_stopped_during_the_bench_keeps_the_cases_measured(micro, copy
     timings = [(m["variant"], m["timing"]["tokens_per_s"]) for m in bench["measurements"]]
     assert timings == [("mha+rope", 100.0), ("diff+rope", 50.0)]
     assert "resumed after an interruption" in bench["machine"] and not (copy_of / "bench.partial.json").exists()
+
+
+def test_sigterm_during_the_task_phase_stops_the_compare_with_a_message(micro, copy_of, monkeypatch):
+    """It ended the process with status -15 and no word."""
+    shutil.rmtree(copy_of / "tasks")
+    (copy_of / "results.json").unlink()
+
+    def terminated(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the signal's handler raises before this ends
+        raise AssertionError("SIGTERM did not stop the compare")
+
+    def unhandled(signum, frame):  # instead of ending pytest, as SIGTERM's default action would
+        raise AssertionError("the compare left SIGTERM to its default action")
+
+    monkeypatch.setattr(runner, "train_task", terminated)
+    previous = signal.signal(signal.SIGTERM, unhandled)
+    try:
+        result, stdout = _compare(copy_of, micro["text"])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert result.interrupted_by == signal.SIGTERM and "compare interrupted; run the same command again" in stdout
+    assert not (copy_of / "results.json").exists()
 
 
 def test_a_comparison_other_than_the_presets_gets_its_own_directory():

@@ -8,6 +8,7 @@ directory on ``sys.path``, which is what ``pip install`` leaves in site-packages
 
 import importlib
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -43,6 +44,8 @@ plugin_mha = attnzoo_tiny_plugin
 [attnzoo.positions]
 plugin_none = attnzoo_tiny_plugin:NoPositions
 plugin_broken = attnzoo_tiny_plugin_missing:Nothing
+plugin_exits = attnzoo_tiny_plugin_exits
+alibi = attnzoo_tiny_plugin:NoPositions
 """
 
 
@@ -51,6 +54,7 @@ def plugin_dir(tmp_path):
     site = tmp_path / "site"
     (site / "attnzoo_tiny_plugin").mkdir(parents=True)
     (site / "attnzoo_tiny_plugin" / "__init__.py").write_text(PLUGIN)
+    (site / "attnzoo_tiny_plugin_exits.py").write_text("import sys\n\nsys.exit(3)\n")
     dist_info = site / "attnzoo_tiny_plugin-0.1.dist-info"
     dist_info.mkdir()
     (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: attnzoo-tiny-plugin\nVersion: 0.1\n")
@@ -85,6 +89,21 @@ def test_plugins_are_listed_without_being_imported_and_load_when_asked_for(insta
 def test_a_broken_plugin_is_a_clear_error_naming_its_entry_point(installed):
     with pytest.raises(ValueError, match=r"plugin plugin_broken = 'attnzoo_tiny_plugin_missing:Nothing'.*failed"):
         ModelConfig(vocab_size=16, dim=16, n_layers=1, n_heads=2, position="plugin_broken")
+
+
+def test_a_plugin_that_exits_on_import_is_an_error_not_a_silent_exit(installed):
+    """Its sys.exit(3) ended the command with status 3 and no word."""
+    with pytest.raises(ValueError, match=r"plugin_exits = 'attnzoo_tiny_plugin_exits' .*sys.exit\(3\) on import"):
+        POSITIONS.get("plugin_exits")
+
+
+def test_a_plugin_named_like_a_built_in_is_named_in_a_warning(installed, monkeypatch, caplog):
+    """It was silently never loaded: the built-in alibi won."""
+    monkeypatch.setattr(POSITIONS, "_clashes_told", False)
+    assert POSITIONS.get("alibi").__name__ != "NoPositions"
+    assert POSITIONS.get("rope")  # told once
+    (told,) = [r.getMessage() for r in caplog.records if "is built in" in r.getMessage()]
+    assert re.search(r"position.* plugin alibi = 'attnzoo_tiny_plugin:NoPositions' .*is not loaded: 'alibi'", told)
 
 
 def test_without_the_plugin_its_name_is_unknown():

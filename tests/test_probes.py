@@ -15,7 +15,7 @@ from attnzoo.evals.probes import (
     activation_outliers,
     length_bucket,
     probe_model,
-    probe_table,
+    probe_tables,
     row_entropy,
     row_spikiness,
     spikiness_by_length,
@@ -130,10 +130,17 @@ def test_spikiness_skips_rows_outside_a_local_window():
     assert list(probes[1].spikiness_by_length) == ["1", "2-3", "4-7", "8-15"]
 
 
-def test_probe_table_has_one_row_per_layer():
-    probe = LayerProbe(0, 1.5, [1.5], 2.0, 0.5, 4.0, 0.7, [0.7], 0.6, {"1": 1.0, "2-3": 0.7})
-    text = probe_table([probe, probe]).to_text()
-    assert text.count("\n") == 3 and "1:1.00 2-3:0.70" in text
+def test_probe_tables_have_one_row_per_layer_and_fit_a_terminal():
+    """One table was ~200 columns wide for a model of 8 heads at 256 tokens."""
+    heads, buckets = [2.5 + h / 100 for h in range(8)], {"1": 1.0, "2-3": 0.7, "4-7": 0.5, "8-15": 0.4}
+    local = LayerProbe(0, 1.5, [1.5], 2.0, 0.5, 4.0, 0.7, heads, 0.6, {"1": 1.0, "2-3": 0.7})
+    wide = LayerProbe(1, 1.5, [1.5], 2.0, 0.5, 4.0, 0.7, heads, 0.6, {**buckets, "16-31": 0.3, "32-63": 0.2,
+                      "64-127": 0.15, "128-255": 0.1, "256-511": 0.05})  # fmt: skip
+    summary, by_head, by_length = (table.to_text().splitlines() for table in probe_tables([local, wide]))
+    assert all(len(lines) == 4 for lines in (summary, by_head, by_length))
+    assert max(len(line) for line in (*summary, *by_head, *by_length)) <= 100
+    assert by_head[2].split() == ["layer", "0", *(f"{h:.2f}" for h in heads)]
+    assert by_length[2].split()[2:] == ["1.00", "0.70", *["—"] * 7]  # the local layer sees no longer context
 
 
 def test_eval_task_probes_prints_a_table_and_json(tmp_path, capsys):

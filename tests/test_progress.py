@@ -20,7 +20,8 @@ def fake_measure(monkeypatch):
 
     def measure(case, **kwargs):
         measured.append(case.label)
-        return bench.BenchResult(case.label, case.mode, case.seq_len, case.batch_size, 1000.0, 900.0, 1100.0, 10.0)
+        rates = {"rates": [900.0, 1000.0, 1100.0]}  # each repeat's rate, as a real measurement keeps them
+        return bench.BenchResult(case.label, case.mode, case.seq_len, case.batch_size, 1000.0, 900.0, 1100.0, 10, rates)
 
     monkeypatch.setattr(bench, "measure", measure)
     return measured
@@ -29,17 +30,17 @@ def fake_measure(monkeypatch):
 def test_bench_shows_a_bar_over_its_cases_and_a_line_per_case(tmp_path, fake_measure, capsys):
     assert main([*BENCH, "--out", str(tmp_path)]) == 0
     out, err = capsys.readouterr()
-    assert len(fake_measure) == 4
-    assert "bench: 100%" in err and "4/4" in err and "case" in err  # tqdm: count, rate and ETA
+    assert len(fake_measure) == 8  # 4 cases in 2 interleaved rounds
+    assert "bench: 100%" in err and "8/8" in err and "case" in err  # tqdm: count, rate and ETA
     assert "<" in err  # the elapsed<remaining (ETA) field
     lines = [line for line in out.splitlines() if " T=" in line]
-    assert len(lines) == 4 and lines[0].startswith("mha+rope")
+    assert len(lines) == 8 and lines[0].startswith("round 1/2 mha+rope") and lines[4].startswith("round 2/2 mha+rope")
 
 
 def test_bench_no_progress_keeps_the_lines(tmp_path, fake_measure, capsys):
     assert main([*BENCH, "--out", str(tmp_path), "--no-progress"]) == 0
     out, err = capsys.readouterr()
-    assert "bench:" not in err and sum(" T=" in line for line in out.splitlines()) == 4
+    assert "bench:" not in err and sum(" T=" in line for line in out.splitlines()) == 8
 
 
 def test_eval_shows_a_bar_over_its_windows_on_stderr(tmp_path, capsys):

@@ -2,6 +2,7 @@ import errno
 import itertools
 import json
 import math
+import re
 import shutil
 import signal
 
@@ -24,6 +25,7 @@ from attnzoo.training import (
 )
 from attnzoo.training.checkpoint import complete_checkpoints, latest_checkpoint
 from attnzoo.training.optim import learning_rate, parameter_groups
+from attnzoo.training.trainer import DivergenceWatch
 
 
 @pytest.fixture
@@ -266,9 +268,11 @@ def test_a_full_disk_while_saving_names_the_disk_and_the_last_good_checkpoint(te
         return real_save(tensors, filename, metadata=metadata)
 
     monkeypatch.setattr(checkpoint_module, "save_file", full_after_step_2)
-    with pytest.raises(CheckpointError, match=r"step 4 .*disk is full .*on the disk of /.*last good .*step-0000002"):
+    said = r"step 4: .*model.safetensors: the disk is full \(the disk mounted at /.*\)\. Nothing was lost: .*-0000002"
+    with pytest.raises(CheckpointError, match=said):
         trainer.fit()
     assert read_checkpoint(run).step == 2
+    assert not (run / "checkpoints" / "step-0000004").exists()  # the torn checkpoint gave its space back
 
 
 def test_a_corpus_too_small_for_one_window_is_refused(tmp_path):
@@ -276,3 +280,39 @@ def test_a_corpus_too_small_for_one_window_is_refused(tmp_path):
     short.write_text("x" * 200)
     with pytest.raises(ValueError, match=r"val split of corpus 'short.txt' has 20 tokens, fewer than one window"):
         _train(short, tmp_path / "run")
+
+
+def test_a_finite_divergence_stops_the_run_naming_the_cause_and_the_checkpoint_before_it(text, tmp_path):
+    """At --lr 1e6 a run trained on at the uniform loss, ln(vocab_size), and kept checkpointing it."""
+    run = tmp_path / "run"
+    train_config = tiny_train_config(text, steps=40, warmup_steps=2, checkpoint_interval=4)
+    trainer = Trainer(tiny_model_config(), train_config, prepare_corpus(str(text), "byte"), run, progress=False)
+
+    def uniform_from_step_20(module, inputs, output):  # every logit alike: the loss is exactly ln(256)
+        return output * 0 if trainer.step >= 20 else output
+
+    trainer.raw_model.lm_head.register_forward_hook(uniform_from_step_20)
+    said = r"step 30: .*at or above 5.5452 = ln\(vocab_size\).* for 10 steps .*, since step 21\. .*--lr=0\.002"
+    with pytest.raises(TrainingDiverged, match=said) as stop:
+        trainer.fit()
+    assert re.search(r"last checkpoint before it is .*step-0000016: .*--init-from", str(stop.value)), stop.value
+    assert latest_checkpoint(run).name == "step-0000028"  # not removed: the message names the one to use
+
+
+def test_the_divergence_watch_stops_a_sustained_jump_and_lets_a_spike_pass():
+    falling = [3.0 - 0.1 * step for step in range(20)]  # to 1.1; warmup 2, judged from step 12
+    spike, jump = [4.0] * 9, [4.0] * 10  # above 2× the lowest smoothed loss, below ln(256)
+    for losses, stops_at in [(falling + spike + falling[-1:], None), (falling + jump, 30)]:
+        watch = DivergenceWatch(uniform_loss=math.log(256), watch_from=12)
+        verdicts = [watch.update(step, loss) for step, loss in enumerate(losses, start=1)]
+        stopped = [step for step, why in enumerate(verdicts, start=1) if why is not None]
+        assert stopped[:1] == ([stops_at] if stops_at else []), verdicts
+    said = r"the training loss has stayed above 2× its lowest \(1\.\d+, smoothed\) for 10 steps \(now 4\.0000\)"
+    assert re.match(said, verdicts[29]), verdicts[29]
+
+
+def test_a_healthy_run_at_a_near_uniform_start_is_not_taken_for_a_divergence(text, tmp_path):
+    """A fresh model's loss starts at about ln(vocab_size): the watch waits for warmup and one smoothing span."""
+    result = Trainer(tiny_model_config(), tiny_train_config(text, steps=30, warmup_steps=0),
+                     prepare_corpus(str(text), "byte"), tmp_path / "run", progress=False).fit()  # fmt: skip
+    assert result.step == 30

@@ -33,8 +33,13 @@ def test_viz_command_on_a_trained_run(tmp_path, capsys):
         main(["train", "--data", str(text), "--out", str(run), "--attention", "dcmha", "--steps", "4", *TINY_FLAGS])
         == 0
     )
+    capsys.readouterr()
     assert main(["viz", str(run), "--prompt", "the king sat", "--out", str(tmp_path / "maps")]) == 0
     written = sorted(p.name for p in (tmp_path / "maps").iterdir())
     assert written == [f"layer{i}.png" for i in range(len(written))] and written
-    assert str(tmp_path / "maps" / "layer0.png") in capsys.readouterr().out
+    said = capsys.readouterr().out.splitlines()
+    assert said[0] == f"wrote {len(written)} attention heatmap(s), one PNG per layer with a panel per head, into " + (
+        f"{tmp_path / 'maps'}:"
+    )
+    assert said[1:] == [f"  {tmp_path / 'maps' / name}" for name in written]
     assert main(["viz", str(run), "--prompt", ""]) == 1  # a clear one-line error, not a traceback

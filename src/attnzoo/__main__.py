@@ -9,14 +9,18 @@ from typing import NoReturn
 
 def main() -> NoReturn:
     try:
-        # The imports (torch) take seconds: a Ctrl-C then is an ordinary stop, not a traceback. Nothing imported
-        # before this point loads torch (attnzoo/__init__.py is lazy).
+        # attnzoo.cli loads no torch (the command's module does, within run_command, which takes a Ctrl-C
+        # there as an ordinary stop); a Ctrl-C this early is one too.
         from attnzoo.cli import main as run_command
-        from attnzoo.distributed import exit_process
     except KeyboardInterrupt:
         print("attnzoo: interrupted", file=sys.stderr)
         raise SystemExit(130) from None
-    exit_process(run_command())
+    code = run_command()
+    if "attnzoo.distributed" in sys.modules:  # where a torchrun worker joins its process group
+        from attnzoo.distributed import exit_process
+
+        exit_process(code)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from tqdm import tqdm
 from attnzoo.attention import fused_cpu
 from attnzoo.config import ModelConfig
 from attnzoo.io import atomic_write_text
+from attnzoo.machine import is_busy
 from attnzoo.model import Transformer
 from attnzoo.tables import Table, memory_header, ratio, speed_header
 from attnzoo.variants import Variant, matched_configs
@@ -344,11 +345,12 @@ def ratio_table(results: list[BenchResult], baseline: str) -> Table:
     cache also shows the bytes its cache buffers hold (T + decoded tokens positions, measured on the allocation)."""
     base = {(r.mode, r.seq_len): r for r in results if r.case == baseline}
     header = ["case", "mode", "T", "batch", "tok/s (median)", "spread (min–max)", speed_header(baseline)]
-    header += ["peak MB", memory_header(baseline), "KV cache MB", "kernel"]
+    header += ["peak MB", memory_header(baseline), "KV cache MB", "kernel", "load average"]
     rows = []
     for r in results:
         b = base.get((r.mode, r.seq_len))
         speed = r.tokens_per_s / b.tokens_per_s if b else None
+        busy = measured_busy(r) or (b is not None and measured_busy(b))
         memory = r.peak_mem_mb / b.peak_mem_mb if b and b.peak_mem_mb > 0 else None
         rows.append(
             [
@@ -358,14 +360,26 @@ def ratio_table(results: list[BenchResult], baseline: str) -> Table:
                 str(r.batch_size),
                 f"{r.tokens_per_s:,.0f}",
                 f"{r.tokens_per_s_min:,.0f}–{r.tokens_per_s_max:,.0f}",
-                ratio(speed),
+                ratio(speed) + (" unreliable: busy machine" if busy and speed is not None else ""),
                 f"{r.peak_mem_mb:,.0f}",
                 ratio(memory),
                 f"{r.extra['cache_bytes'] / 2**20:,.2f}" if "cache_bytes" in r.extra else "–",
                 ", ".join(r.extra.get("sdpa_kernels", [])) or "none",
+                _load_averages(r),
             ]
         )
     return Table(header, rows)
+
+
+def measured_busy(result: BenchResult) -> bool:
+    """Whether any round of ``result`` ran while more work was runnable than cores (its speed is unreliable)."""
+    loads = result.extra.get("round_load_averages") or [result.extra.get("load_average")]
+    return any(is_busy(load, os.cpu_count() or 1) for load in loads)
+
+
+def _load_averages(result: BenchResult) -> str:
+    loads = result.extra.get("round_load_averages") or [result.extra.get("load_average")]
+    return " ".join("–" if load is None else f"{load:.2f}" for load in loads)
 
 
 def pool_rounds(rounds: list[BenchResult]) -> BenchResult:
@@ -431,7 +445,10 @@ class BenchSweep:
     n_layers: int = 4
     n_heads: int = 8
     dtype: str = "float32"
-    repeats: int = 3
+    repeats: int = 3  # timed repeats per case, spread over the rounds
+    # The case list is measured in turn this many times, each case in a fresh process every round, and each case's
+    # repeats pooled: the machine's drift (another job starting) then falls on every case alike.
+    rounds: int = 2
     threads: int = field(default_factory=torch.get_num_threads)
     device: str = field(default_factory=lambda: "cuda" if torch.cuda.is_available() else "cpu")
 
@@ -446,7 +463,7 @@ class BenchSweep:
             raise ValueError(f"modes={list(self.modes)} is invalid: choose among {list(MODES)}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype={self.dtype!r} is invalid: choose one of {list(DTYPES)}")
-        for name in ("tokens_per_step", "decode_tokens", "repeats", "threads"):
+        for name in ("tokens_per_step", "decode_tokens", "repeats", "rounds", "threads"):
             if not _positive_int(getattr(self, name)):
                 raise ValueError(f"{name}={getattr(self, name)!r} is invalid: must be an integer >= 1")
         try:
@@ -471,9 +488,9 @@ def _positive_int(value: object) -> bool:
 
 
 def run_bench(sweep: BenchSweep, out: Path, *, progress: bool = True) -> list[BenchResult]:
-    """Measure every case of ``sweep``, printing a line per case under a progress bar (case k of n, the case
-    being measured, an ETA), then print the ratio table and write it to ``out/bench.md`` with the raw results
-    in ``out/bench.json``."""
+    """Measure every case of ``sweep`` in ``sweep.rounds`` interleaved rounds, printing a line per case and round
+    under a progress bar (an ETA), then print the ratio table of the pooled rounds and write it to
+    ``out/bench.md`` with the raw results in ``out/bench.json``."""
     variants = [Variant.parse(spec) for spec in sweep.variants]
     baseline_label = variants[0].label
     cases = []
@@ -483,18 +500,23 @@ def run_bench(sweep: BenchSweep, out: Path, *, progress: bool = True) -> list[Be
             batch = max(1, sweep.tokens_per_step // seq_len) if mode in (*TRAINING_MODES, "prefill") else 1
             for label, cfg in configs.items():
                 cases.append(BenchCase(label, cfg, batch, seq_len, mode, sweep.decode_tokens, sweep.dtype))
-    results = []
-    with tqdm(total=len(cases), desc="bench", unit="case", disable=not progress) as bar:
-        for case in cases:
-            bar.set_postfix_str(f"{case.label} {case.mode} T={case.seq_len}")
-            result = measure(case, repeats=sweep.repeats, threads=sweep.threads, device=sweep.device)
-            results.append(result)
-            tqdm.write(
-                f"{case.label:20s} {case.mode:15s} T={case.seq_len:<6d} {result.tokens_per_s:>10,.0f} tok/s "
-                f"{result.peak_mem_mb:>8,.0f} MB"
-            )
-            sys.stdout.flush()
-            bar.update(1)
+    per_round = -(-sweep.repeats // sweep.rounds)  # ceil: every round times at least one repeat
+    rounds: dict[int, list[BenchResult]] = {i: [] for i in range(len(cases))}
+    with tqdm(total=len(cases) * sweep.rounds, desc="bench", unit="case", disable=not progress) as bar:
+        for round_number in range(1, sweep.rounds + 1):
+            for i, case in enumerate(cases):
+                bar.set_postfix_str(f"round {round_number}/{sweep.rounds}: {case.label} {case.mode} T={case.seq_len}")
+                result = measure(case, repeats=per_round, threads=sweep.threads, device=sweep.device)
+                rounds[i].append(result)
+                busy = "  unreliable: busy machine" if measured_busy(result) else ""
+                tqdm.write(
+                    f"round {round_number}/{sweep.rounds} {case.label:20s} {case.mode:15s} T={case.seq_len:<6d} "
+                    f"{result.tokens_per_s:>10,.0f} tok/s {result.peak_mem_mb:>8,.0f} MB  "
+                    f"load average {_load_averages(result)}{busy}"
+                )
+                sys.stdout.flush()
+                bar.update(1)
+    results = [pool_rounds(measured) for measured in rounds.values()]
     header = f"Machine: {machine_description(sweep.threads)}; {sweep.dtype}; baseline {baseline_label}."
     write_results(out / "bench.md", header, results, baseline_label)
     return results

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,7 @@ NOT_ARCHITECTURE = ("dropout", "init_std", "attn_backend")
 DERIVED = ("n_kv_heads", "head_dim", "mlp_hidden_dim")  # None: resolved from the other fields
 NORM_KINDS = ("rmsnorm", "layernorm")
 ATTN_BACKENDS = ("auto", "eager", "sdpa")
+SDPA_REFUSED_FROM = "attnzoo 0.2"  # for a mechanism that acts on the scores; until then it warns
 
 
 def function_neutral(position: Any) -> tuple[str, ...]:
@@ -156,13 +158,16 @@ class ModelConfig:
             self._set(options_field, dataclasses.asdict(typed))
 
         attention_cls = ATTENTION.get(self.attention)
-        require(
-            self.attn_backend != "sdpa" or not attention_cls.needs_scores,
-            "attn_backend",
-            self.attn_backend,
-            f"{self.attention} acts on the attention scores, which SDPA cannot compute: "
-            "use 'auto' (its chunked eager kernel) or 'eager'",
-        )
+        if self.attn_backend == "sdpa" and attention_cls.needs_scores:
+            # Refused outright by 0.1.0's development, which broke saved configs silently: deprecated instead.
+            warnings.warn(
+                f"attn_backend='sdpa' with {self.attention}, which acts on the attention scores that SDPA cannot "
+                f"compute, runs as 'auto' (its chunked eager kernel); this is deprecated and will be refused from "
+                f"{SDPA_REFUSED_FROM}: set attn_backend='auto' or 'eager'",
+                FutureWarning,
+                stacklevel=3,  # the caller's ModelConfig(...)
+            )
+            self._set("attn_backend", "auto")
         attention_cls.validate_config(self)
         POSITIONS.get(self.position).validate_config(self, attention_cls.qk_head_dim(self))
 
@@ -188,6 +193,8 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
+        if not isinstance(data, dict):
+            raise ValueError(f"ModelConfig.from_dict({data!r:.80}) is invalid: needs a dict of field: value")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -240,7 +247,7 @@ class ModelConfig:
     @classmethod
     def from_json(cls, path_or_text: str | os.PathLike) -> ModelConfig:
         text = str(path_or_text)
-        if not text.lstrip().startswith("{"):
+        if text.lstrip()[:1] not in ("{", "["):  # a file name; JSON text is an object (or a mistaken array)
             try:
                 with open(path_or_text, encoding="utf-8") as f:
                     text = f.read()

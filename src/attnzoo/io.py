@@ -4,12 +4,15 @@ directory locks (one writer per run or compare directory)."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import shutil
 import stat
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -28,7 +31,18 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     os.close(fd)
     tmp = Path(tmp_name)
     try:
-        yield tmp
+        try:
+            yield tmp
+        except OSError as err:
+            if err.filename in (None, str(tmp)):  # a failed close names no file; the temp name means nothing
+                raise OSError(err.errno, err.strerror, str(path)) from err
+            raise
+        except Exception as err:
+            # safetensors and torch.save report a full disk as SafetensorError / RuntimeError: name it as the
+            # OSError it is, so that callers handle it like any other failed write.
+            if free_bytes(tmp.parent) < DISK_FULL_MARGIN:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from err
+            raise
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         # mkstemp creates files readable by their owner alone; give the permissions open() would.
@@ -37,6 +51,40 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         _fsync_dir(path.parent)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+# A writer that failed with less than this left to the user ran out of space: a write fails only once the
+# file system cannot hold its next block, and writers' buffers are smaller than this.
+DISK_FULL_MARGIN = 1 << 20
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def free_bytes(path: str | os.PathLike) -> int:
+    """Bytes an unprivileged writer can still put on the file system holding ``path``."""
+    return shutil.disk_usage(path).free
+
+
+def mount_point(path: str | os.PathLike) -> Path:
+    """The mount point of the file system holding ``path``: what a full disk is named by."""
+    path = Path(path).resolve()
+    while not path.exists():
+        path = path.parent
+    while not os.path.ismount(path) and path != path.parent:
+        path = path.parent
+    return path
+
+
+def describe_os_error(err: OSError) -> str:
+    """One line for an OSError: what failed, on which file and, for a full disk, which disk (every file is
+    written atomically, so the file it was replacing is intact)."""
+    where = f"{err.filename}" + (f" → {err.filename2}" if err.filename2 else "") if err.filename else ""
+    text = f"{err.strerror or err}" + (f": {where}" if where else "")
+    if err.errno in DISK_FULL and err.filename:
+        text += (
+            f" (the disk mounted at {mount_point(err.filename)}). Nothing was lost: a file is replaced only once "
+            "its new version is written in full. Free some space and run the command again."
+        )
+    return text
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> None:
@@ -78,14 +126,28 @@ def available_memory(device: torch.device | str) -> int | None:
         return None
 
 
-def check_memory(nbytes: int, what: str, device: torch.device | str) -> None:
-    """Refuse, before allocating, ``nbytes`` that ``device`` does not have: name the size and the memory."""
+class TooLarge(MemoryError):
+    """An allocation refused before it was tried: its size, the memory there is, and the settings that set it."""
+
+    def __init__(self, what: str, nbytes: int, available: int, device: torch.device, settings: dict[str, Any]):
+        self.what, self.nbytes, self.available, self.device, self.settings = what, nbytes, available, device, settings
+        super().__init__(self.describe())
+
+    def describe(self, spell: Callable[[str], str] = str) -> str:
+        """The refusal, each setting's name written by ``spell`` (the CLI writes ``n_layers`` as ``--n-layers``)."""
+        lower = " or ".join(f"{spell(name)}={value}" for name, value in self.settings.items())
+        return (
+            f"{self.what} needs {self.nbytes / 2**30:,.1f} GiB but {self.device} has "
+            f"{self.available / 2**30:,.1f} GiB available: lower {lower}"
+        )
+
+
+def check_memory(nbytes: int, what: str, device: torch.device | str, settings: dict[str, Any]) -> None:
+    """Refuse, before allocating, ``nbytes`` that ``device`` does not have (:class:`TooLarge`), naming the
+    ``settings`` (name: value) the size grows with."""
     available = available_memory(device)
     if available is not None and nbytes > available:
-        raise MemoryError(
-            f"{what} needs {nbytes / 2**30:,.1f} GiB but {torch.device(device)} has {available / 2**30:,.1f} GiB "
-            "available: ask for less"
-        )
+        raise TooLarge(what, nbytes, available, torch.device(device), settings)
 
 
 def _read_umask() -> int:

@@ -100,6 +100,9 @@ class Block(nn.Module):
 class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
+        shapes_only = torch.get_default_device().type == "meta"
+        if not shapes_only:  # refused by name, not by the allocator midway
+            self.check_fits(cfg, torch.get_default_device())
         self.config = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.embed_norm = make_norm(cfg) if cfg.embedding_norm else None
@@ -111,7 +114,8 @@ class Transformer(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self._decoder: CompiledDecoder | None = None  # generate(compile=True)'s, kept between calls
-        self.reset_parameters()
+        if not shapes_only:  # nothing to initialise on the meta device (where torch's init imports torch._dynamo)
+            self.reset_parameters()
 
     def __getstate__(self) -> dict[str, Any]:
         """The module's state without the compiled decoder: its step is a function made at run time, which pickle
@@ -143,7 +147,9 @@ class Transformer(nn.Module):
             model = cls(cfg)
         tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}.values()
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
-        check_memory(nbytes, f"the model ({model.num_parameters():,} parameters, buffers included)", device)
+        sizes = {"dim": cfg.dim, "n_layers": cfg.n_layers, "mlp_hidden_dim": cfg.mlp_hidden_dim,
+                 "vocab_size": cfg.vocab_size, "max_seq_len": cfg.max_seq_len}  # fmt: skip
+        check_memory(nbytes, f"the model ({model.num_parameters():,} parameters, buffers included)", device, sizes)
 
     def num_parameters(self, exclude_embeddings: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())
@@ -359,11 +365,16 @@ class Transformer(nn.Module):
         if use_cache and max_new_tokens:
             self.position.check_length(cache_len)
             if compile:
-                decoder = self._compiled_decoder(batch, cache_len)
+                decoder = self._compiled_decoder(batch, cache_len, {"max_new_tokens": max_new_tokens, "batch": batch})
                 cache = decoder.cache
                 cache.reset()
             else:
-                check_memory(self.cache_bytes(batch, cache_len), "the KV cache", idx.device)
+                check_memory(
+                    self.cache_bytes(batch, cache_len),
+                    "the KV cache",
+                    idx.device,
+                    {"max_new_tokens": max_new_tokens, "batch": batch},
+                )
                 cache = self.new_cache(batch, cache_len)
         finished = torch.zeros(batch, dtype=torch.bool, device=idx.device)
         step_input = idx
@@ -386,13 +397,18 @@ class Transformer(nn.Module):
                 break
         return idx
 
-    def _compiled_decoder(self, batch_size: int, length: int) -> CompiledDecoder:
+    def _compiled_decoder(self, batch_size: int, length: int, settings: dict[str, int]) -> CompiledDecoder:
         """The model's compiled decoder if it serves ``batch_size`` sequences of ``length`` positions, else a new one
         (whose first step compiles), kept for the next call."""
         if self._decoder is None or not self._decoder.fits(self, batch_size, length):
             self._decoder = None  # the old cache is freed before the new one is allocated
             capacity = cache_capacity(length, self.config.max_seq_len)
-            check_memory(self.cache_bytes(batch_size, capacity), "the KV cache", self.embed_tokens.weight.device)
+            check_memory(
+                self.cache_bytes(batch_size, capacity),
+                "the KV cache",
+                self.embed_tokens.weight.device,
+                settings,
+            )
             self._decoder = CompiledDecoder(self, batch_size, capacity)
         return self._decoder
 

@@ -16,11 +16,14 @@ imports one the first time its name is asked for.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable
 from importlib import metadata
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T", bound=type)
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +37,7 @@ class Registry(Generic[T]):
         self.config_field = config_field
         self.entry_point_group = entry_point_group
         self._classes: dict[str, T] = {}
+        self._clashes_told = False
 
     def register(self, name: str) -> Callable[[T], T]:
         def decorator(cls: T) -> T:
@@ -46,6 +50,7 @@ class Registry(Generic[T]):
         return decorator
 
     def get(self, name: str) -> T:
+        self._tell_clashes()
         if name not in self._classes:
             self._load_plugin(name)
         if name not in self._classes:
@@ -61,6 +66,19 @@ class Registry(Generic[T]):
             return {}
         return {ep.name: ep for ep in metadata.entry_points(group=self.entry_point_group)}
 
+    def _tell_clashes(self) -> None:
+        """Warn, once, of plugins named like a registered class: the registered one wins, so they never load."""
+        if self._clashes_told:
+            return
+        self._clashes_told = True
+        for name, entry_point in sorted(self._plugins().items()):
+            if name in self._classes:
+                logger.warning(
+                    "warning: the %s plugin %s = %r (entry point group %s) is not loaded: %r is built in; "
+                    "rename its entry point",
+                    self.kind, name, entry_point.value, self.entry_point_group, name,
+                )  # fmt: skip
+
     def _load_plugin(self, name: str) -> None:
         """Import the plugin entry point named ``name``, if one is installed; a class it points at is registered
         under that name, a module is expected to register it itself."""
@@ -70,6 +88,8 @@ class Registry(Generic[T]):
         where = f"the {self.kind} plugin {name} = {entry_point.value!r} (entry point group {self.entry_point_group})"
         try:
             loaded = entry_point.load()
+        except SystemExit as stop:  # its module ends the process on import: say so rather than exit silently
+            raise ValueError(f"{where} failed to load: it called sys.exit({stop.code!r}) on import") from None
         except Exception as err:  # an ImportError, or anything the plugin's module raises on import
             raise ValueError(f"{where} failed to load: {err!r}") from err
         if name in self._classes:

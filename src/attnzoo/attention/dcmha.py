@@ -23,13 +23,13 @@ import math
 from collections.abc import Set
 from dataclasses import dataclass
 from functools import partial
+from types import ModuleType
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnzoo.attention import dcmha_triton
 from attnzoo.attention.base import ATTENTION, AttentionContext, CacheBuffer
 from attnzoo.attention.dcmha_compiled import compiled_compose
 from attnzoo.attention.kernels import BlockHooks, HookInputs, Hooks, ScoreHook, attend
@@ -200,6 +200,14 @@ class DynamicWeightProjection(nn.Module):
         return w1, w2, dd.transpose(1, 2)
 
 
+def _fused_kernel() -> ModuleType:
+    """:mod:`attnzoo.attention.dcmha_triton`, imported at the first call that may use it: importing Triton loads
+    torch._dynamo, seconds that every command (``attnzoo --help`` too) would otherwise pay at start-up."""
+    from attnzoo.attention import dcmha_triton
+
+    return dcmha_triton
+
+
 @ATTENTION.register("dcmha")
 class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
     """DCMHA (Xiao et al., 2024, "Improving Transformers with Dynamically Composable Multi-Head Attention").
@@ -293,8 +301,8 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
         key_positions, cached_kw = None, None
         if cache is not None:
             key_positions, k, v, cached_kw = self._extend_cache(cache, ctx, k, v, pre, post)
-        elif dcmha_triton.runs_on(q):  # the fused Triton kernel (CUDA); None where it cannot compute this call
-            fused = dcmha_triton.fused_attention(q, k, v, ctx, pre, post, self)
+        elif (kernel := _fused_kernel()).runs_on(q):  # the Triton kernel (CUDA); None where it cannot compute this
+            fused = kernel.fused_attention(q, k, v, ctx, pre, post, self)
             if fused is not None:
                 return self.o_proj(fused.transpose(1, 2).reshape(batch, seq_len, -1))
         hooks, hook_inputs = self._block_hooks(pre, post, cached_kw)

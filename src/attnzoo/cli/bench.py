@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import torch
+
 from attnzoo.bench import DTYPES, MODES, BenchSweep, run_bench
-from attnzoo.cli.command import Command, check_out_dir
+from attnzoo.cli.command import check_out_dir, path_argument
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -72,17 +74,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"timed repeats per case, after one warm-up; the median is reported (default: {default.repeats})",
     )
     parser.add_argument(
+        "--rounds",
+        type=int,
+        default=default.rounds,
+        help="measure the case list in turn this many times, each case's repeats spread over the rounds and pooled, "
+        f"so a change in the machine's load falls on every case alike (default: {default.rounds})",
+    )
+    parser.add_argument(
         "--threads",
         type=int,
-        default=default.threads,
-        help=f"CPU threads per case (default: {default.threads}, torch's default here)",
+        help="CPU threads per case (default: one per core the load average leaves free, or OMP_NUM_THREADS)",
     )
     parser.add_argument(
         "--device", default=default.device, help="cpu, cuda or cuda:N (default: cuda where there is one, else cpu)"
     )
     parser.add_argument(
         "--out",
-        type=Path,
+        type=path_argument,
         metavar="DIR",
         default=Path("runs") / "bench",
         help="writes bench.json and bench.md here (default: runs/bench)",
@@ -103,17 +111,9 @@ def run(args: argparse.Namespace) -> int:
         n_heads=args.n_heads,
         dtype=args.dtype,
         repeats=args.repeats,
-        threads=args.threads,
+        rounds=args.rounds,
+        threads=torch.get_num_threads() if args.threads is None else args.threads,  # the CLI chose it from the load
         device=args.device,
     )
     run_bench(sweep, args.out, progress=not args.no_progress)
     return 0
-
-
-COMMAND = Command(
-    name="bench",
-    summary="measure training, prefill and decode throughput and peak memory as ratios to a baseline",
-    example="attnzoo bench --variants mha+rope diff+rope dcmha+rope --seq-lens 256 1024 --out runs/bench",
-    add_arguments=add_arguments,
-    run=run,
-)

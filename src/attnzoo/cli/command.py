@@ -1,12 +1,10 @@
-"""The record every subcommand is: what ``attnzoo --help`` lists and what ``attnzoo NAME`` runs.
-
-It lives apart from :mod:`attnzoo.cli` because each command module builds one and the package lists them all.
-"""
+"""The record every subcommand is (what ``attnzoo --help`` lists and what ``attnzoo NAME`` runs), and the checks
+the command modules share."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+import importlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,11 +14,29 @@ from attnzoo.validation import MAX_SEED, is_int, is_seed
 
 @dataclass(frozen=True)
 class Command:
+    """A subcommand: its flags and what running it does are ``add_arguments`` and ``run`` of the module
+    ``attnzoo.cli.NAME``, imported only when the command is asked for (its imports, torch among them, take
+    seconds that ``attnzoo --help`` need not wait for)."""
+
     name: str
     summary: str  # one line, lower case, no full stop: the --help listing and the command's description
     example: str  # shown under "example:" in the command's --help; further lines indented by two spaces
-    add_arguments: Callable[[argparse.ArgumentParser], None]
-    run: Callable[[argparse.Namespace], int]  # the exit code
+    computes: bool = False  # computes for long: takes one torch thread per free core (attnzoo.machine)
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        importlib.import_module(f"attnzoo.cli.{self.name}").add_arguments(parser)
+
+    def run(self, args: argparse.Namespace) -> int:
+        """The exit code."""
+        return importlib.import_module(f"attnzoo.cli.{self.name}").run(args)
+
+
+def path_argument(text: str) -> Path:
+    """An argparse ``type`` for paths: ``Path("")`` is the current directory, so ``--out ''`` (an unset shell
+    variable) would write there."""
+    if not text:
+        raise argparse.ArgumentTypeError("the path is empty: name a file or directory ('.' for this one)")
+    return Path(text)
 
 
 def check_out_dir(path: Path | None, flag: str = "--out") -> None:

@@ -9,10 +9,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from attnzoo.cli.command import Command, check_out_dir
+from attnzoo.cli.command import check_out_dir, path_argument
 from attnzoo.compare import DEFAULT_VARIANTS, PRESETS, run_compare
 from attnzoo.evals import TASKS
-from attnzoo.training.config import tomllib
+from attnzoo.training.config import read_toml
 from attnzoo.variants import SPEC_FORMAT
 
 
@@ -37,13 +37,7 @@ CONFIG_KEYS: dict[str, type] = {
 
 def load_compare_config(path: str | os.PathLike) -> dict[str, Any]:
     """The ``[compare]`` table of a TOML file, its keys the flags' names (``no_progress`` for --no-progress)."""
-    try:
-        with open(path, "rb") as f:
-            document = tomllib.load(f)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"config file {path} not found") from None
-    except tomllib.TOMLDecodeError as err:
-        raise ValueError(f"config file {path} is not valid TOML: {err}") from None
+    document = read_toml(path)
     if set(document) - {"compare"} or not isinstance(document.get("compare", {}), dict):
         raise ValueError(f"config file {path} must hold one [compare] table; it has {sorted(document)}")
     table = document.get("compare", {})
@@ -56,7 +50,27 @@ def load_compare_config(path: str | os.PathLike) -> dict[str, Any]:
             raise ValueError(f"config file {path}: [compare] {key} = {value!r} must be a {expected.__name__}")
         if expected is list and not all(isinstance(item, str) for item in value):
             raise ValueError(f"config file {path}: [compare] {key} must be a list of strings")
+    if table.get("variants") == []:
+        raise ValueError(f"config file {path}: [compare] variants = [] names no variant: name at least one")
+    for key in ("seeds", "steps"):
+        if key in table:
+            check_count(f"config file {path}: [compare] {key} = ", table[key], key)
     return dict(table)
+
+
+# Each seed trains every variant once: beyond this a comparison is a typo, not a plan.
+MAX_SEEDS = 1000
+
+
+def check_count(given_as: str, value: int, key: str) -> None:
+    """``seeds`` or ``steps``, a flag's (``given_as`` "--seeds=") or the config file's."""
+    if key == "seeds" and not 1 <= value <= MAX_SEEDS:
+        raise ValueError(
+            f"{given_as}{value} is invalid: must be an integer in [1, {MAX_SEEDS}] (each seed trains every variant; "
+            ">= 2 for any ranking)"
+        )
+    if key == "steps" and value < 1:
+        raise ValueError(f"{given_as}{value} is invalid: must be an integer >= 1")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,7 +83,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--preset", choices=list(PRESETS), help=f"the budget (default: quick). {presets}")
     parser.add_argument(
-        "--out", metavar="DIR", type=Path, help="output directory; run again to resume (default: runs/compare-PRESET)"
+        "--out",
+        metavar="DIR",
+        type=path_argument,
+        help="output directory; run again to resume (default: runs/compare-PRESET)",
     )
     parser.add_argument(
         "--variants",
@@ -133,8 +150,9 @@ def run(args: argparse.Namespace) -> int:
     check_out_dir(args.out)
     if args.report_only:
         return _report_only(args.out or default_out(args))
-    if args.seeds is not None and args.seeds < 1:
-        raise ValueError(f"--seeds={args.seeds} is invalid: must be >= 1 (and >= 2 for any ranking)")
+    for key in ("seeds", "steps"):
+        if getattr(args, key) is not None:
+            check_count(f"--{key}=", getattr(args, key), key)
     result = run_compare(
         args.preset,
         args.out or default_out(args),
@@ -160,18 +178,3 @@ def _report_only(out: Path) -> int:
     paths = write_report(CompareResults.load(results_file), out)
     print("report: " + ", ".join(str(path) for path in paths.values()))
     return 0
-
-
-COMMAND = Command(
-    name="compare",
-    summary="train attention variants side by side under one budget and write a report (quick: 5-8 min on 2 CPU cores)",
-    example=(
-        "attnzoo compare\n"
-        "  attnzoo compare --preset standard --out runs/compare-standard\n"
-        "  attnzoo compare --variants mha+rope mha+rope+kv1 diff+alibi --seeds 3 --tasks mqar\n"
-        "  attnzoo compare --config examples/compare.toml --seeds 2\n"
-        "  attnzoo compare --out docs/claims --report-only"
-    ),
-    add_arguments=add_arguments,
-    run=run,
-)

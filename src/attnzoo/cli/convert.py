@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from attnzoo.cli.command import Command
+from attnzoo.cli.command import path_argument
 from attnzoo.convert import CONVERTERS, convert_model, group_kv_heads
 from attnzoo.data.tokenizers import HF_TOKENIZER_FILE
 from attnzoo.model import CONFIG_NAME, WEIGHTS_NAME
@@ -16,7 +15,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument(
         "--from-hf",
         metavar="DIR",
-        type=Path,
+        type=path_argument,
         help=f"a directory written by transformers' save_pretrained ({', '.join(sorted(CONVERTERS))}) or an "
         "official DCFormer checkpoint; read locally, nothing is downloaded",
     )
@@ -24,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--from",
         dest="from_attnzoo",
         metavar="DIR",
-        type=Path,
+        type=path_argument,
         help="an attnzoo run directory (its latest checkpoint), checkpoint or model directory, to regroup with "
         "--kv-heads",
     )
@@ -39,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out",
         metavar="DIR",
-        type=Path,
+        type=path_argument,
         required=True,
         help=f"where to write {CONFIG_NAME} and {WEIGHTS_NAME} (fp32), with a copy of the source's tokenizer files "
         "if it has them; it must not hold a model already",
@@ -83,18 +82,3 @@ def run(args: argparse.Namespace) -> int:
         print(f"tokenizer: copied {', '.join(done.tokenizer_files)} ({done.tokenizer.num_ids:,} ids{padded})")
     print(f"fine-tune it with: attnzoo train --init-from {done.out} ...")
     return 0
-
-
-COMMAND = Command(
-    name="convert",
-    summary="convert a local Hugging Face or official DCFormer model directory into an attnzoo model directory, "
-    "or an MHA model into GQA/MQA",
-    example=(
-        "attnzoo convert --from-hf ~/models/llama --out models/llama\n"
-        "  attnzoo convert --from runs/mha --out models/mha-gqa2 --kv-heads 2\n"
-        "  attnzoo train --init-from models/llama --attention selective --attention-option "
-        "position_coefficient=linear --train-only temperature"
-    ),
-    add_arguments=add_arguments,
-    run=run,
-)

@@ -6,12 +6,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from attnzoo.cli.command import Command, check_int, check_seed
+from attnzoo.cli.command import check_int, check_seed, path_argument
 from attnzoo.compare import run_task
 from attnzoo.data.batches import eval_window_starts, gather_windows
 from attnzoo.data.corpora import prepare_corpus
@@ -19,7 +18,7 @@ from attnzoo.data.tokenizers import Tokenizer
 from attnzoo.distributed import Distributed, resolve_device
 from attnzoo.evals import TASKS
 from attnzoo.evals.lm import LMEvalConfig, evaluate_lm, length_extrapolation
-from attnzoo.evals.probes import probe_model, probe_table
+from attnzoo.evals.probes import probe_model, probe_tables
 from attnzoo.model import Transformer
 from attnzoo.records import to_dict
 from attnzoo.training.checkpoint import load_pretrained
@@ -34,7 +33,7 @@ EXTRAPOLATION_MULTIPLES = (1, 2, 4, 8, 16)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "path",
-        type=Path,
+        type=path_argument,
         nargs="?",
         help="run directory (its latest checkpoint) or checkpoint directory; not used by the synthetic tasks",
     )
@@ -88,6 +87,13 @@ def run(args: argparse.Namespace) -> int:
     seq_len = args.seq_len or (checkpoint.train_config.seq_len if checkpoint.train_config else model.config.max_seq_len)
     tokenizer = checkpoint.require_tokenizer()
     corpus = prepare_corpus(data.corpus, tokenizer, data.val_fraction)
+    split_tokens = len(getattr(corpus, args.split))
+    if seq_len + 1 > split_tokens:
+        given = f"--seq-len={seq_len}" if args.seq_len else f"the trained seq_len {seq_len} (set it with --seq-len)"
+        raise ValueError(
+            f"{given} is too long for the {args.split} split of {corpus.name} ({split_tokens:,} tokens): a window "
+            f"scores seq_len + 1 tokens, so it must be at most {split_tokens - 1:,}"
+        )
     if args.task == "extrapolation":
         return _print_extrapolation(args, model, tokenizer, getattr(corpus, args.split), seq_len, corpus.name)
     if args.task == "probes":
@@ -151,7 +157,7 @@ def _print_probes(args: argparse.Namespace, model: Transformer, stream: np.ndarr
         print(json.dumps({**where, "layers": to_dict(probes)}, indent=2))
         return 0
     print(f"{corpus} {args.split}: {inputs.shape[0]} windows of {seq_len} tokens")
-    print(probe_table(probes).to_text())
+    print("\n\n".join(table.to_text() for table in probe_tables(probes)))
     return 0
 
 
@@ -168,15 +174,3 @@ def _run_task(args: argparse.Namespace, device: torch.device) -> int:
     if result.stop_at is not None:
         print(f"steps to {TASKS[args.task].metric} {result.stop_at}: {result.steps_to_threshold or 'not reached'}")
     return 0
-
-
-COMMAND = Command(
-    name="eval",
-    summary="score a trained model (loss, perplexity, bits per byte, length extrapolation) or a synthetic task",
-    example="attnzoo eval runs/mha-rope-20250101-120000 --seq-len 512\n"
-    "  attnzoo eval runs/mha-alibi-20250101-120000 --task extrapolation\n"
-    "  attnzoo eval runs/diff-rope-20250101-120000 --task probes --json\n"
-    "  attnzoo eval --task mqar --variant diff+rope --steps 500",
-    add_arguments=add_arguments,
-    run=run,
-)

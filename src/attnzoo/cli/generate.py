@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import torch
 
-from attnzoo.cli.command import Command, check_seed, check_text
+from attnzoo.cli.command import check_seed, check_text, path_argument
 from attnzoo.distributed import resolve_device
+from attnzoo.io import check_memory
 from attnzoo.training.checkpoint import load_pretrained
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("path", type=Path, help="run directory (its latest checkpoint) or checkpoint directory")
+    parser.add_argument(
+        "path", type=path_argument, help="run directory (its latest checkpoint) or checkpoint directory"
+    )
     parser.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
     parser.add_argument("--max-new-tokens", type=int, default=500, help="tokens to sample (default: 500)")
     parser.add_argument("--temperature", type=float, default=0.8, help="0 is greedy (default: 0.8)")
@@ -41,6 +43,10 @@ def run(args: argparse.Namespace) -> int:
     tokenizer = checkpoint.require_tokenizer()
     prompt = torch.from_numpy(tokenizer.encode(args.prompt).astype("int64")).to(device)
     generator = torch.Generator(device).manual_seed(args.seed)
+    settings = {"num_samples": args.num_samples, "max_new_tokens": args.max_new_tokens}
+    length = len(prompt) + max(args.max_new_tokens, 0)
+    what = f"the output ({args.num_samples:,} sample(s) × {length:,} tokens)"
+    check_memory(8 * args.num_samples * length, what, device, settings)
     out = model.generate(
         prompt.repeat(args.num_samples, 1),
         args.max_new_tokens,
@@ -55,12 +61,3 @@ def run(args: argparse.Namespace) -> int:
             print(f"─── sample {i + 1} ───")
         print(tokenizer.decode(ids))
     return 0
-
-
-COMMAND = Command(
-    name="generate",
-    summary="sample text from a trained model",
-    example='attnzoo generate runs/mha-rope-20250101-120000 --prompt "ROMEO:" --max-new-tokens 300 --top-k 40',
-    add_arguments=add_arguments,
-    run=run,
-)

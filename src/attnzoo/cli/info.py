@@ -4,13 +4,12 @@ given."""
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import torch
 
 from attnzoo.attention import ATTENTION
 from attnzoo.attention.kernels import linear_bias_kernel
-from attnzoo.cli.command import Command
+from attnzoo.cli.command import path_argument
 from attnzoo.cli.flags import (
     add_config_argument,
     add_model_arguments,
@@ -28,7 +27,9 @@ CACHE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("path", nargs="?", type=Path, help="run or checkpoint directory; omit to describe the flags")
+    parser.add_argument(
+        "path", nargs="?", type=path_argument, help="run or checkpoint directory; omit to describe the flags"
+    )
     parser.add_argument(
         "--context", type=int, help="KV cache size at this many positions per sequence (default: max_seq_len)"
     )
@@ -135,13 +136,3 @@ def run(args: argparse.Namespace) -> int:
     if train_config is not None:
         print("train config\n" + train_config.to_json())
     return 0
-
-
-COMMAND = Command(
-    name="info",
-    summary="parameter counts by component, KV-cache bytes and the configuration of a run or of the given flags",
-    example="attnzoo info runs/mha-rope-20250101-120000\n  attnzoo info --attention mha --n-kv-heads 2 --dim 256"
-    "\n  attnzoo info --attention dcmha --context 4096 --cache-batch 8",
-    add_arguments=add_arguments,
-    run=run,
-)

@@ -8,7 +8,7 @@ import dataclasses
 from datetime import datetime
 from pathlib import Path
 
-from attnzoo.cli.command import Command, check_out_dir
+from attnzoo.cli.command import check_out_dir, path_argument
 from attnzoo.cli.flags import (
     add_config_argument,
     add_model_arguments,
@@ -30,18 +30,21 @@ from attnzoo.training.trainer import Trainer, load_corpus, lock_run_directory
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_argument(parser)
     parser.add_argument(
-        "--out", metavar="DIR", type=Path, help="run directory (default: runs/ATTENTION-POSITION-YYYYmmdd-HHMMSS)"
+        "--out",
+        metavar="DIR",
+        type=path_argument,
+        help="run directory (default: runs/ATTENTION-POSITION-YYYYmmdd-HHMMSS)",
     )
     parser.add_argument(
         "--resume",
         metavar="RUN_DIR",
-        type=Path,
+        type=path_argument,
         help="continue the run in RUN_DIR from its latest checkpoint, with its saved configuration",
     )
     parser.add_argument(
         "--init-from",
         metavar="DIR",
-        type=Path,
+        type=path_argument,
         help="start from a pretrained model (a run, a checkpoint, or a directory of `attnzoo convert` or "
         "save_pretrained): its configuration, overridden by the model flags given, and its weights. A mechanism "
         "that extends its attention (--attention selective or dcmha over mha) adds parameters that start at "
@@ -51,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tensorboard",
         metavar="DIR",
-        type=Path,
+        type=path_argument,
         help="also write the metrics as TensorBoard scalars into DIR, beside metrics.jsonl (off by default; needs "
         'the optional tensorboard package: pip install -e ".[tensorboard]")',
     )
@@ -156,20 +159,3 @@ def run(args: argparse.Namespace) -> int:
 
 def _default_run_dir(model_config: ModelConfig) -> Path:
     return Path("runs") / f"{model_config.attention}-{model_config.position}-{datetime.now():%Y%m%d-%H%M%S}"
-
-
-COMMAND = Command(
-    name="train",
-    summary="train a model (the default: ~0.84M parameters on Shakespeare, a few minutes on a CPU)",
-    example=(
-        "attnzoo train\n"
-        "  attnzoo train --attention mha --n-kv-heads 1 --position alibi --steps 3000 --out runs/mqa\n"
-        "  attnzoo train --config run.toml --lr 1e-3\n"
-        "  attnzoo train --resume runs/mqa\n"
-        "  attnzoo train --init-from models/llama --attention selective --attention-option "
-        "position_coefficient=linear --train-only temperature\n"
-        "  torchrun --nproc_per_node=2 -m attnzoo train --parallel ddp"
-    ),
-    add_arguments=add_arguments,
-    run=run,
-)

@@ -3,22 +3,27 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from attnzoo.cli.command import Command, check_out_dir, check_text
+from attnzoo.cli.command import check_out_dir, check_text, path_argument
 from attnzoo.distributed import resolve_device
 from attnzoo.viz import draw_attention_maps
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("path", type=Path, help="run directory (its latest checkpoint) or checkpoint directory")
+    parser.add_argument(
+        "path", type=path_argument, help="run directory (its latest checkpoint) or checkpoint directory"
+    )
     parser.add_argument(
         "--prompt",
         default="ROMEO: But soft, what light through yonder window breaks?",
         help="text the model reads; one row and one column per token (default: a line of Romeo and Juliet)",
     )
     parser.add_argument(
-        "--out", type=Path, metavar="DIR", default=None, help="directory for the PNGs (default: PATH/attention)"
+        "--out",
+        type=path_argument,
+        metavar="DIR",
+        default=None,
+        help="directory for the PNGs (default: PATH/attention)",
     )
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
 
@@ -27,15 +32,8 @@ def run(args: argparse.Namespace) -> int:
     check_out_dir(args.out)
     check_text("--prompt", args.prompt)
     resolve_device(args.device)
-    for path in draw_attention_maps(args.path, args.prompt, args.out, args.device):
-        print(path)
+    paths = draw_attention_maps(args.path, args.prompt, args.out, args.device)
+    print(f"wrote {len(paths)} attention heatmap(s), one PNG per layer with a panel per head, into {paths[0].parent}:")
+    for path in paths:
+        print(f"  {path}")
     return 0
-
-
-COMMAND = Command(
-    name="viz",
-    summary="attention heatmaps per layer and head for a prompt and a trained model (PNG)",
-    example='attnzoo viz runs/diff-rope-20250101-120000 --prompt "ROMEO: But soft" --out maps',
-    add_arguments=add_arguments,
-    run=run,
-)

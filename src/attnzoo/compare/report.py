@@ -145,19 +145,21 @@ def _bench_table(results: CompareResults) -> Table:
         m = r.measurement
         where, t = [m.variant, m.mode, str(m.seq_len), str(m.batch_size)], m.timing
         if t is None:
-            rows.append([*where, "N/A", "N/A", "N/A", "N/A"])
+            rows.append([*where, "N/A", "N/A", "N/A", "N/A", "N/A"])
             continue
+        speed = f"{ratio(r.speed)} ({ratio(r.speed_low)}–{ratio(r.speed_high)})"
         rows.append(
             [
                 *where,
                 f"{t.tokens_per_s:,.0f} ({t.tokens_per_s_min:,.0f}–{t.tokens_per_s_max:,.0f})",
-                ratio(r.speed),
+                speed + (" unreliable: busy machine" if r.busy else ""),
                 f"{t.peak_mem_mb:,.1f}",
                 ratio(r.memory),
+                "–" if t.load_average is None else f"{t.load_average:.2f}",
             ]
         )
-    header = ["variant", "mode", "T", "batch", "tok/s median (min–max)", speed_header("baseline"), "peak MB"]
-    return Table([*header, memory_header("baseline")], rows)
+    header = ["variant", "mode", "T", "batch", "tok/s median (min–max)", f"{speed_header('baseline')} (min–max)"]
+    return Table([*header, "peak MB", memory_header("baseline"), "load average"], rows)
 
 
 def _sweep_table(task: TaskResult) -> tuple[Table, list[str]]:

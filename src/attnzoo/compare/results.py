@@ -21,6 +21,7 @@ from attnzoo.evals.base import LengthDepthSweep, largest_passing_length
 from attnzoo.evals.lm import LMScore
 from attnzoo.evals.task import TaskBudget
 from attnzoo.io import atomic_write_text
+from attnzoo.machine import is_busy
 from attnzoo.records import from_dict, to_dict
 
 ATTENTION_MAPS = "attention_maps.npy"  # beside each first-seed run: (layers, heads, T, T)
@@ -103,6 +104,14 @@ class BenchTiming:
     tokens_per_s_min: float
     tokens_per_s_max: float
     peak_mem_mb: float
+    # The 1-minute load average as the case ended and the machine's cores (None in records written before they
+    # were kept): a case measured while more work was runnable than cores shared the CPU (attnzoo.machine).
+    load_average: float | None = None
+    cores: int | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self.cores is not None and is_busy(self.load_average, self.cores)
 
 
 @dataclass(frozen=True)
@@ -122,6 +131,7 @@ class BenchRatio:
     speed_low: float | None  # the same from the slowest and the fastest repeat: the spread
     speed_high: float | None
     memory: float | None  # peak ÷ the baseline's: above 1 is more
+    busy: bool = False  # the case or the baseline's was measured on a busy machine: the speed is unreliable
 
 
 @dataclass(frozen=True)
@@ -147,6 +157,7 @@ class BenchRecord:
                     ours.tokens_per_s_min / theirs.tokens_per_s,
                     ours.tokens_per_s_max / theirs.tokens_per_s,
                     ours.peak_mem_mb / theirs.peak_mem_mb if theirs.peak_mem_mb else None,
+                    ours.busy or theirs.busy,
                 )
             )
         return rows

@@ -142,7 +142,14 @@ class Comparison:
         """Locked (see :func:`attnzoo.io.locked_directory`): a second compare into the same directory, or one
         started again while this one runs, is refused with this process's pid rather than sharing its runs."""
         with locked_directory(self.out_dir, "compare directory"):
-            return self._run()
+            try:
+                # Training stops by itself at a signal, with a checkpoint; every other phase (evaluations,
+                # tasks, the report) stops here, keeping what is already written: each record is written whole.
+                with stop_on_signals():
+                    return self._run()
+            except Interrupted as stop:
+                self.say(f"compare interrupted; run the same command again to continue from {self.out_dir}")
+                return CompareResult(self.out_dir, None, stop.signum)
 
     def _run(self) -> CompareResult:
         spec = self.spec
@@ -446,8 +453,20 @@ class Comparison:
         except RuntimeError as err:  # e.g. learned positions past max_seq_len: N/A, with the reason
             self.say(f"{case.mode} T={case.seq_len} {case.label}: N/A")
             return BenchMeasurement(**where, timing=None, unavailable=str(err))
-        timing = BenchTiming(result.tokens_per_s, result.tokens_per_s_min, result.tokens_per_s_max, result.peak_mem_mb)
-        self.say(f"{case.mode} T={case.seq_len} {case.label}: {result.tokens_per_s:,.0f} tok/s")
+        timing = BenchTiming(
+            result.tokens_per_s,
+            result.tokens_per_s_min,
+            result.tokens_per_s_max,
+            result.peak_mem_mb,
+            load_average=result.extra.get("load_average"),
+            cores=os.cpu_count(),
+        )
+        load = "unknown" if timing.load_average is None else f"{timing.load_average:.2f}"
+        busy = " (unreliable: busy machine)" if timing.busy else ""
+        self.say(
+            f"{case.mode} T={case.seq_len} {case.label}: {result.tokens_per_s:,.0f} tok/s "
+            f"({result.tokens_per_s_min:,.0f}–{result.tokens_per_s_max:,.0f}), load average {load}{busy}"
+        )
         return BenchMeasurement(**where, timing=timing)
 
     # -------------------------------------------------------------------------------------------- tasks
@@ -583,23 +602,27 @@ def lm_probes(model: Transformer, windows: Tensor) -> dict[str, float]:
 
 
 class Schedule:
-    """The training left, estimated per job and corrected by how the estimates of the finished jobs compared
-    with their real time (which includes their evaluations)."""
+    """The training left, estimated per job from the bench and scaled by how the recent jobs' real times (which
+    include their evaluations) compared with their estimates: an exponential mean of each finished job's
+    real ÷ estimated time, in which the latest job weighs ``RECENT_WEIGHT``. On a machine whose load comes and
+    goes, the estimate follows the speed of now, not the average since the start or the bench's moment."""
+
+    RECENT_WEIGHT = 0.5
 
     def __init__(self, estimates: dict[tuple, float]):
         self.left = dict(estimates)
-        self.estimated_done = self.actual_done = 0.0
+        self.factor: float | None = None  # None until a job has run
 
     def finish(self, job: tuple, seconds: float | None) -> None:
         """``job`` is done, in ``seconds``; None when it was reused and took no work."""
         estimate = self.left.pop(job, 0.0)
         if seconds is not None and estimate > 0:
-            self.estimated_done += estimate
-            self.actual_done += seconds
+            ratio = seconds / estimate
+            recent = self.RECENT_WEIGHT
+            self.factor = ratio if self.factor is None else (1 - recent) * self.factor + recent * ratio
 
     def remaining(self) -> float:
-        factor = self.actual_done / self.estimated_done if self.estimated_done else 1.0
-        return factor * sum(self.left.values())
+        return (self.factor or 1.0) * sum(self.left.values())
 
 
 # --------------------------------------------------------------------------------------------------- summaries

@@ -242,26 +242,34 @@ def hf_rope_parameters(options: RopeOptions, max_seq_len: int) -> tuple[dict[str
     return params, max_seq_len
 
 
+def pickled_weights(directory: str | os.PathLike) -> list[Path]:
+    """The ``pytorch_model*.bin`` files a checkpoint directory is read from: those of one without safetensors."""
+    directory = Path(directory)
+    return [] if any(directory.glob("*.safetensors")) else sorted(directory.glob("pytorch_model*.bin"))
+
+
+def load_pickled_tensors(path: Path) -> dict[str, Tensor]:
+    """A pickled state dict, refused unless it holds tensors alone (``weights_only``: its code never runs)."""
+    try:
+        loaded = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # unpickling raises many types
+        # torch's message advises weights_only=False, i.e. running the file's code: never pass that on.
+        raise ValueError(
+            f"{path} holds more than tensors ({type(err).__name__}), so it is not loaded: a pickle may run "
+            "code. Convert it to safetensors with a tool you trust, or use the model's *.safetensors files"
+        ) from None
+    if not isinstance(loaded, dict) or not all(isinstance(v, Tensor) for v in loaded.values()):
+        raise ValueError(f"{path} is not a state dict of tensors")
+    return loaded
+
+
 def read_state_dict(directory: str | os.PathLike) -> dict[str, Tensor]:
     """All tensors of a checkpoint directory: its ``*.safetensors`` shards, else its ``pytorch_model*.bin``."""
     directory = Path(directory)
-    files = sorted(directory.glob("*.safetensors")) or sorted(directory.glob("pytorch_model*.bin"))
+    files = sorted(directory.glob("*.safetensors")) or pickled_weights(directory)
     if not files:
         raise FileNotFoundError(f"{directory} holds no *.safetensors or pytorch_model*.bin weights")
     state: dict[str, Tensor] = {}
     for path in files:
-        if path.suffix == ".safetensors":
-            state.update(load_file(path))
-        else:
-            try:
-                loaded = torch.load(path, map_location="cpu", weights_only=True)
-            except Exception as err:  # unpickling raises many types
-                # torch's message advises weights_only=False, i.e. running the file's code: never pass that on.
-                raise ValueError(
-                    f"{path} holds more than tensors ({type(err).__name__}), so it is not loaded: a pickle may run "
-                    "code. Convert it to safetensors with a tool you trust, or use the model's *.safetensors files"
-                ) from None
-            if not isinstance(loaded, dict) or not all(isinstance(v, Tensor) for v in loaded.values()):
-                raise ValueError(f"{path} is not a state dict of tensors")
-            state.update(loaded)
+        state.update(load_file(path) if path.suffix == ".safetensors" else load_pickled_tensors(path))
     return state

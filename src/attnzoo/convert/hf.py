@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from torch import Tensor
 
 from attnzoo.convert import bloom, dcformer, diffllama, gpt_neox, llama
-from attnzoo.convert.common import read_state_dict, require_transformers
+from attnzoo.convert.common import load_pickled_tensors, pickled_weights, read_state_dict, require_transformers
 from attnzoo.model import Transformer
 
 if TYPE_CHECKING:
@@ -60,6 +60,8 @@ def _from_directory(directory: Path) -> Transformer:
         raise ValueError(
             f"cannot convert {directory}: architectures {unknown} have no converter; supported: {sorted(CONVERTERS)}"
         )
+    for path in pickled_weights(directory):
+        load_pickled_tensors(path)  # transformers' refusal of a pickle that holds code advises running it
     transformers = require_transformers()
     model, info = transformers.AutoModelForCausalLM.from_pretrained(
         directory, local_files_only=True, output_loading_info=True

@@ -166,31 +166,39 @@ def probe_model(model: nn.Module, tokens: Tensor) -> list[LayerProbe]:
     return probes
 
 
-def probe_table(probes: list[LayerProbe]) -> Table:
-    """One row per layer: outliers, entropy (mean and per head) and spikiness (mean and per length bucket)."""
-    header = [
-        "layer",
-        "top logit",
-        "hidden top",
-        "hidden median",
-        "top/median",
-        "entropy",
-        "entropy by head",
-        "spikiness",
-        "spikiness by context length",
-    ]
-    rows = [
+def probe_tables(probes: list[LayerProbe]) -> list[Table]:
+    """Three tables with one row per layer, each narrow enough for a terminal: the outliers with the mean
+    entropy and spikiness; the entropy of each head; the spikiness of each context-length bucket."""
+    summary = Table(
+        ["layer", "top logit", "hidden top", "hidden median", "top/median", "entropy", "spikiness"],
         [
-            str(p.layer),
-            f"{p.top_logit:.3f}",
-            f"{p.hidden_top:.3f}",
-            f"{p.hidden_median:.4f}",
-            f"{p.hidden_ratio:.1f}",
-            f"{p.entropy:.3f}",
-            " ".join(f"{h:.2f}" for h in p.entropy_per_head),
-            f"{p.spikiness:.3f}",
-            " ".join(f"{bucket}:{value:.2f}" for bucket, value in p.spikiness_by_length.items()),
-        ]
-        for p in probes
-    ]
-    return Table(header, rows)
+            [
+                str(p.layer),
+                f"{p.top_logit:.3f}",
+                f"{p.hidden_top:.3f}",
+                f"{p.hidden_median:.4f}",
+                f"{p.hidden_ratio:.1f}",
+                f"{p.entropy:.3f}",
+                f"{p.spikiness:.3f}",
+            ]
+            for p in probes
+        ],
+    )
+    heads = max(len(p.entropy_per_head) for p in probes)
+    by_head = Table(
+        ["entropy by head", *(f"head {h}" for h in range(heads))],
+        [
+            [f"layer {p.layer}", *(f"{h:.2f}" for h in p.entropy_per_head)] + [""] * (heads - len(p.entropy_per_head))
+            for p in probes
+        ],
+    )
+    buckets = list(dict.fromkeys(bucket for p in probes for bucket in p.spikiness_by_length))
+    by_length = Table(
+        ["spikiness by context length", *buckets],
+        [[f"layer {p.layer}", *(_cell(p.spikiness_by_length.get(bucket)) for bucket in buckets)] for p in probes],
+    )
+    return [summary, by_head, by_length]
+
+
+def _cell(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}"  # a local layer sees no context that long

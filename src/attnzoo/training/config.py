@@ -249,15 +249,25 @@ def check_model_for_training(model: ModelConfig, train: TrainConfig, vocab_size:
 TOML_TABLES = ("model", "data", "train")
 
 
-def load_toml(path: str | os.PathLike) -> dict[str, dict[str, Any]]:
-    """The ``[model]``, ``[data]`` and ``[train]`` tables of a TOML file (missing ones are empty)."""
+def read_toml(path: str | os.PathLike) -> dict[str, Any]:
+    """A config file's TOML document; a file that is missing, not UTF-8 or not TOML is refused by name."""
     try:
         with open(Path(path), "rb") as f:
-            document = tomllib.load(f)
+            return tomllib.load(f)
     except FileNotFoundError:
         raise FileNotFoundError(f"config file {path} not found") from None
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"config file {path} is not UTF-8 text (byte 0x{err.object[err.start]:02x} at offset {err.start}): "
+            "name a TOML file"
+        ) from None
     except tomllib.TOMLDecodeError as err:
         raise ValueError(f"config file {path} is not valid TOML: {err}") from None
+
+
+def load_toml(path: str | os.PathLike) -> dict[str, dict[str, Any]]:
+    """The ``[model]``, ``[data]`` and ``[train]`` tables of a TOML file (missing ones are empty)."""
+    document = read_toml(path)
     unknown = sorted(set(document) - set(TOML_TABLES))
     if unknown:
         raise ValueError(f"config file {path} has unknown table(s) or key(s) {unknown}; allowed tables: {TOML_TABLES}")

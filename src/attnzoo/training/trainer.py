@@ -17,12 +17,11 @@ touches the weights, so the last checkpoint stays good.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import logging
 import math
-import os
 import platform
+import shutil
 import signal
 import sys
 import threading
@@ -44,12 +43,13 @@ from attnzoo.data.corpora import Corpus, prepare_corpus
 from attnzoo.data.tokenizers import Tokenizer
 from attnzoo.distributed import Distributed, gradient_sync, parallelize
 from attnzoo.evals.lm import LMEvalConfig, LMScore, evaluate_lm
-from attnzoo.io import DirectoryLocked, atomic_write_text, locked_directory
+from attnzoo.io import DISK_FULL, DirectoryLocked, atomic_write_text, locked_directory, mount_point
 from attnzoo.model import CONFIG_NAME, Transformer
 from attnzoo.training.checkpoint import (
     TOKENIZER,
     Checkpoint,
     CheckpointError,
+    complete_checkpoints,
     latest_checkpoint,
     load_train_state,
     load_weights,
@@ -76,7 +76,49 @@ DROPOUT_STREAM = 1  # tags the per-rank dropout RNG stream, apart from the initi
 
 
 class TrainingDiverged(RuntimeError):
-    """The loss or gradient became NaN or infinite."""
+    """The loss or gradient became NaN or infinite, or the loss diverged while staying finite."""
+
+
+@dataclass
+class DivergenceWatch:
+    """Divergence that stays finite: a run at too high a learning rate can sit at the loss of a uniform guess,
+    ln(vocab_size), and keep checkpointing it. The run has diverged when, past warmup, its loss stays for
+    ``span`` steps in a row at or above the uniform level (less ``margin``), or above ``jump_factor`` times the
+    lowest its smoothed loss (an exponential mean over about ``span`` steps) has been. The first ``span`` steps
+    after warmup are not judged, so that a fresh model's near-uniform start is not taken for a divergence."""
+
+    uniform_loss: float  # ln(vocab_size): what predicting every token alike scores
+    watch_from: int  # the first step judged
+    span: int = 10
+    jump_factor: float = 2.0
+    margin: float = 0.01
+    smoothed: float = math.nan
+    lowest: float = math.inf
+    onset: int | None = None  # the first step of the current stretch in the diverged range
+
+    def update(self, step: int, loss: float) -> str | None:
+        """Record ``loss`` of ``step``; return why the run diverged, or ``None``."""
+        uniform, jumped = self.uniform_loss - self.margin, self.jump_factor * self.lowest
+        if loss < min(uniform, jumped):
+            self.onset = None
+            weight = 2 / (self.span + 1)
+            self.smoothed = loss if math.isnan(self.smoothed) else (1 - weight) * self.smoothed + weight * loss
+            if step >= self.watch_from:
+                self.lowest = min(self.lowest, self.smoothed)
+            return None
+        if self.onset is None:
+            self.onset = step
+        if step < self.watch_from or step - self.onset + 1 < self.span:
+            return None
+        if loss >= uniform:
+            return (
+                f"the training loss has stayed at or above {self.uniform_loss:.4f} = ln(vocab_size), the loss of "
+                f"predicting every token alike, for {step - self.onset + 1} steps (now {loss:.4f})"
+            )
+        return (
+            f"the training loss has stayed above {self.jump_factor:g}× its lowest ({self.lowest:.4f}, smoothed) "
+            f"for {step - self.onset + 1} steps (now {loss:.4f})"
+        )
 
 
 @dataclass(frozen=True)
@@ -352,10 +394,32 @@ class Trainer:
     def _divergence_message(self, loss: float, grad_norm: float) -> str:
         checkpoint = latest_checkpoint(self.run_dir)
         kept = f"the last good checkpoint is {checkpoint}" if checkpoint else "no checkpoint had been written yet"
+        if self.step == 0:  # no update has been made: the learning rate cannot be the cause
+            return (
+                f"stopped at step 1: the loss is {loss} and the gradient norm {grad_norm} at the initial weights, "
+                f"before any update. Start again with a smaller --init-std (it is {self.model_config.init_std:g}; "
+                "the default is 0.02)."
+            )
         return (
             f"stopped at step {self.step + 1}: the loss is {loss} and the gradient norm {grad_norm}. The weights "
             f"were not updated with them and {kept}. Start again with a lower --lr, a longer --warmup-steps or "
             "a smaller --grad-clip."
+        )
+
+    def _finite_divergence_message(self, why: str, onset: int) -> str:
+        # The loss of step k is that of the weights after k - 1 updates: checkpoint k - 1 already holds them.
+        first_bad = step_directory(self.run_dir, onset - 1)
+        before = [path for path in complete_checkpoints(self.run_dir) if path < first_bad]
+        kept = (
+            f"The last checkpoint before it is {before[-1]}: start a new run from it with --init-from {before[-1]} "
+            "and a lower --lr"
+            if before
+            else "No checkpoint was written before it: start again with a lower --lr"
+        )
+        return (
+            f"stopped at step {self.step}: {why}, since step {onset}. The run has diverged; the likely cause is a "
+            f"learning rate too high (--lr={self.cfg.lr:g}) or initial weights too large "
+            f"(--init-std={self.model_config.init_std:g}). {kept} (or a longer --warmup-steps, a smaller --grad-clip)."
         )
 
     def evaluate(self) -> LMScore:
@@ -372,26 +436,37 @@ class Trainer:
     def save(self) -> None:
         if self.last_checkpoint == step_directory(self.run_dir, self.step):
             return  # already saved at this step (e.g. resumed here, or interrupted right after a checkpoint)
-        try:
-            self.last_checkpoint = save_checkpoint(
-                self.run_dir,
-                step=self.step,
-                model=self.model,
-                optimizer=self.optimizer,
-                model_config=self.model_config,
-                train_config=self.cfg,
-                tokenizer=self.corpus.tokenizer,
-                env=self.env,
-                tied_names=self.tied_names,
+        self.last_checkpoint = save_checkpoint(
+            self.run_dir,
+            step=self.step,
+            model=self.model,
+            optimizer=self.optimizer,
+            model_config=self.model_config,
+            train_config=self.cfg,
+            tokenizer=self.corpus.tokenizer,
+            env=self.env,
+            tied_names=self.tied_names,
+        )
+
+    def _write_failure_message(self, err: OSError) -> str:
+        """Why the run stopped on a failed write (disk full, quota, permissions), and that its last checkpoint
+        is intact: every file is written atomically and a checkpoint counts once its manifest is written."""
+        directory = step_directory(self.run_dir, self.step)
+        if self.env.is_main and directory.exists() and directory not in complete_checkpoints(self.run_dir):
+            shutil.rmtree(directory, ignore_errors=True)  # a torn checkpoint: never read, and it holds the space
+        kept = latest_checkpoint(self.run_dir)
+        if kept is not None:
+            nothing_lost = (
+                f"Nothing was lost: the last good checkpoint, {kept}, is intact; free some space and continue "
+                f"with: attnzoo train --resume {self.run_dir}"
             )
-        except OSError as err:  # disk full, quota, permissions: the run stops, its last checkpoint stays good
-            kept = latest_checkpoint(self.run_dir)
-            last = f"the last good checkpoint is {kept}" if kept else "no checkpoint had been written yet"
-            why = "the disk is full" if err.errno == errno.ENOSPC else err.strerror or str(err)
-            raise CheckpointError(
-                f"could not write the checkpoint of step {self.step} into {step_directory(self.run_dir, self.step)}: "
-                f"{why} ({err.filename or self.run_dir}, on the disk of {_mount_point(self.run_dir)}); {last}"
-            ) from None
+        else:
+            nothing_lost = "No checkpoint had been written yet; free some space and start the run again."
+        why = "the disk is full" if err.errno in DISK_FULL else err.strerror or str(err)
+        return (
+            f"stopped at step {self.step}: could not write {err.filename or self.run_dir}: {why} "
+            f"(the disk mounted at {mount_point(self.run_dir)}). {nothing_lost}"
+        )
 
     def fit(self) -> TrainResult:
         """Train to ``steps``, or until SIGINT/SIGTERM; evaluate, log and checkpoint along the way.
@@ -402,6 +477,8 @@ class Trainer:
             tracker = TensorBoardLog(self.tensorboard_dir) if self.tensorboard_dir and self.env.is_main else None
             try:
                 return self._fit(tracker)
+            except OSError as err:
+                raise CheckpointError(self._write_failure_message(err)) from None
             finally:
                 if tracker is not None:
                     tracker.close()
@@ -428,6 +505,10 @@ class Trainer:
             say(f"resumed from {self.last_checkpoint} at step {self.step}")
 
         started, meter = time.perf_counter(), _Throughput(cfg.tokens_per_step)
+        watch = DivergenceWatch(
+            uniform_loss=math.log(self.model_config.vocab_size),
+            watch_from=max(cfg.warmup_steps, self.step) + DivergenceWatch.span,
+        )
         loss, last_eval, stop = math.nan, None, False
         bar = tqdm(total=cfg.steps, initial=self.step, desc="train", unit="step", disable=not (main and self.progress))
         with bar, self._stop_signals():
@@ -435,6 +516,9 @@ class Trainer:
                 tick = time.perf_counter()
                 loss, grad_norm, stop = self.train_step()
                 meter.add_step(time.perf_counter() - tick)
+                diverged = watch.update(self.step, loss)  # the same on every rank: the loss is all-reduced
+                if diverged is not None:
+                    raise TrainingDiverged(self._finite_divergence_message(diverged, watch.onset or self.step))
                 bar.update(1)
                 done = self.step == cfg.steps
                 # Not at a stop: the resumed run would log that step again only if it were a logging step.
@@ -536,16 +620,6 @@ class _Throughput:
 
     def total_rate(self) -> float:
         return self.steps * self.tokens_per_step / self.seconds if self.seconds else math.nan
-
-
-def _mount_point(path: Path) -> Path:
-    """The mount point of the file system holding ``path``: what a full disk is named by."""
-    path = Path(path).resolve()
-    while not path.exists():
-        path = path.parent
-    while not os.path.ismount(path) and path != path.parent:
-        path = path.parent
-    return path
 
 
 def _prefixed(prefix: str, values: dict) -> dict:

@@ -1,0 +1,122 @@
+"""A busy machine: the thread count comes from the free cores, and a measurement taken under contention is marked.
+The load is injected, never read from this machine: the tests assert nothing about time."""
+
+import math
+
+import pytest
+
+from attnzoo.machine import CpuLoad, choose_threads, is_busy
+
+
+@pytest.mark.parametrize(
+    ("cores", "load", "threads"),
+    [(2, 0.2, 2), (2, 1.1, 1), (2, 4.5, 1), (8, 2.4, 6), (8, 0.0, 8), (2, math.nan, 2)],
+)
+def test_one_thread_per_free_core_and_at_least_one(cores, load, threads):
+    assert choose_threads(CpuLoad(cores, load)).threads == threads
+
+
+def test_a_busy_machine_is_said_in_one_line_naming_the_load_and_the_override():
+    """Two OpenMP threads collapse when the other core is busy: the issue's compare ran 43 min for 1 min 41 s."""
+    choice = choose_threads(CpuLoad(2, 4.52))
+    assert choice.reason == (
+        "busy machine: 2 cores, load average 4.52: computing with 1 torch thread(s), not 2 (set OMP_NUM_THREADS "
+        "to choose)"
+    )
+    assert choose_threads(CpuLoad(2, 0.3)).reason is None  # nothing to say on a quiet machine
+
+
+def test_omp_num_threads_wins_over_the_load_and_is_checked():
+    assert choose_threads(CpuLoad(2, 5.0), "2") == choose_threads(CpuLoad(2, 0.0), "2")
+    assert choose_threads(CpuLoad(2, 5.0), "2").threads == 2
+    with pytest.raises(ValueError, match=r"OMP_NUM_THREADS='two' is invalid: must be an integer >= 1"):
+        choose_threads(CpuLoad(2, 0.0), "two")
+
+
+@pytest.mark.parametrize(("load", "busy"), [(1.9, False), (2.0, False), (2.01, True), (None, False), (math.nan, False)])
+def test_a_measurement_is_busy_when_more_work_was_runnable_than_cores(load, busy):
+    assert is_busy(load, cores=2) is busy
+
+
+@pytest.mark.parametrize(("load", "threads", "said"), [(4.5, 1, True), (0.1, 2, False)])
+def test_train_computes_with_the_free_cores_and_says_so(tmp_path, monkeypatch, capsys, load, threads, said):
+    import json
+
+    import torch
+    from training_helpers import TINY_FLAGS, write_text_corpus
+
+    from attnzoo import machine
+    from attnzoo.cli import main
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(machine.CpuLoad, "now", classmethod(lambda cls: cls(2, load)))
+    previous = torch.get_num_threads()
+    text = write_text_corpus(tmp_path / "text.txt")
+    try:
+        assert main(["train", "--data", str(text), "--out", str(tmp_path / "run"), *TINY_FLAGS, "--steps", "1"]) == 0
+    finally:
+        torch.set_num_threads(previous)
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["torch_threads"] == threads
+    assert (
+        "busy machine: 2 cores, load average 4.50: computing with 1 torch thread(s)" in capsys.readouterr().err
+    ) == said
+
+
+def _bench_result(case, tokens_per_s, load):
+    from attnzoo.bench import BenchResult
+
+    return BenchResult(case, "train", 256, 4, tokens_per_s, tokens_per_s * 0.9, tokens_per_s * 1.1, 100.0,
+                       {"load_average": load})  # fmt: skip
+
+
+def test_attnzoo_bench_marks_a_ratio_measured_on_a_busy_machine(monkeypatch):
+    """ALiBi '6.07× faster than MHA' at load 4-6 was printed as a result."""
+    from attnzoo import bench
+
+    monkeypatch.setattr(bench.os, "cpu_count", lambda: 2)
+    quiet = bench.ratio_table([_bench_result("mha", 100.0, 0.8), _bench_result("alibi", 120.0, 1.2)], "mha")
+    busy = bench.ratio_table([_bench_result("mha", 100.0, 0.8), _bench_result("alibi", 607.0, 5.3)], "mha")
+    (quiet_row,), (busy_row,) = (table.rows[1:] for table in (quiet, busy))
+    assert quiet_row[6] == "1.20×" and quiet_row[-1] == "1.20"
+    assert busy_row[6] == "6.07× unreliable: busy machine" and busy_row[-1] == "5.30"
+    # The baseline's own load counts too: a ratio is as reliable as the worse of its two measurements.
+    flipped = bench.ratio_table([_bench_result("mha", 100.0, 5.3), _bench_result("alibi", 120.0, 0.8)], "mha")
+    assert flipped.rows[1][6] == "1.20× unreliable: busy machine"
+
+
+def test_the_compare_report_keeps_each_measurements_load_and_marks_busy_ratios():
+    from attnzoo.compare.results import BenchMeasurement, BenchRecord, BenchTiming
+
+    def measured(variant, rate, load):
+        return BenchMeasurement(variant, "train", 64, 16, BenchTiming(rate, rate * 0.9, rate * 1.1, 10.0, load, 2))
+
+    record = BenchRecord({}, "a machine", [measured("mha+rope", 100.0, 1.0), measured("mha+alibi", 607.0, 5.3),
+                                           measured("diff+rope", 80.0, 1.5)])  # fmt: skip
+    busy = {r.measurement.variant: r.busy for r in record.ratios("mha+rope")}
+    assert busy == {"mha+rope": False, "mha+alibi": True, "diff+rope": False}
+    old = BenchTiming(100.0, 90.0, 110.0, 10.0)  # a record written before the load was kept
+    assert not old.busy
+
+
+def test_attnzoo_bench_measures_the_cases_in_interleaved_rounds_and_keeps_each_rounds_load(tmp_path, monkeypatch):
+    """Back to back, a load that came mid-sweep fell on whichever cases ran then."""
+    from attnzoo import bench
+
+    measured, loads = [], iter([0.5, 0.6, 5.1, 0.7])  # the third measurement shares the CPU
+
+    def fake_measure(case, *, repeats, threads, device):
+        measured.append((case.label, repeats))
+        result = _bench_result(case.label, 100.0, next(loads))
+        return bench.BenchResult(case.label, case.mode, case.seq_len, case.batch_size, 100.0, 100.0, 100.0, 1.0,
+                                 {**result.extra, "rates": [100.0] * repeats})  # fmt: skip
+
+    monkeypatch.setattr(bench, "measure", fake_measure)
+    monkeypatch.setattr(bench.os, "cpu_count", lambda: 2)
+    sweep = bench.BenchSweep(variants=("mha+rope", "diff+rope"), seq_lens=(16,), modes=("train",), repeats=3,
+                             rounds=2, dim=32, n_layers=1, n_heads=2, threads=1, device="cpu")  # fmt: skip
+    results = bench.run_bench(sweep, tmp_path, progress=False)
+    assert measured == [("mha+rope", 2), ("diff+rope", 2), ("mha+rope", 2), ("diff+rope", 2)]  # round by round
+    assert [r.extra["round_load_averages"] for r in results] == [[0.5, 5.1], [0.6, 0.7]]
+    assert "| diff+rope | train | 16 | 256 | 100 | 100–100 | 1.00× unreliable: busy machine |" in (
+        (tmp_path / "bench.md").read_text()
+    )
