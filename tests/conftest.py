@@ -15,6 +15,14 @@ if not torch.cuda.is_available():
 
 
 @pytest.fixture(autouse=True)
+def _one_thread_whatever_the_load(monkeypatch):
+    """The commands choose their threads from the machine's load average and say so on a busy machine; tests pin
+    one thread, as CI runs them, so no output depends on what else the machine is doing (tests/test_machine.py
+    injects the load it tests)."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
 
