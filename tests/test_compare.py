@@ -34,8 +34,8 @@ from attnzoo.compare import (
     run_compare,
     runner,
 )
+from attnzoo.compare.progress import Schedule
 from attnzoo.compare.report import write_report
-from attnzoo.compare.runner import Schedule
 from attnzoo.compare.tasks import task_configs
 from attnzoo.evals import TASKS, Task, TaskBatch, greedy_predictions, register_task, scored_accuracy
 from attnzoo.evals.base import as_generator

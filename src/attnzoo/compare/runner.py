@@ -40,7 +40,8 @@ from tqdm import tqdm
 from attnzoo import __version__
 from attnzoo.attention import ATTENTION
 from attnzoo.bench import BenchCase, Interrupted, machine_description, measure, stop_on_signals
-from attnzoo.compare.report import summary_table, write_report
+from attnzoo.compare.progress import Schedule, duration, final_summary, progress_table
+from attnzoo.compare.report import write_report
 from attnzoo.compare.results import (
     ATTENTION_MAPS,
     SCHEMA_VERSION,
@@ -58,9 +59,7 @@ from attnzoo.compare.results import (
     VariantResult,
 )
 from attnzoo.compare.spec import CompareSpec, resolve_spec
-from attnzoo.compare.stats import Summary, paired_over_seeds
 from attnzoo.compare.tasks import context_len, step_seconds, task_configs, train_task
-from attnzoo.compare.verdicts import judge_all
 from attnzoo.config import ModelConfig
 from attnzoo.convert.directory import group_kv_heads
 from attnzoo.data.corpora import Corpus
@@ -71,7 +70,6 @@ from attnzoo.evals.task import TaskSpec
 from attnzoo.io import atomic_write_text, locked_directory
 from attnzoo.model import Transformer
 from attnzoo.records import from_dict, to_dict
-from attnzoo.tables import Table
 from attnzoo.training.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -174,7 +172,7 @@ class Comparison:
             | {key: seconds for task in spec.tasks for key, seconds in self.task_estimates(task).items()}
         )
         self.say(
-            f"estimated time: about {_duration(self.schedule.remaining())} for the training left (from the token "
+            f"estimated time: about {duration(self.schedule.remaining())} for the training left (from the token "
             "budget and the step times just measured; evaluations come on top)"
         )
         lm_runs: dict[str, dict[int, LMRun]] = {label: {} for label in self.labels}
@@ -212,10 +210,10 @@ class Comparison:
             )
 
     def _elapsed(self) -> str:
-        return _duration(time.perf_counter() - self.started)
+        return duration(time.perf_counter() - self.started)
 
     def _left(self) -> str:
-        return f" · about {_duration(self.schedule.remaining())} left" if self.schedule.remaining() else ""
+        return f" · about {duration(self.schedule.remaining())} left" if self.schedule.remaining() else ""
 
     def lm_estimate(self, bench: BenchRecord, label: str) -> float:
         """Training seconds of one run from its token budget and the throughput just measured at its length."""
@@ -601,30 +599,6 @@ def lm_probes(model: Transformer, windows: Tensor) -> dict[str, float]:
     }
 
 
-class Schedule:
-    """The training left, estimated per job from the bench and scaled by how the recent jobs' real times (which
-    include their evaluations) compared with their estimates: an exponential mean of each finished job's
-    real ÷ estimated time, in which the latest job weighs ``RECENT_WEIGHT``. On a machine whose load comes and
-    goes, the estimate follows the speed of now, not the average since the start or the bench's moment."""
-
-    RECENT_WEIGHT = 0.5
-
-    def __init__(self, estimates: dict[tuple, float]):
-        self.left = dict(estimates)
-        self.factor: float | None = None  # None until a job has run
-
-    def finish(self, job: tuple, seconds: float | None) -> None:
-        """``job`` is done, in ``seconds``; None when it was reused and took no work."""
-        estimate = self.left.pop(job, 0.0)
-        if seconds is not None and estimate > 0:
-            ratio = seconds / estimate
-            recent = self.RECENT_WEIGHT
-            self.factor = ratio if self.factor is None else (1 - recent) * self.factor + recent * ratio
-
-    def remaining(self) -> float:
-        return (self.factor or 1.0) * sum(self.left.values())
-
-
 # --------------------------------------------------------------------------------------------------- summaries
 
 
@@ -649,48 +623,6 @@ def uptraining_config(train: TrainConfig) -> TrainConfig:
         eval_interval=max(1, steps // 4),
         checkpoint_interval=steps,
     )
-
-
-def progress_table(lm_runs: dict[str, dict[int, LMRun]], baseline: str) -> str:
-    """The terminal table after each run: mean ± std over the seeds finished so far."""
-    base_runs = lm_runs[baseline]
-    rows = []
-    for label, by_seed in lm_runs.items():
-        if not by_seed:
-            rows.append([label, "0", "…", "…", "…"])
-            continue
-        loss = Summary.of([r.val.loss for r in by_seed.values()])
-        bpb = Summary.of([r.val.bits_per_byte for r in by_seed.values()])
-        seeds = sorted(by_seed.keys() & base_runs.keys())
-        if label == baseline:
-            versus = "baseline"
-        elif seeds:  # paired by seed, as the verdicts are
-            versus = paired_over_seeds([by_seed[s].val.loss for s in seeds], [base_runs[s].val.loss for s in seeds])
-            versus = versus.format(4)
-        else:
-            versus = "…"
-        rows.append([label, str(loss.n), loss.format(4), bpb.format(4), versus])
-    header = ["variant", "seeds", "val loss (nats/token)", "val bits/byte", "Δ loss vs baseline"]
-    return Table(header, rows).to_text()
-
-
-def final_summary(results: CompareResults, paths: dict[str, Path]) -> str:
-    budget = results.budget
-    verdicts = [
-        [v.claim.id, v.outcome, v.difference.format(4) if v.difference else "—", v.reason] for v in judge_all(results)
-    ]
-    lines = [
-        "",
-        summary_table(results).to_text(),
-        "",
-        Table(["claim", "verdict", "effect", "why"], verdicts).to_text(),
-        "",
-        f"{len(results.seeds)} seed(s) × {budget.steps} steps × {budget.tokens_per_run:,} tokens per run; "
-        f"training {_duration(budget.train_seconds_total)} in all, "
-        f"this invocation {_duration(budget.wall_seconds_this_invocation)}",
-        "report: " + ", ".join(str(p) for p in paths.values()),
-    ]
-    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------------------------------------ helpers
@@ -730,8 +662,3 @@ def _jsonable(value: Any) -> Any:
 
 def _load_average() -> list[float] | None:
     return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
-
-
-def _duration(seconds: float) -> str:
-    minutes, seconds = divmod(round(seconds), 60)
-    return f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"
