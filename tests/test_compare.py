@@ -156,6 +156,8 @@ def test_bad_specs_are_refused_by_name():
         (lambda: replace(micro, model={"width": 3}), r"unknown ModelConfig field\(s\) \['width'\]"),
         (lambda: EvalSpec(extrapolation_multiples=(2, 4)), "must be integers >= 1 that include 1"),
         (lambda: EvalSpec(bench_cases=(("decode", 1),)), "must be \\(mode, multiple\\) pairs"),
+        (lambda: EvalSpec(val_windows=0), "val_windows=0 is invalid: must be None"),
+        (lambda: EvalSpec(val_blocks=0), "val_blocks=0 is invalid"),
     ]:
         with pytest.raises(ValueError, match=message):
             build()

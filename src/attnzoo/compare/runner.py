@@ -333,7 +333,9 @@ class Comparison:
         token_bytes = corpus.tokenizer.token_bytes()
         # The whole validation split, in contiguous blocks whose losses let the verdicts count the text's sampling
         # noise as well as the seeds'; the trainer's curve scored a sample of its windows.
-        val_config = LMEvalConfig(train_config.seq_len, batch_size=train_config.batch_size)
+        val_config = LMEvalConfig(
+            train_config.seq_len, batch_size=train_config.batch_size, max_windows=spec.evals.val_windows
+        )
         windows_scored = len(window_plan(len(corpus.val), val_config)[0]) // self.env.world_size * self.env.world_size
         blocks = min(spec.evals.val_blocks, windows_scored)
         val = evaluate_lm(model, corpus.val, token_bytes, val_config, env=self.env, blocks=blocks)

@@ -42,6 +42,9 @@ class EvalSpec:
     # The final validation loss scores the whole validation split, as this many contiguous blocks: the verdicts'
     # intervals count the sampling of the evaluation text (blocks) as well as the seeds.
     val_blocks: int = 64
+    # None: the whole split; a number scores at most that many windows, spread evenly over it (toy runs only: the
+    # intervals then sample less of the text).
+    val_windows: int | None = None
     # Outliers, entropy and spikiness of every trained model, on this many validation windows of the training length.
     probe_windows: int = 8
     # Throughput and peak memory: (mode, multiple of the training length), each case in a fresh process and
@@ -70,6 +73,12 @@ class EvalSpec:
             value = getattr(self, name)
             require(is_int(value) and value >= 1, name, value, "must be an integer >= 1")
         require(is_int(self.bench_warmup) and self.bench_warmup >= 0, "bench_warmup", self.bench_warmup, "must be >= 0")
+        require(
+            self.val_windows is None or (is_int(self.val_windows) and self.val_windows >= 1),
+            "val_windows",
+            self.val_windows,
+            "must be None (the whole validation split) or an integer >= 1",
+        )
         for case in self.bench_cases:
             require(
                 len(case) == 2 and case[0] in BENCH_MODES and is_int(case[1]) and case[1] >= 1,
