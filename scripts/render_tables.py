@@ -8,6 +8,8 @@ between. NAME is
 
 * ``claims``: the verdicts of the kept claims run in brief, judged from ``docs/claims/results.json`` by the
   registered claims (``attnzoo.compare.paper_claims``) and the rules of ``attnzoo.compare.verdicts``;
+* ``compare-quick``: the side-by-side table of the kept quick compare (the README's main job), from
+  ``docs/compare-quick/results.json`` by the report's own ``summary_table``;
 * ``FILE.md#K``: the K-th table (from 1) of ``benchmarks/results/FILE.md``, as the benchmark wrote it.
 
 tests/test_render_tables.py runs ``--check``, so a table edited by hand, or a results file rewritten without
@@ -24,12 +26,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 CLAIMS = REPO / "docs" / "claims"
+QUICK = REPO / "docs" / "compare-quick"
 REGION = re.compile(r"(<!-- table:(?P<name>[^>]+?) -->\n)(?P<body>.*?)(<!-- /table:(?P=name) -->)", re.DOTALL)
 
 
 def documents(root: Path = REPO) -> list[Path]:
     """The README and the site's pages; the claims report is the lead's generated file, rendered by compare."""
-    pages = sorted(p for p in (root / "docs").rglob("*.md") if (root / "docs" / "claims") not in p.parents)
+    generated = (root / "docs" / "claims", root / "docs" / "compare-quick")  # reports compare writes itself
+    pages = sorted(p for p in (root / "docs").rglob("*.md") if not any(g in p.parents for g in generated))
     return [root / "README.md", *pages]
 
 
@@ -66,8 +70,18 @@ def claims_table() -> str:
     return brief_table(judge_all(CompareResults.load(CLAIMS / "results.json"))).to_markdown() + "\n"
 
 
+def quick_table() -> str:
+    """The kept quick compare's side-by-side table, as its report shows it."""
+    from attnzoo.compare import CompareResults
+    from attnzoo.compare.report import summary_table
+
+    return summary_table(CompareResults.load(QUICK / "results.json")).to_markdown() + "\n"
+
+
 def render(name: str) -> str:
-    return claims_table() if name == "claims" else results_table(name)
+    if name == "claims":
+        return claims_table()
+    return quick_table() if name == "compare-quick" else results_table(name)
 
 
 def render_document(text: str) -> str:

@@ -10,7 +10,7 @@ from attnzoo.machine import CpuLoad, choose_threads, is_busy
 
 @pytest.mark.parametrize(
     ("cores", "load", "threads"),
-    [(2, 0.2, 2), (2, 1.1, 1), (2, 4.5, 1), (8, 2.4, 6), (8, 0.0, 8), (2, math.nan, 2)],
+    [(2, 0.2, 2), (2, 0.71, 2), (2, 1.1, 1), (2, 4.5, 1), (8, 2.4, 6), (8, 0.0, 8), (2, math.nan, 2)],
 )
 def test_one_thread_per_free_core_and_at_least_one(cores, load, threads):
     assert choose_threads(CpuLoad(cores, load)).threads == threads

@@ -28,10 +28,12 @@ class CpuLoad:
 
     @property
     def free_cores(self) -> int:
-        """Cores the load leaves idle, rounded to the nearest; all of them where the load cannot be read."""
+        """Cores the load leaves idle: a core counts as taken once the load average says a whole one is busy (a
+        load of 0.7 on 2 cores is usually the fading average of a job that just ended, and halving the threads
+        for it doubles a run); all of them where the load cannot be read."""
         if math.isnan(self.load_average):
             return self.cores
-        return max(0, min(self.cores, round(self.cores - self.load_average)))
+        return max(0, min(self.cores, self.cores - math.floor(self.load_average)))
 
 
 def is_busy(load_average: float | None, cores: int) -> bool:

@@ -118,18 +118,12 @@ def summary_lines(results: CompareResults, verdicts: list[Verdict]) -> list[str]
         found = counts(vs)
         return ", ".join(f"{found[o]} {o}" for o in OUTCOMES if found[o])
 
-    methods = {v.difference.method for v in verdicts if v.difference is not None}
+    blocks = all(run.val.block_losses is not None for variant in results.variants.values() for run in variant.runs)
     lines = [
         f"Primary claims ({len(primaries)}, one per paper, Holm-corrected together): {tally(primaries) or 'none'}.",
         f"All {len(verdicts)} claims: {tally(verdicts)}.",
-        "Intervals: "
-        + ("; ".join(sorted(methods)) if methods else SEEDS_ONLY)
-        + ". For the validation loss: "
-        + (
-            SEEDS_AND_BLOCKS
-            if SEEDS_AND_BLOCKS in methods
-            else "seeds only, since this run stored no per-block validation losses"
-        )
+        f"Intervals: {SEEDS_ONLY}; for the validation loss, "
+        + (SEEDS_AND_BLOCKS if blocks else "seeds only, since this run stored no per-block validation losses")
         + f". This run has {len(results.seeds)} seed(s).",
         f"Scale: {results.budget.tokens_per_run:,} tokens per language-model run, models of about "
         f"{results.variants[results.baseline].parameters / 1e6:.2f}M parameters; a verdict says what holds at this "

@@ -269,9 +269,10 @@ PRESETS: dict[str, CompareSpec] = {
     "gpu": CompareSpec(
         name="gpu",
         description=(
-            "every claim on one CUDA GPU (sized from its token budget; not yet timed on a GPU): 8 variants × 3 "
-            "seeds × 2,000 steps × 64 × 256 tokens of gpu-lm's 10.7M-parameter model on pystdlib in bf16 autocast, "
-            "and the claims' tasks at their standard and full budgets"
+            "every claim on one CUDA GPU (sized from its token budget when it had 8 variants; not yet timed on a "
+            "GPU): the claims' 12 language-model variants × 3 seeds × 2,000 steps × 64 × 256 tokens of gpu-lm's "
+            "10.7M-parameter model on pystdlib in bf16 autocast, and the claims' tasks at their standard and full "
+            "budgets"
         ),
         model=_GPU_MODEL,
         train=TrainConfig(
