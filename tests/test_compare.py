@@ -307,14 +307,18 @@ def test_a_second_invocation_reuses_every_finished_run(micro, copy_of):
     assert _val_losses(_results(copy_of)) == _val_losses(results_before)
 
 
+def _compare_again(out, spec):
+    """The micro compare's runs compared under another ``spec``: finished runs are reused, the rest trained."""
+    (out / "results.json").unlink()  # the report of the first spec, which the new one may not overwrite
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert run_compare(spec, out, progress=False).interrupted_by is None
+    return _results(out)
+
+
 def test_the_tasks_train_their_own_seeds(micro, copy_of):
     """A task run costs seconds, so a spec may give the tasks more seeds than its language models."""
-    (copy_of / "results.json").unlink()  # the same runs, compared under another spec
     spec = resolve_spec("micro", variants=VARIANTS, corpus=str(micro["text"]), tasks=["mqar"])
-    with contextlib.redirect_stdout(io.StringIO()):
-        result = run_compare(replace(spec, task_seeds=(0, 1, 2)), copy_of, progress=False)
-    assert result.interrupted_by is None
-    results = _results(copy_of)
+    results = _compare_again(copy_of, replace(spec, task_seeds=(0, 1, 2)))
     assert results.seeds == [0, 1] and [r.seed for r in results.tasks["mqar"].runs["diff+rope"]] == [0, 1, 2]
     with pytest.raises(ValueError, match=r"task_seeds=\(1, 1\) is invalid: must be one or more distinct"):
         replace(spec, task_seeds=(1, 1))
@@ -323,11 +327,8 @@ def test_the_tasks_train_their_own_seeds(micro, copy_of):
 
 def test_a_variant_with_more_compute_trains_the_same_model_longer(micro, copy_of):
     """``+x2``: twice the steps of the same model, which the bench measures once, under the model's label."""
-    (copy_of / "results.json").unlink()
     spec = resolve_spec("micro", variants=[*VARIANTS, "mha+rope+x2"], corpus=str(micro["text"]), tasks=[])
-    with contextlib.redirect_stdout(io.StringIO()):
-        assert run_compare(spec, copy_of, progress=False).interrupted_by is None
-    results = _results(copy_of)
+    results = _compare_again(copy_of, spec)
     longer, base = results.variants["mha+rope+x2"], results.variants["mha+rope"]
     assert [run.steps for run in longer.runs] == [12, 12] and longer.runs[0].tokens == 2 * base.runs[0].tokens
     assert longer.config == base.config and {m.variant for m in results.bench.measurements} == set(VARIANTS)
@@ -335,11 +336,8 @@ def test_a_variant_with_more_compute_trains_the_same_model_longer(micro, copy_of
 
 def test_an_uptrained_variant_starts_from_its_sources_pooled_weights(micro, copy_of):
     """``+kv1+up0.5``: the same seed's trained mha+rope, its kv heads mean-pooled, trained for half the steps."""
-    (copy_of / "results.json").unlink()
     spec = resolve_spec("micro", variants=[*VARIANTS, "mha+rope+kv1+up0.5"], corpus=str(micro["text"]), tasks=[])
-    with contextlib.redirect_stdout(io.StringIO()):
-        assert run_compare(spec, copy_of, progress=False).interrupted_by is None
-    results = _results(copy_of)
+    results = _compare_again(copy_of, spec)
     up, source = results.variants["mha+rope+kv1+up0.5"], results.variants["mha+rope"]
     assert up.config == {**source.config, "n_kv_heads": 1} and up.parameters < source.parameters
     assert [record.steps for record in up.runs] == [3, 3]
