@@ -112,54 +112,33 @@ def _measure(claim: Claim, results: CompareResults) -> Verdict:
     conditions = _conditions(claim, results, seeds)
     levels = _levels(claim, results, ours, theirs)
     gate = claim.gate.check(results, claim)
-    if not gate.passed:
+
+    def final(outcome: Outcome, reason: str, would_change: str, difference: PairedDifference | None = None) -> Verdict:
         return Verdict(
-            claim,
-            "not measurable",
-            gate.reason,
-            gate,
-            would_change=_what_would_measure(claim, gate.reason.endswith(DIVERGED)),
-            conditions=conditions,
-            levels=levels,
+            claim, outcome, reason, gate, difference, would_change=would_change, conditions=conditions, levels=levels
         )
+
+    if not gate.passed:
+        return final("not measurable", gate.reason, _what_would_measure(claim, gate.reason.endswith(DIVERGED)))
     non_finite = [
         label
         for label, values in ((claim.variant, ours), (claim.baseline, theirs))
         if not all(math.isfinite(values[s]) for s in seeds)
     ]
     if non_finite:
-        return Verdict(
-            claim,
-            "not measurable",
-            f"{' and '.join(non_finite)} gave a non-finite {claim.measure.label} on some seed: {DIVERGED}",
-            gate,
-            would_change=_what_would_measure(claim, diverged=True),
-            conditions=conditions,
-            levels=levels,
-        )
+        reason = f"{' and '.join(non_finite)} gave a non-finite {claim.measure.label} on some seed: {DIVERGED}"
+        return final("not measurable", reason, _what_would_measure(claim, diverged=True))
     difference = _difference(claim, results, ours, theirs, seeds) if seeds else None
     if len(seeds) < MIN_SEEDS:
-        return Verdict(
-            claim,
-            "inconclusive",
-            f"{len(seeds)} seed(s): an interval needs at least {MIN_SEEDS}",
-            gate,
-            difference,
-            would_change=f"run at least {MIN_SEEDS} seeds (--seeds)",
-            conditions=conditions,
-            levels=levels,
-        )
+        reason = f"{len(seeds)} seed(s): an interval needs at least {MIN_SEEDS}"
+        return final("inconclusive", reason, f"run at least {MIN_SEEDS} seeds (--seeds)", difference)
     assert difference is not None
     if not difference.has_spread:
-        return Verdict(
-            claim,
-            "inconclusive",
-            f"every seed gives the same difference ({difference.mean:+.4g}): with no spread no interval can be formed",
-            gate,
-            difference,
-            would_change="a measure that varies with the seed, or a check of why it does not",
-            conditions=conditions,
-            levels=levels,
+        reason = (
+            f"every seed gives the same difference ({difference.mean:+.4g}): with no spread no interval can be formed"
+        )
+        return final(
+            "inconclusive", reason, "a measure that varies with the seed, or a check of why it does not", difference
         )
     if claim.rule == NONINFERIOR:
         p_raw = difference.p_value(null=claim.smallest_effect, alternative="less")
