@@ -200,6 +200,20 @@ def test_overrides_replace_only_what_they_name():
     assert resolve_spec("quick") is PRESETS["quick"]
 
 
+def test_fewer_steps_keep_the_schedules_shares_so_the_loss_gate_still_has_its_points():
+    """gpu-lm at --steps 300 once kept warmup 200 and evaluated only at the end: no validation slope to read."""
+    preset = PRESETS["gpu-lm"].train
+    train = resolve_spec("gpu-lm", steps=300, device="cpu").train
+    assert (train.steps, train.warmup_steps) == (300, 30)
+    assert train.steps // train.eval_interval == preset.steps // preset.eval_interval == 4
+    assert abs(train.steps / train.checkpoint_interval - preset.steps / preset.checkpoint_interval) < 1
+    assert train.seq_len == preset.seq_len and train.lr == preset.lr and train.device == "cpu"
+    longer = resolve_spec("quick", steps=2500).train
+    assert (longer.warmup_steps, longer.eval_interval) == (250, 10 * PRESETS["quick"].train.eval_interval)
+    with pytest.raises(ValueError, match="steps"):
+        PRESETS["quick"].train.with_steps(0)
+
+
 # ------------------------------------------------------------------------------------------------ end to end
 
 

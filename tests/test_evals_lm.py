@@ -154,3 +154,18 @@ def test_training_and_eval_report_the_same_bits_per_byte(tmp_path, capsys):
     evaluated = json.loads(capsys.readouterr().out)
     assert evaluated["tokens"] == trained["val_tokens"]
     assert evaluated["bits_per_byte"] == pytest.approx(trained["val_bits_per_byte"], abs=1e-6)
+
+
+@pytest.mark.cuda
+def test_a_cuda_model_is_scored_on_its_own_device_at_every_length():
+    """compare's extrapolation passes no env: the windows must follow the model to the GPU (they stayed on the
+    CPU until the GPU kit of 2026-11-25 hit it), and the scores equal the CPU model's within fp32 reduction error."""
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=32, dim=16, n_layers=1, n_heads=2, max_seq_len=8))
+    tokens = torch.randint(0, 32, (40,))
+    cfg = LMEvalConfig(block_len=4, batch_size=2)
+    on_cpu = length_extrapolation(model, tokens, BYTE, cfg, (1, 2, 4))
+    on_cuda = length_extrapolation(model.cuda(), tokens, BYTE, cfg, (1, 2, 4))
+    for cpu, cuda in zip(on_cpu, on_cuda, strict=True):
+        assert cuda.result.tokens == cpu.result.tokens
+        assert cuda.result.loss == pytest.approx(cpu.result.loss, rel=1e-5)

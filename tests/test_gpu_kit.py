@@ -241,3 +241,9 @@ def test_the_dry_run_runs_every_stage_and_a_second_run_resumes_with_nothing_left
     printed = capsys.readouterr().out
     for name in STAGE_NAMES:
         assert f"{name}: completed earlier" in printed
+
+
+def test_the_test_the_tests_stage_leaves_out_exists():
+    """A renamed test would make --deselect a silent no-op and the stage 3 minutes longer."""
+    path, name = gpu_kit.REPEATED_TEST.split("::")
+    assert f"def {name}(" in (gpu_kit.REPO / path).read_text()

@@ -256,9 +256,12 @@ class FusedDCMHA(torch.autograd.Function):
             q, k, v, grad_out, query_w, key_w, lse, delta, grad_q, grad_query_w,
             *strides, *common, **options, **const,
         )  # fmt: skip
+        # The key kernel holds every head's K, V, dK and dV tiles for its whole loop; Triton's default software
+        # pipelining (3 stages on Hopper) adds copies of each query tile it loads, and that overflowed an H100's
+        # 227 KiB of shared memory at 6 heads of 64 (GPU kit, 2026-11-25). One stage keeps it inside.
         _backward_key_kernel[(triton.cdiv(seq_len, const["BS"]), bg)](
             q, k, v, grad_out, query_w, key_w, lse, delta, grad_k, grad_v, grad_key_w,
-            *strides, *common, **options, **const,
+            *strides, *common, **options, **const, num_stages=1,
         )  # fmt: skip
         n_rep = n_heads // n_kv_heads
         grad_k = grad_k.view(batch, n_kv_heads, n_rep, seq_len, head_dim).sum(2).to(k.dtype)

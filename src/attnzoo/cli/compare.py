@@ -97,7 +97,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--seeds", type=int, metavar="N", help="train each variant with seeds 0..N-1 (default: the preset's)"
     )
-    parser.add_argument("--steps", type=int, metavar="N", help="training steps per run (default: the preset's)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        metavar="N",
+        help="training steps per run (default: the preset's); warmup, evaluations and checkpoints keep their share",
+    )
     parser.add_argument(
         "--data", metavar="CORPUS", help="'shakespeare' (default), 'pystdlib', or a path to a text file or directory"
     )

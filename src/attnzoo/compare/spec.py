@@ -401,15 +401,14 @@ def resolve_spec(
     if seeds is not None:
         changes["seeds"] = tuple(seeds)
         changes["task_seeds"] = None  # seeds asked for explicitly apply to the tasks too
+    train = spec.train if steps is None else spec.train.with_steps(steps)
     train_changes: dict[str, Any] = {}
-    if steps is not None:
-        train_changes["steps"] = steps
     if corpus is not None:
-        train_changes["data"] = dataclasses.replace(spec.train.data, corpus=corpus)
+        train_changes["data"] = dataclasses.replace(train.data, corpus=corpus)
     if device is not None:
         train_changes["device"] = device
-    if train_changes:
-        changes["train"] = dataclasses.replace(spec.train, **train_changes)
+    if train_changes or train is not spec.train:
+        changes["train"] = dataclasses.replace(train, **train_changes)
     if tasks is None and spec.name in SCALES:
         # A task registered after this module was imported joins the preset of its scale.
         known = {task.name for task in spec.tasks}

@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from attnzoo.data.batches import eval_window_starts, gather_windows
 from attnzoo.distributed import Distributed
-from attnzoo.evals.base import IGNORE_INDEX
+from attnzoo.evals.base import IGNORE_INDEX, model_device
 from attnzoo.precision import compute_dtype
 from attnzoo.validation import is_int, require
 
@@ -143,7 +143,7 @@ def evaluate_lm(
     Each rank scores a disjoint, equal share of the windows and the sums are all-reduced, so every rank runs
     the same number of forward passes, as FSDP requires.
     """
-    env = env or Distributed()
+    env = env or Distributed(device=model_device(model))
     tokens = np.asarray(tokens)
     starts, overlap = window_plan(len(tokens), cfg)
     require(
@@ -205,6 +205,9 @@ def length_extrapolation(
     token_bytes: np.ndarray,
     cfg: LMEvalConfig,
     multiples: Sequence[int] = (1, 2, 4, 8, 16),
+    *,
+    env: Distributed | None = None,
+    autocast: contextlib.AbstractContextManager | None = None,
 ) -> list[ExtrapolationPoint]:
     """Evaluate at each ``multiple × cfg.block_len``, where ``cfg.block_len`` is the training length.
 
@@ -221,7 +224,7 @@ def length_extrapolation(
         stride = None if cfg.stride is None else multiple * cfg.stride
         length_cfg = dataclasses.replace(cfg, block_len=multiple * cfg.block_len, stride=stride)
         try:
-            result = evaluate_lm(model, tokens, token_bytes, length_cfg)
+            result = evaluate_lm(model, tokens, token_bytes, length_cfg, env=env, autocast=autocast)
         except ValueError as err:
             points.append(ExtrapolationPoint(multiple, length_cfg.block_len, None, str(err)))
         else:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -189,6 +190,24 @@ class TrainConfig:
     @property
     def tokens_per_step(self) -> int:
         return self.batch_size * self.seq_len
+
+    def with_steps(self, steps: int) -> TrainConfig:
+        """This schedule stretched or shrunk to ``steps``: warmup, evaluations, logs and checkpoints keep their
+        share of the run, so a shortened preset still warms up for the same fraction and still logs the
+        validation points its loss-flattening gate reads."""
+        require(is_int(steps) and steps >= 1, "steps", steps, "must be an integer >= 1")
+
+        def scaled(every: int) -> int:
+            return max(1, math.ceil(every * steps / self.steps))
+
+        return dataclasses.replace(
+            self,
+            steps=steps,
+            warmup_steps=round(self.warmup_steps * steps / self.steps),
+            eval_interval=scaled(self.eval_interval),
+            log_interval=scaled(self.log_interval),
+            checkpoint_interval=scaled(self.checkpoint_interval),
+        )
 
     def warnings(self) -> list[str]:
         """Settings that are valid but almost certainly not what was meant."""
