@@ -187,8 +187,13 @@ def test_every_preset_matches_its_variants_and_never_ranks_on_one_seed(name):
         else:  # its source's model with fewer kv heads, as GQA uptraining converts it: not re-matched
             expected = dataclasses.replace(configs[variant.source.label], n_kv_heads=variant.n_kv_heads)
             assert configs[variant.label] == expected
-    for task in spec.tasks:  # each task configures the variants it trains
-        assert len(task_configs(task, spec.task_variants(task))) == len(spec.task_variants(task))
+    for task in spec.tasks:  # each task builds the model of every variant it trains (the graph model refuses rope)
+        labels = spec.task_variants(task)
+        configs = task_configs(task, labels)
+        assert list(configs) == labels
+        with torch.device("meta"):
+            for config in configs.values():
+                task.task.new_model(config, task.config())
 
 
 def test_overrides_replace_only_what_they_name():
@@ -400,10 +405,48 @@ def test_a_run_from_another_configuration_is_refused_not_overwritten(micro, copy
     assert read_checkpoint(copy_of / "runs/mha+rope/seed0").step == 6
 
 
-def _bench_result(case, tokens_per_s):
+def _bench_result(case, tokens_per_s, repeats=1, load=0.5):
     return BenchResult(
-        case.label, case.mode, case.seq_len, case.batch_size, tokens_per_s, tokens_per_s, tokens_per_s, 5.0
+        case.label,
+        case.mode,
+        case.seq_len,
+        case.batch_size,
+        tokens_per_s,
+        tokens_per_s,
+        tokens_per_s,
+        5.0,
+        extra={"rates": [tokens_per_s] * repeats, "load_average": load},
     )
+
+
+def test_the_bench_measures_the_cases_in_interleaved_rounds_and_pools_them(tmp_path, monkeypatch):
+    """A load change during one variant's cases once decided its ratio: each round now visits every case in turn,
+    and a stop in the second round keeps the first round's measurements."""
+    spec = resolve_spec("micro", variants=VARIANTS)
+    spec = replace(spec, evals=replace(spec.evals, bench_rounds=2, bench_repeats=3))
+    configs = matched_configs([Variant.parse(v) for v in VARIANTS], spec.baseline_config(64))
+    visits = []
+
+    def measured(case, *, repeats, **settings):
+        if len(visits) == 2 and not stopped:
+            stopped.append(case.label)
+            raise Interrupted(signal.SIGTERM)
+        visits.append((case.label, repeats))
+        return _bench_result(case, 100.0 * len(visits), repeats, load=0.5 * len(visits))
+
+    stopped = []
+    monkeypatch.setattr(runner, "measure", measured)
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert runner.Comparison(spec, tmp_path, progress=False).bench(configs) == (None, signal.SIGTERM)
+        bench, stop = runner.Comparison(spec, tmp_path, progress=False).bench(configs)
+    assert stop is None and stopped == ["mha+rope"]
+    # Round 1 over both variants, then round 2 over both, each round 2 of the 3 repeats (rounded up); the resumed
+    # bench measured only what round 2 lacked.
+    assert visits == [("mha+rope", 2), ("diff+rope", 2), ("mha+rope", 2), ("diff+rope", 2)]
+    mha, diff = (m.timing for m in bench.measurements)
+    assert mha.rates == (100.0, 100.0, 300.0, 300.0) and mha.tokens_per_s == 200.0 and mha.rounds == 2
+    assert mha.round_load_averages == (0.5, 1.5) and mha.load_average == 1.5
+    assert diff.tokens_per_s_min == 200.0 and diff.tokens_per_s_max == 400.0
 
 
 def test_a_compare_stopped_during_the_bench_keeps_the_cases_measured(micro, copy_of, monkeypatch):

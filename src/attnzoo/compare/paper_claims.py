@@ -596,11 +596,11 @@ def claim_variants(preset: str = "claims") -> tuple[str, ...]:
 
 def claim_tasks(scale: str, preset: str = "claims") -> tuple[TaskSpec, ...]:
     """The tasks a claim of ``preset`` is measured on, each at ``scale`` of its budget (or the nearest larger) and
-    trained only for the variants its claims compare."""
+    trained only for the variants its claims compare, the first claim's baseline first."""
     specs = []
     claims = _runs_in(preset)
     for name in dict.fromkeys(c.measure.task for c in claims if c.measure.task is not None):
         needed = [c for c in claims if c.measure.task == name]
-        variants = dict.fromkeys([BASELINE, *(label for c in needed for label in (c.variant, c.baseline))])
+        variants = dict.fromkeys(label for c in needed for label in (c.baseline, c.variant))
         specs.append(TaskSpec(name, TaskSpec.at_scale(name, scale).budget, tuple(variants)))
     return tuple(specs)

@@ -26,7 +26,7 @@ from attnzoo.compare.plots import (
     plot_throughput_memory,
 )
 from attnzoo.compare.report_claims import claims_section
-from attnzoo.compare.results import ATTENTION_MAPS, CompareResults, TaskResult
+from attnzoo.compare.results import ATTENTION_MAPS, BenchRecord, CompareResults, TaskResult
 from attnzoo.compare.spec import PRESETS
 from attnzoo.compare.stats import CONFIDENCE, PairedDifference, Summary, paired_over_seeds
 from attnzoo.compare.verdicts import MIN_SEEDS, Verdict, judge_all, verdicts_record
@@ -139,6 +139,14 @@ def _extrapolation_table(results: CompareResults) -> tuple[Table, list[str]]:
     return Table(header, rows), reasons
 
 
+def _bench_order(bench: BenchRecord) -> str:
+    """How the cases were ordered, read from the record (a run stored before rounds measured them back to back)."""
+    rounds = max((m.timing.rounds for m in bench.measurements if m.timing is not None), default=1)
+    if rounds == 1:
+        return "the cases back to back"
+    return f"the cases measured in turn in {rounds} rounds, so a change in the machine's load falls on every variant"
+
+
 def _bench_table(results: CompareResults) -> Table:
     rows = []
     for r in results.bench.ratios(results.baseline):
@@ -155,11 +163,12 @@ def _bench_table(results: CompareResults) -> Table:
                 speed + (" unreliable: busy machine" if r.busy else ""),
                 f"{t.peak_mem_mb:,.1f}",
                 ratio(r.memory),
-                "–" if t.load_average is None else f"{t.load_average:.2f}",
+                " / ".join(f"{load:.2f}" for load in t.round_load_averages)
+                or ("–" if t.load_average is None else f"{t.load_average:.2f}"),
             ]
         )
     header = ["variant", "mode", "T", "batch", "tok/s median (min–max)", f"{speed_header('baseline')} (min–max)"]
-    return Table([*header, "peak MB", memory_header("baseline"), "load average"], rows)
+    return Table([*header, "peak MB", memory_header("baseline"), "load average (each round)"], rows)
 
 
 def _sweep_table(task: TaskResult) -> tuple[Table, list[str]]:
@@ -180,10 +189,11 @@ def _sweep_table(task: TaskResult) -> tuple[Table, list[str]]:
     return Table(["variant", *[f"{length} tokens" for length in lengths]], rows), reasons
 
 
-def _task_table(results: CompareResults, task: TaskResult) -> Table:
-    """A row per variant: the metric over seeds and against the baseline, then whatever the task declares."""
+def _task_table(task: TaskResult) -> Table:
+    """A row per variant: the metric over seeds and against the task's baseline (its first variant), then whatever
+    the task declares."""
     stop_at, swept = task.budget.stop_at, bool(task.budget.sweep_lengths)
-    baseline = results.baseline
+    baseline = next(iter(task.runs))  # the task's own: an attention-only task compares with mha+none
     rows = []
     for label, runs in task.runs.items():
         summary = task.summary(label)
@@ -191,7 +201,7 @@ def _task_table(results: CompareResults, task: TaskResult) -> Table:
             label,
             str(len(runs)),
             summary.format(4),
-            "baseline" if label == results.baseline else _difference_text(_task_difference(task, label, baseline), 4),
+            "baseline" if label == baseline else _difference_text(_task_difference(task, label, baseline), 4),
             ", ".join(str(r.steps) for r in runs),
         ]
         if stop_at is not None:
@@ -201,7 +211,7 @@ def _task_table(results: CompareResults, task: TaskResult) -> Table:
         row += [task.probe_summary(label, key).format(3) for key in task.probe_columns]
         rows.append(row)
     direction = "higher" if task.higher_is_better else "lower"
-    header = ["variant", "seeds", f"{task.metric} ({direction} is better)", "Δ vs baseline", "steps run (per seed)"]
+    header = ["variant", "seeds", f"{task.metric} ({direction} is better)", f"Δ vs {baseline}", "steps run (per seed)"]
     if stop_at is not None:
         header.append(f"steps to {stop_at}")
     if swept:
@@ -284,8 +294,8 @@ def build_report(results: CompareResults, plots: dict[str, str]) -> Report:
         Image(plots["extrapolation"], "Validation loss against evaluation length (mean ± std over seeds)."),
         Heading(2, "Throughput and memory"),
         Paragraph(
-            "Every case in a fresh process, back to back, so the ratios compare like with like; medians over "
-            f"{evals.bench_repeats} repeats with the spread. Speed is tokens/s ÷ the baseline's (above 1 is faster); "
+            f"Every case in a fresh process, {_bench_order(results.bench)}; medians over "
+            f"{evals.bench_repeats} repeats, with the spread. Speed is tokens/s ÷ the baseline's (above 1 is faster); "
             "memory is peak ÷ the baseline's (above 1 is more). On the CPU, peak memory is the rise of the process's "
             "resident high-water mark, reset for the case, over its resident size before the first step "
             "(attnzoo.bench); a case whose ratio is N/A had no measurable rise. "
@@ -314,7 +324,7 @@ def build_report(results: CompareResults, plots: dict[str, str]) -> Report:
     else:
         report.add(Paragraph("The stored attention maps were not found beside the runs, so no figure is drawn."))
     for name, task in results.tasks.items():
-        report.add(Heading(2, f"Task: {name}"), Paragraph(_task_text(task)), _task_table(results, task))
+        report.add(Heading(2, f"Task: {name}"), Paragraph(_task_text(task)), _task_table(task))
         if task.budget.sweep_lengths:
             table, reasons = _sweep_table(task)
             report.add(Paragraph("Accuracy by context length, mean over needle depths (± std over seeds):"), table)

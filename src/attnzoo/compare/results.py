@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,18 +102,49 @@ class VariantResult:
 
 @dataclass(frozen=True)
 class BenchTiming:
-    tokens_per_s: float  # median over repeats
+    """One case's speed and memory, pooled over the rounds that measured it (each in a fresh process)."""
+
+    tokens_per_s: float  # median over every round's repeats
     tokens_per_s_min: float
     tokens_per_s_max: float
-    peak_mem_mb: float
-    # The 1-minute load average as the case ended and the machine's cores (None in records written before they
-    # were kept): a case measured while more work was runnable than cores shared the CPU (attnzoo.machine).
+    peak_mem_mb: float  # the highest round's
+    # The highest of the rounds' 1-minute load averages, each taken as its round ended, and the machine's cores
+    # (None in records written before they were kept): a case measured while more work was runnable than cores
+    # shared the CPU (attnzoo.machine).
     load_average: float | None = None
     cores: int | None = None
+    rates: tuple[float, ...] = ()  # every timed repeat's tokens/s (empty in records written before rounds)
+    round_load_averages: tuple[float, ...] = ()
+    rounds: int = 1
 
     @property
     def busy(self) -> bool:
         return self.cores is not None and is_busy(self.load_average, self.cores)
+
+    @staticmethod
+    def of_rounds(
+        rates: Sequence[float], peak_mem_mb: float, round_loads: Sequence[float], cores: int | None, rounds: int = 1
+    ) -> BenchTiming:
+        """The pooled timing of ``rounds`` rounds: the median, min and max over all their repeats' ``rates``, the
+        highest peak memory and the highest load average."""
+        return BenchTiming(
+            statistics.median(rates),
+            min(rates),
+            max(rates),
+            peak_mem_mb,
+            max(round_loads) if round_loads else None,
+            cores,
+            tuple(rates),
+            tuple(round_loads),
+            rounds,
+        )
+
+    def with_round(self, rates: Sequence[float], peak_mem_mb: float, load_average: float | None) -> BenchTiming:
+        """This timing with one more round's repeats pooled in."""
+        loads = [*self.round_load_averages, *([] if load_average is None else [load_average])]
+        return BenchTiming.of_rounds(
+            [*self.rates, *rates], max(self.peak_mem_mb, peak_mem_mb), loads, self.cores, self.rounds + 1
+        )
 
 
 @dataclass(frozen=True)

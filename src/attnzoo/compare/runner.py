@@ -382,12 +382,12 @@ class Comparison:
     # -------------------------------------------------------------------------------------------- bench
 
     def bench(self, configs: dict[str, ModelConfig]) -> tuple[BenchRecord | None, int | None]:
-        """Every variant's throughput and peak memory, measured back to back so the ratios compare like with
-        like; reused only if nothing about the measurement has changed. The record, or ``None`` and the signal
-        that stopped it.
+        """Every variant's throughput and peak memory, the case list measured in turn ``bench_rounds`` times so
+        that a change in the machine's load falls on every variant alike; reused only if nothing about the
+        measurement has changed. The record, or ``None`` and the signal that stopped it.
 
-        Each finished case is kept in ``bench.partial.json`` as it ends, so a compare stopped during the bench
-        measures only the cases left when run again; its record's machine line then names every sitting.
+        Each finished round of a case is kept in ``bench.partial.json`` as it ends, so a compare stopped during the
+        bench measures only the rounds left when run again; its record's machine line then names every sitting.
         """
         spec, train = self.spec.evals, self.spec.train
         threads = torch.get_num_threads()
@@ -398,6 +398,7 @@ class Comparison:
                 "batch_size": train.batch_size,
                 "seq_len": train.seq_len,
                 "repeats": spec.bench_repeats,
+                "rounds": spec.bench_rounds,
                 "warmup": spec.bench_warmup,
                 "threads": threads,
                 "device": str(self.env.device),
@@ -418,34 +419,41 @@ class Comparison:
         partial = _read_record(BenchRecord, self.out_dir / BENCH_PARTIAL)
         kept = {_case_key(m): m for m in partial.measurements} if partial is not None and partial.key == key else {}
         machine = machine_description(threads)
-        self.say("── throughput and memory of the untrained models, each case in a fresh process ──")
+        rounds = spec.bench_rounds
+        self.say(
+            f"── throughput and memory of the untrained models: {rounds} round(s) over the cases, each case in a "
+            "fresh process ──"
+        )
         if kept and partial is not None:
             self.say(f"keeping the {len(kept)} of {len(cases)} cases measured before the interruption")
             machine = f"{partial.machine}; resumed after an interruption on {machine}"
-        measurements: list[BenchMeasurement] = []
+        wheres = [(case.label, case.mode, case.seq_len) for case in cases]
+        measured = {where: kept.get(where) for where in wheres}
         try:
             with stop_on_signals():
-                for case in cases:
-                    measurement = kept.get((case.label, case.mode, case.seq_len))
-                    if measurement is None:
-                        measurement = self.measure_case(case)
-                        partial = BenchRecord(key, machine, [*measurements, measurement])
+                for round_number in range(1, rounds + 1):
+                    for case, where in zip(cases, wheres, strict=True):
+                        done = measured[where]
+                        if done is not None and (done.timing is None or done.timing.rounds >= round_number):
+                            continue  # measured in an earlier sitting, or unavailable
+                        measured[where] = self.measure_round(case, done, round_number)
+                        partial = BenchRecord(key, machine, [m for m in measured.values() if m is not None])
                         _write_record(partial, self.out_dir / BENCH_PARTIAL)  # atomic: a stop leaves the last one
-                    measurements.append(measurement)
         except Interrupted as stop:
             return None, stop.signum
-        bench = BenchRecord(key, machine, measurements)
+        bench = BenchRecord(key, machine, [m for m in measured.values() if m is not None])
         _write_record(bench, self.out_dir / BENCH)
         (self.out_dir / BENCH_PARTIAL).unlink(missing_ok=True)
         return bench, None
 
-    def measure_case(self, case: BenchCase) -> BenchMeasurement:
+    def measure_round(self, case: BenchCase, earlier: BenchMeasurement | None, round_number: int) -> BenchMeasurement:
+        """One more round of ``case``, pooled with its ``earlier`` rounds."""
         spec = self.spec.evals
         where = {"variant": case.label, "mode": case.mode, "seq_len": case.seq_len, "batch_size": case.batch_size}
         try:
             result = measure(
                 case,
-                repeats=spec.bench_repeats,
+                repeats=-(-spec.bench_repeats // spec.bench_rounds),  # ceil: every round times at least one
                 warmup=spec.bench_warmup,
                 threads=torch.get_num_threads(),
                 device=str(self.env.device),
@@ -453,19 +461,19 @@ class Comparison:
         except RuntimeError as err:  # e.g. learned positions past max_seq_len: N/A, with the reason
             self.say(f"{case.mode} T={case.seq_len} {case.label}: N/A")
             return BenchMeasurement(**where, timing=None, unavailable=str(err))
-        timing = BenchTiming(
-            result.tokens_per_s,
-            result.tokens_per_s_min,
-            result.tokens_per_s_max,
-            result.peak_mem_mb,
-            load_average=result.extra.get("load_average"),
-            cores=os.cpu_count(),
-        )
-        load = "unknown" if timing.load_average is None else f"{timing.load_average:.2f}"
+        load = result.extra.get("load_average")
+        rates = result.extra["rates"]
+        if earlier is None or earlier.timing is None:  # the first round
+            loads = [] if load is None else [load]
+            timing = BenchTiming.of_rounds(rates, result.peak_mem_mb, loads, os.cpu_count())
+        else:
+            timing = earlier.timing.with_round(rates, result.peak_mem_mb, load)
+        shown = "unknown" if load is None else f"{load:.2f}"
         busy = " (unreliable: busy machine)" if timing.busy else ""
         self.say(
-            f"{case.mode} T={case.seq_len} {case.label}: {result.tokens_per_s:,.0f} tok/s "
-            f"({result.tokens_per_s_min:,.0f}–{result.tokens_per_s_max:,.0f}), load average {load}{busy}"
+            f"round {round_number}/{spec.bench_rounds} {case.mode} T={case.seq_len} {case.label}: "
+            f"{result.tokens_per_s:,.0f} tok/s ({result.tokens_per_s_min:,.0f}–{result.tokens_per_s_max:,.0f}), "
+            f"load average {shown}{busy}"
         )
         return BenchMeasurement(**where, timing=timing)
 

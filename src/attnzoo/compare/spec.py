@@ -51,8 +51,11 @@ class EvalSpec:
     # with batch_size / multiple sequences, so every case processes as many tokens; the longer case shows how
     # memory grows with length.
     bench_cases: tuple[tuple[str, int], ...] = (("train", 1), ("train", 8))
-    bench_repeats: int = 5
-    bench_warmup: int = 1
+    bench_repeats: int = 5  # timed repeats per case, spread over the rounds
+    bench_warmup: int = 1  # untimed steps per case and round
+    # The case list is measured in turn this many times, each case in a fresh process every round, so a change in
+    # the machine's load falls on every variant alike rather than on whichever ran during it.
+    bench_rounds: int = 2
 
     def __post_init__(self) -> None:
         multiples = self.extrapolation_multiples
@@ -69,6 +72,7 @@ class EvalSpec:
             "val_blocks",
             "probe_windows",
             "bench_repeats",
+            "bench_rounds",
         ):
             value = getattr(self, name)
             require(is_int(value) and value >= 1, name, value, "must be an integer >= 1")
@@ -152,12 +156,12 @@ class CompareSpec:
         return self.task_seeds if self.task_seeds is not None else self.seeds
 
     def task_variants(self, task: TaskSpec) -> list[str]:
-        """The variants that train ``task``: the baseline and the task's own (which need not train the language
-        model, e.g. a mechanism's ablation that only the task measures), or every variant."""
-        labels = self.variant_labels
+        """The variants that train ``task``, the first its baseline: the task's own (which need not train the
+        language model, e.g. a mechanism's ablation that only the task measures, or an attention-only model with
+        no positions), or every variant."""
         if not task.variants:
-            return labels
-        return list(dict.fromkeys([labels[0], *(Variant.parse(spec).label for spec in task.variants)]))
+            return self.variant_labels
+        return list(dict.fromkeys(Variant.parse(spec).label for spec in task.variants))
 
     @property
     def variant_labels(self) -> list[str]:
@@ -215,6 +219,7 @@ PRESETS: dict[str, CompareSpec] = {
             bench_cases=(("train", 1),),
             bench_repeats=2,
             bench_warmup=0,
+            bench_rounds=1,
         ),
         tasks=tasks_at_scale("micro"),
     ),
@@ -394,9 +399,10 @@ def resolve_spec(
     if variants is not None:
         changes["variants"] = tuple(variants)
         labels = {Variant.parse(v).label for v in variants}
-        # A task trained on a subset keeps the part of it that is still compared.
+        # A task trained on a subset keeps the part of it that is still compared; one with none left is dropped.
+        kept = [(task, tuple(v for v in task.variants if Variant.parse(v).label in labels)) for task in spec.tasks]
         changes["tasks"] = tuple(
-            TaskSpec(task.name, task.budget, tuple(v for v in task.variants if v in labels)) for task in spec.tasks
+            TaskSpec(task.name, task.budget, compared) for task, compared in kept if compared or not task.variants
         )
     if seeds is not None:
         changes["seeds"] = tuple(seeds)

@@ -177,7 +177,9 @@ class TaskSpec:
 
     name: str
     budget: TaskBudget = field(default_factory=TaskBudget)
-    variants: tuple[str, ...] = ()  # the variants a comparison trains on it (the baseline always); empty: all
+    # The variants a comparison trains on it, the first the one the others are compared with; empty: every variant
+    # of the comparison, its baseline first.
+    variants: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self.task.check(self.budget)
