@@ -88,6 +88,20 @@ def test_an_interval_inside_the_smallest_effect_is_negligible_even_when_it_exclu
     assert judge(_claim({"diff+rope": variant, "mha+rope": BASELINE}, effect=0.005), results).outcome == "supported"
 
 
+def test_a_nonzero_difference_smaller_than_the_smallest_effect_is_not_a_support(results):
+    """The graph task's 0.0047 nats (p 0.04) against a smallest effect of 0.005 was reported supported: a reviewer
+    signs neither "it matters" nor "it is negligible" for a difference whose estimate is below what matters and whose
+    interval reaches past it."""
+    noisy = [b - 0.04 + d for b, d in zip(BASELINE, [0.0, -0.03, 0.02, -0.015], strict=True)]  # about 0.046 lower
+    verdict = judge(_claim({"diff+rope": noisy, "mha+rope": BASELINE}, effect=0.05), results)
+    low, high = verdict.interval
+    assert verdict.p_raw < 0.05 and abs(verdict.difference.mean) < 0.05 and low < -0.05 < high < 0
+    assert verdict.outcome == "inconclusive" and "smaller than the smallest effect of interest 0.05" in verdict.reason
+    assert verdict.would_change.endswith("would make it negligible if the mean -0.0463 and spread held")
+    # The same differences against a smallest effect below their estimate support the claim.
+    assert judge(_claim({"diff+rope": noisy, "mha+rope": BASELINE}, effect=0.04), results).outcome == "supported"
+
+
 def test_non_inferiority_is_scipys_one_sided_test_against_the_margin(results):
     margin = 0.05
     close = [2.01, 2.005, 2.11, 1.905]  # about 0.01 worse (higher), well inside the margin

@@ -26,8 +26,9 @@ HOW_A_VERDICT_IS_REACHED = (
     "(variant − baseline) gets an interval that counts the seeds and, for the validation loss, the sampling of the "
     "validation text (blocks of the whole split, crossed with the seeds). It is **negligible** when its 90% "
     "interval lies inside ± the smallest effect; **supported** or **contradicted** when the test of zero rejects "
-    "at 5% in the claimed or the opposite direction, with each paper's one primary claim Holm-corrected across "
-    "papers and every other claim labelled exploratory; **inconclusive** otherwise, or with fewer than "
+    "at 5% in the claimed or the opposite direction and the estimate is at least the smallest effect, with each "
+    "paper's one primary claim Holm-corrected across papers and every other claim labelled exploratory; "
+    "**inconclusive** otherwise (a nonzero difference smaller than the smallest effect included), or with fewer than "
     f"{MIN_SEEDS} seeds. A non-inferiority claim is supported when the 90% interval's upper end lies below its "
     "margin. Implementation checks (the KV cache's size) are arithmetic and never count as a paper's support."
 )

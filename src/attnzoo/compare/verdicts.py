@@ -9,8 +9,9 @@ In order, the first that applies:
 4. For a directional claim, with the paired difference ``variant − baseline`` (:mod:`attnzoo.compare.stats`):
    **negligible** when its 90% interval lies inside ± the smallest effect of interest (two one-sided tests at
    5%); else **supported** or **contradicted** when the test of zero rejects at 5% in the claimed or the
-   opposite direction, using the Holm-adjusted p for a primary claim and the raw p for an exploratory one;
-   else **inconclusive**.
+   opposite direction and the estimate is at least the smallest effect, using the Holm-adjusted p for a primary
+   claim and the raw p for an exploratory one; else **inconclusive** (a nonzero difference smaller than the
+   smallest effect included: it is neither shown to matter nor shown negligible).
 5. For a non-inferiority claim (the variant no worse than the baseline by more than the margin): **supported**
    when the one-sided test of "worse by the margin or more" rejects at 5% (the 90% interval's upper end is below
    the margin); **contradicted** when its lower end is above the margin; else **inconclusive**.
@@ -188,6 +189,13 @@ def _decide(verdict: Verdict) -> Verdict:
     elif -delta < low90 and high90 < delta:
         outcome = "negligible"
         reason = f"{interval90} lies inside ±{delta:g}, the smallest effect of interest"
+    elif p < ALPHA and abs(difference.mean) < delta:
+        # Real, but smaller than what the claim says matters: neither shown to matter nor shown negligible.
+        outcome = "inconclusive"
+        reason = (
+            f"the difference {difference.mean:+.4g} is nonzero at 5% but smaller than the smallest effect of "
+            f"interest {delta:g}, and {interval90} reaches past ±{delta:g}"
+        )
     elif p < ALPHA:
         claimed = (difference.mean < 0) == (claim.rule == LOWER)
         outcome = "supported" if claimed else "contradicted"
