@@ -222,11 +222,21 @@ class Kit:
         if not path.is_file():
             return {"version": STATE_VERSION, "identity": self.plan.identity, "stages": {}}
         state = json.loads(path.read_text(encoding="utf-8"))
-        if state.get("version") != STATE_VERSION or state.get("identity") != self.plan.identity:
+        stored, wanted = dict(state.get("identity") or {}), self.plan.identity
+        old_budget = stored.pop("budget_s", None)
+        if state.get("version") != STATE_VERSION or stored != {k: v for k, v in wanted.items() if k != "budget_s"}:
             raise ValueError(
                 f"{self.out} holds a GPU kit run of another plan ({state.get('identity')}, not "
-                f"{self.plan.identity}): resume it with the flags it started with, or choose another --out"
+                f"{wanted}): resume it with the flags it started with, or choose another --out"
             )
+        if old_budget != self.plan.budget_s:
+            # The budget decides nothing until the timing stage plans the compare's steps from it.
+            if state["stages"].get("timing", {}).get("completed"):
+                raise ValueError(
+                    f"{self.out}: its timing stage planned the compare's steps for a {old_budget / 60:g}-minute "
+                    f"budget; resume it with --budget-min {old_budget / 60:g}, or choose another --out"
+                )
+            state["identity"] = wanted
         return state
 
     @property

@@ -165,12 +165,21 @@ def test_redo_runs_a_completed_stage_again_and_the_budget_counts_every_attempt(t
     assert json.loads((tmp_path / gpu_kit.STATE).read_text())["stages"]["a"]["seconds"] == 2 * first > 0
 
 
+def test_the_budget_may_change_until_the_timing_stage_has_planned_the_steps(tmp_path):
+    """A device lent for less time than the kit started with: the first slices of 2026-11-25 needed the state
+    edited by hand to resume under a smaller budget."""
+    gpu_kit.run_stages(new_kit(tmp_path), Recorder().stages(["a"]))
+    smaller = new_kit(tmp_path, budget_min=3)
+    assert smaller.state["identity"]["budget_s"] == 180.0 and smaller.completed("a")
+    smaller.record(gpu_kit.Stage("timing", "", None), gpu_kit.Outcome(gpu_kit.PASSED, data={"steps": 7}), 1.0)
+    with pytest.raises(ValueError, match=r"planned the compare's steps for a 3-minute budget; .*--budget-min 3"):
+        new_kit(tmp_path, budget_min=5)
+
+
 def test_a_folder_of_another_plan_is_refused(tmp_path):
     gpu_kit.run_stages(new_kit(tmp_path), Recorder().stages(["a"]))
-    with pytest.raises(
-        ValueError, match=r"holds a GPU kit run of another plan .*budget_s': 120.0.*choose another --out"
-    ):
-        new_kit(tmp_path, budget_min=3)
+    with pytest.raises(ValueError, match=r"holds a GPU kit run of another plan .*choose another --out"):
+        gpu_kit.Kit(gpu_kit.make_plan(dry_run=False, budget_min=2), tmp_path)
 
 
 def test_a_resumed_compare_trains_the_steps_the_timing_stage_chose(tmp_path, monkeypatch):
