@@ -436,7 +436,7 @@ class Comparison:
                         done = measured[where]
                         if done is not None and (done.timing is None or done.timing.rounds >= round_number):
                             continue  # measured in an earlier sitting, or unavailable
-                        measured[where] = self.measure_round(case, done, round_number)
+                        measured[where] = self.measure_round(case, None if done is None else done.timing, round_number)
                         partial = BenchRecord(key, machine, [m for m in measured.values() if m is not None])
                         _write_record(partial, self.out_dir / BENCH_PARTIAL)  # atomic: a stop leaves the last one
         except Interrupted as stop:
@@ -446,8 +446,8 @@ class Comparison:
         (self.out_dir / BENCH_PARTIAL).unlink(missing_ok=True)
         return bench, None
 
-    def measure_round(self, case: BenchCase, earlier: BenchMeasurement | None, round_number: int) -> BenchMeasurement:
-        """One more round of ``case``, pooled with its ``earlier`` rounds."""
+    def measure_round(self, case: BenchCase, earlier: BenchTiming | None, round_number: int) -> BenchMeasurement:
+        """One more round of ``case``, pooled with its ``earlier`` rounds (None: this is its first)."""
         spec = self.spec.evals
         where = {"variant": case.label, "mode": case.mode, "seq_len": case.seq_len, "batch_size": case.batch_size}
         try:
@@ -463,11 +463,11 @@ class Comparison:
             return BenchMeasurement(**where, timing=None, unavailable=str(err))
         load = result.extra.get("load_average")
         rates = result.extra["rates"]
-        if earlier is None or earlier.timing is None:  # the first round
+        if earlier is None:
             loads = [] if load is None else [load]
             timing = BenchTiming.of_rounds(rates, result.peak_mem_mb, loads, os.cpu_count())
         else:
-            timing = earlier.timing.with_round(rates, result.peak_mem_mb, load)
+            timing = earlier.with_round(rates, result.peak_mem_mb, load)
         shown = "unknown" if load is None else f"{load:.2f}"
         busy = " (unreliable: busy machine)" if timing.busy else ""
         self.say(

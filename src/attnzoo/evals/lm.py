@@ -141,7 +141,7 @@ def evaluate_lm(
     many contiguous groups of windows (``LMScore.block_losses``).
 
     Each rank scores a disjoint, equal share of the windows and the sums are all-reduced, so every rank runs
-    the same number of forward passes, as FSDP requires.
+    the same number of forward passes, as FSDP requires. Without ``env``: one process, on the model's device.
     """
     env = env or Distributed(device=model_device(model))
     tokens = np.asarray(tokens)
@@ -205,9 +205,6 @@ def length_extrapolation(
     token_bytes: np.ndarray,
     cfg: LMEvalConfig,
     multiples: Sequence[int] = (1, 2, 4, 8, 16),
-    *,
-    env: Distributed | None = None,
-    autocast: contextlib.AbstractContextManager | None = None,
 ) -> list[ExtrapolationPoint]:
     """Evaluate at each ``multiple × cfg.block_len``, where ``cfg.block_len`` is the training length.
 
@@ -224,7 +221,7 @@ def length_extrapolation(
         stride = None if cfg.stride is None else multiple * cfg.stride
         length_cfg = dataclasses.replace(cfg, block_len=multiple * cfg.block_len, stride=stride)
         try:
-            result = evaluate_lm(model, tokens, token_bytes, length_cfg, env=env, autocast=autocast)
+            result = evaluate_lm(model, tokens, token_bytes, length_cfg)
         except ValueError as err:
             points.append(ExtrapolationPoint(multiple, length_cfg.block_len, None, str(err)))
         else:
