@@ -12,7 +12,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnzoo import ModelConfig, Transformer
-from attnzoo.attention import dcmha_compiled
+from attnzoo.attention import dcmha_compiled, dcmha_cpu, fused_cpu
 from attnzoo.attention.dcmha import (
     POST_K,
     POST_Q,
@@ -198,10 +198,21 @@ VARIANTS = {
 }
 
 
+@pytest.fixture(params=["chunked", "fused-cpu"])
+def training_path(request, monkeypatch) -> str:
+    """The CPU training path under test: the chunked PyTorch composition, or the fused C++ kernel (skipped where it
+    cannot be built here)."""
+    if request.param == "chunked":
+        monkeypatch.setattr(dcmha_cpu, "USE_KERNEL", False)
+    elif not fused_cpu.available():
+        pytest.skip(f"the fused CPU kernels cannot be built here: {fused_cpu.status()}")
+    return request.param
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_chunked_training_path_equals_eager_reference(variant):
-    """The training path recomputes each block in the backward pass (``checkpoint``, see the next test); local and
-    global layers, GQA (2 kv heads), ALiBi."""
+def test_training_path_equals_eager_reference(variant, training_path):
+    """The chunked path recomputes each block in the backward pass (``RecomputedBlock``), the fused kernel each tile;
+    local and global layers, GQA (2 kv heads), ALiBi."""
     model = make_model("alibi", n_kv_heads=2, window_type="LG", **VARIANTS[variant])
     model.train()  # dropout is 0; train mode exercises the same path the trainer runs
     eager = with_backend(model, "eager").train()
@@ -215,12 +226,14 @@ def test_chunked_training_path_equals_eager_reference(variant):
         if param.grad is None:
             assert ref_param.grad is None, name
             continue
-        # Gradients of the chunked path (low-rank factors) equal the reference's (merged matrices) to fp32
-        # rounding, which the strong random composition amplifies: 1e-4 of the largest gradient entry.
+        # Gradients of the training paths equal the reference's to fp32 rounding, which the strong random
+        # composition amplifies: 1e-4 of the largest gradient entry.
         assert (param.grad - ref_param.grad).abs().max() <= 1e-4 * ref_param.grad.abs().max(), name
 
 
-def test_chunked_path_never_builds_full_score_tensor():
+def test_chunked_path_never_builds_full_score_tensor(monkeypatch):
+    monkeypatch.setattr(dcmha_cpu, "USE_KERNEL", False)
+
     class RecordShapes(TorchDispatchMode):
         """Shapes of every op's outputs, and of the scores each softmax normalises."""
 
@@ -268,7 +281,7 @@ def saved_for_backward_bytes(model: Transformer, length: int) -> int:
     return sum(storages.values())
 
 
-def test_training_path_keeps_memory_linear_in_length():
+def test_training_path_keeps_memory_linear_in_length(training_path):
     """Autograd keeps no block's scores: what it saves doubles with T (projections, dynamic weights, outputs),
     where the eager reference's (B, N, T, T) scores make it grow much faster. Global layers, 8-query blocks."""
     model = make_model(window_type="G", q_chunk_size=8, n_layers=1).train()

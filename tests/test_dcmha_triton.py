@@ -10,20 +10,16 @@ tensor's largest entry: fp32 2e-5 (the kernel's fp32 rounding; about 1e-6 is see
 rounds P' and dS to the input dtype before its matmuls, as flash attention does; about 5e-4 and 7e-3 are seen).
 """
 
-import dataclasses
 import runpy
 from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
+from dcmha_cases import CASES, Case, make_inputs, reference, split
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnzoo import ModelConfig, Transformer
-from attnzoo.attention import AttentionContext
-from attnzoo.attention.dcmha import Mixing, compose_merged, key_matrices, query_matrices
-from attnzoo.attention.kernels import Hooks, eager_attention
-from attnzoo.positions import POSITIONS
 
 triton = pytest.importorskip("triton")
 
@@ -43,84 +39,6 @@ def device() -> str:
     if not torch.cuda.is_available():
         pytest.skip("Triton compiles (TRITON_INTERPRET is not 1) but there is no CUDA device")
     return "cuda"
-
-
-@dataclasses.dataclass(frozen=True)
-class Case:
-    window: int | None = 8
-    pre: bool = True
-    post: bool = True
-    key_wise: bool = True
-    batch: int = 1
-    n_heads: int = 4
-    n_kv_heads: int = 2  # GQA: two query heads per kv head
-    groups: int = 1
-    rank: int = 2
-    head_dim: int = 16
-    length: int = 37  # with 16-row tiles: three query blocks, the last one partial
-
-
-CASES = {
-    "global": Case(window=None),
-    "local": Case(),
-    "local-pre-only": Case(post=False),
-    "local-post-only": Case(pre=False),
-    "global-query-wise": Case(window=None, key_wise=False),
-    "local-no-composition": Case(pre=False, post=False),
-    # M = 3 heads per group (padded to 4) whose kv heads straddle the groups, rank 3 (padded to 4), head_dim 12
-    # (padded to 16), two sequences.
-    "groups-padded": Case(batch=2, n_heads=6, n_kv_heads=3, groups=2, rank=3, head_dim=12, length=29),
-}
-
-
-def make_inputs(case: Case, dtype: torch.dtype, device: str = "cpu") -> list[torch.Tensor]:
-    """q, k, v and every mixing weight (leaves that need gradients), with composition strong enough to matter."""
-    per_group = case.n_heads // case.groups
-
-    def weights(length: int) -> list[torch.Tensor]:
-        shape = (case.batch, case.groups, length, case.rank, per_group)
-        return [0.5 * torch.randn(shape), 0.5 * torch.randn(shape), 0.5 * torch.randn((*shape[:3], per_group))]
-
-    def mixing() -> list[torch.Tensor | None]:
-        key_side = weights(case.length) if case.key_wise else [None] * 3
-        return weights(case.length) + key_side
-
-    q = torch.randn(case.batch, case.n_heads, case.length, case.head_dim).to(dtype)
-    k, v = (torch.randn(case.batch, case.n_kv_heads, case.length, case.head_dim).to(dtype) for _ in range(2))
-    pre = mixing() if case.pre else None
-    post = mixing() if case.post else None
-    return [x.to(device).requires_grad_() for x in [q, k, v, *(pre or []), *(post or [])] if x is not None]
-
-
-def split(leaves: list[torch.Tensor], case: Case) -> tuple[torch.Tensor, ...]:
-    """(q, k, v, pre Mixing or None, post Mixing or None) from the leaves of :func:`make_inputs`."""
-    q, k, v, *rest = leaves
-    per_mixing = 6 if case.key_wise else 3
-    mixings = []
-    for on in (case.pre, case.post):
-        if on:
-            fields, rest = rest[:per_mixing], rest[per_mixing:]
-            mixings.append(Mixing(*fields, *([None] * (6 - per_mixing))))
-        else:
-            mixings.append(None)
-    return q, k, v, *mixings
-
-
-def reference(leaves: list[torch.Tensor], case: Case) -> torch.Tensor:
-    """The eager DCMHA attention in float64: full scores composed with explicit QW[t] + KW[s]."""
-    q, k, v, pre, post = split([x.double().cpu() for x in leaves], case)
-    cfg = ModelConfig(vocab_size=8, dim=case.n_heads * case.head_dim, n_heads=case.n_heads, n_layers=1)
-    positions = torch.arange(case.length)
-    ctx = AttentionContext(positions, 0, POSITIONS.get("none")(cfg, case.head_dim), None, "eager", dtype=torch.float64)
-
-    def compose(mixing: Mixing | None):
-        if mixing is None:
-            return None
-        key_w = None if mixing.kw1 is None else key_matrices(mixing)
-        return partial(compose_merged, query_w=query_matrices(mixing, None), key_w=key_w)
-
-    out, _ = eager_attention(q, k, v, ctx, hooks=Hooks(scores=compose(pre), probs=compose(post)), window=case.window)
-    return out
 
 
 def assert_kernel_matches_reference(case: Case, dtype: torch.dtype, device: str) -> None:

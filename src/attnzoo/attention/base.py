@@ -247,6 +247,12 @@ class Attention(nn.Module, Generic[OptionsT]):
         return None
 
     @classmethod
+    def fused_cpu_kernel(cls, cfg: ModelConfig) -> str | None:
+        """The mechanism's own fused CPU kernel that a fresh causal fp32 training sequence runs on, with its build
+        state, or None where :func:`~attnzoo.attention.kernels.attend` chooses the kernel (``attnzoo info``)."""
+        return None
+
+    @classmethod
     def cache_layout(cls, cfg: ModelConfig) -> list[CacheBuffer]:
         """The buffers ``new_layer_cache`` allocates, with the numbers each holds per cached token: the one
         definition ``attnzoo info`` prints and the tests compare with the allocation."""

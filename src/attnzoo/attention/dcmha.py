@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnzoo.attention import dcmha_cpu
 from attnzoo.attention.base import ATTENTION, AttentionContext, CacheBuffer
 from attnzoo.attention.dcmha_compiled import compiled_compose
 from attnzoo.attention.kernels import BlockHooks, HookInputs, Hooks, ScoreHook, attend
@@ -263,6 +264,13 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
     def key_window(cls, cfg: ModelConfig, layer_idx: int) -> int | None:
         return cfg.attention_opts.window(layer_idx)
 
+    @classmethod
+    def fused_cpu_kernel(cls, cfg: ModelConfig) -> str | None:
+        opts = cfg.attention_opts
+        if opts.compile_composition or not cfg.causal or cfg.dropout > 0:  # dcmha_cpu.unsupported's static reasons
+            return None
+        return dcmha_cpu.kernel_name(cfg.n_heads // opts.num_groups)
+
     def reset_mechanism_parameters(self) -> None:
         self.dyn_w_proj.reset_parameters()
         if self.static_w is not None:
@@ -305,6 +313,17 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
             fused = kernel.fused_attention(q, k, v, ctx, pre, post, self)
             if fused is not None:
                 return self.o_proj(fused.transpose(1, 2).reshape(batch, seq_len, -1))
+        elif dcmha_cpu.unsupported(q, k, ctx, self) is None:  # the fused C++ kernel
+            fused = dcmha_cpu.dcmha_attention(
+                q,
+                k,
+                v,
+                self._composition_matrices(pre, post, None),
+                slopes=ctx.bias_slopes(self.n_heads),
+                groups=self.num_groups,
+                window=self.window,
+            )
+            return self.o_proj(fused.transpose(1, 2).reshape(batch, seq_len, -1))
         hooks, hook_inputs = self._block_hooks(pre, post, cached_kw)
         out, _ = attend(
             q,
@@ -355,17 +374,7 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
         """
         # Compiled on fresh sequences only: a cached call's blocks are single tokens or short prompts.
         compose = compiled_compose if self.options.compile_composition and cached_kw is None else compose_merged
-        inputs: list[Tensor | None] = []
-        for which, mixing in enumerate((pre, post)):
-            if mixing is None:
-                inputs += [None, None]
-                continue
-            static_w = None if self.static_w is None else self.static_w[which].to(compute_dtype(self.static_w.dtype))
-            if cached_kw is not None:  # the cache holds every visible key's KW; the mixing only the new ones
-                key_w = cached_kw.get(which)
-            else:
-                key_w = None if mixing.kw1 is None else key_matrices(mixing)
-            inputs += [query_matrices(mixing, static_w), key_w]
+        inputs = self._composition_matrices(pre, post, cached_kw)
 
         def hooks(rows: slice, cols: slice, inputs: HookInputs) -> Hooks:
             def block(which: int) -> ScoreHook | None:
@@ -378,6 +387,24 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
             return Hooks(scores=block(0), probs=block(1))
 
         return hooks, inputs
+
+    def _composition_matrices(
+        self, pre: Mixing | None, post: Mixing | None, cached_kw: dict[int, Tensor] | None
+    ) -> list[Tensor | None]:
+        """[QW, KW] of the pre- and of the post-composition, None where one is off (KW also where query-wise): QW
+        (B, G, T, M, M) with the identity and W_b, KW (B, G, M, M, S), from ``cached_kw`` on a cached call."""
+        matrices: list[Tensor | None] = []
+        for which, mixing in enumerate((pre, post)):
+            if mixing is None:
+                matrices += [None, None]
+                continue
+            static_w = None if self.static_w is None else self.static_w[which].to(compute_dtype(self.static_w.dtype))
+            if cached_kw is not None:  # the cache holds every visible key's KW; the mixing only the new ones
+                key_w = cached_kw.get(which)
+            else:
+                key_w = None if mixing.kw1 is None else key_matrices(mixing)
+            matrices += [query_matrices(mixing, static_w), key_w]
+        return matrices
 
     def _extend_cache(
         self, cache: WindowCache, ctx: AttentionContext, k: Tensor, v: Tensor, pre: Mixing | None, post: Mixing | None

@@ -1,5 +1,8 @@
 """Fused CPU attention kernels: a C++ extension (``csrc/``) built on first use and cached.
 
+The library holds two kernels: ALiBi's, here, and DCMHA's (``csrc/dcmha_fused.cpp``, whose autograd wrapper is
+:mod:`attnzoo.attention.dcmha_cpu`).
+
 :func:`alibi_flash_attention` is causal ALiBi attention, softmax(q·kᵀ/√d + m_h·(j − i))·V with the official
 slopes m_h (Press et al., 2022), by a flash-style kernel that adds the bias as it computes each score tile, so
 neither the forward nor the backward pass holds a (H, T, T) tensor: the forward pass keeps each query tile's
@@ -11,8 +14,10 @@ pass; inductor gave no gain on CPU (``../shared/notes/cpu_perf.md``); Triton has
 ``torch.utils.cpp_extension.load`` compiles the one source with the compiler and ninja present, caches the library
 in the torch extensions directory (``TORCH_EXTENSIONS_DIR``, else ``~/.cache/torch_extensions``) and rebuilds only
 when the source or flags change, so it needs nothing the install does not already bring. Where it cannot build
-(no compiler, no ninja, a compile error) attnzoo warns once, naming the reason, and ALiBi runs on today's path
-(SDPA's flash kernel with the (1, H, T, T) bias, :func:`~attnzoo.attention.kernels.sdpa_attention`).
+(no compiler, no ninja, a compile error) attnzoo warns once, naming the reason, and each mechanism runs on its
+PyTorch path: ALiBi on SDPA's flash kernel with the (1, H, T, T) bias
+(:func:`~attnzoo.attention.kernels.sdpa_attention`), DCMHA on its chunked composition
+(:func:`~attnzoo.attention.kernels.chunked_attention`).
 
 The library is built for the CPU's vector extension (``torch.backends.cpu.get_cpu_capability``) and named after it,
 so a cache shared by different machines never hands one a build for instructions it lacks.
@@ -30,7 +35,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-SOURCE = Path(__file__).with_name("csrc") / "alibi_flash.cpp"
+SOURCES = (Path(__file__).with_name("csrc") / "alibi_flash.cpp", Path(__file__).with_name("csrc") / "dcmha_fused.cpp")
 # Rows of queries and keys per tile. Forward + backward of (4096/T, 8, T, 32), 1 thread, contended (load 4.6), took
 # 1.51 / 1.64 / 2.04 / 1.12× plain causal SDPA at T = 256 / 1024 / 2048 / 4096 in 64-row tiles, 1.07 / 1.21 / 1.30 /
 # 0.96× in 128-row tiles and 1.10 / 1.02 / 1.15 / 0.99× in 256-row tiles: at d = 32 a short tile leaves each matmul
@@ -55,7 +60,8 @@ _failure: str | None = None  # why the build failed, once it has
 
 
 def _build() -> None:
-    """Compile (or find cached) and load the library, which registers ``torch.ops.attnzoo.alibi_flash_*``."""
+    """Compile (or find cached) and load the library, which registers ``torch.ops.attnzoo.alibi_flash_*`` and
+    ``torch.ops.attnzoo.dcmha_fused_*``."""
     # Imported here: it pulls in setuptools, which only a build needs.
     from torch.utils.cpp_extension import get_cxx_compiler, is_ninja_available, load
 
@@ -72,10 +78,10 @@ def _build() -> None:
         flags += [*_CAPABILITY_FLAGS[capability], f"-DCPU_CAPABILITY={capability}"]
     # One cache entry per checkout: the build file names the source's path, so two installs sharing one name would
     # rebuild each other's library on every first use.
-    checkout = hashlib.sha256(str(SOURCE.resolve()).encode()).hexdigest()[:10]
+    checkout = hashlib.sha256(str(SOURCES[0].parent.resolve()).encode()).hexdigest()[:10]
     load(
-        name=f"attnzoo_alibi_flash_{capability.lower()}_{checkout}",
-        sources=[str(SOURCE)],
+        name=f"attnzoo_cpu_kernels_{capability.lower()}_{checkout}",
+        sources=[str(source) for source in SOURCES],
         extra_cflags=flags,
         is_python_module=False,
         verbose=False,
@@ -104,8 +110,8 @@ def available() -> bool:
                 except Exception as err:  # any failure to build means the PyTorch path, never a crash
                     _loaded, _failure = False, _reason(err)
                     warnings.warn(
-                        f"attnzoo: the fused CPU ALiBi kernel could not be built ({_failure}); ALiBi attention "
-                        "runs on SDPA with a (1, H, T, T) bias instead",
+                        f"attnzoo: the fused CPU kernels could not be built ({_failure}); ALiBi attention runs on "
+                        "SDPA with a (1, H, T, T) bias and DCMHA on its chunked PyTorch path instead",
                         RuntimeWarning,
                         stacklevel=3,
                     )

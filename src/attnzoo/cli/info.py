@@ -93,7 +93,10 @@ def cpu_kernel(model: Transformer) -> str:
     cfg = model.config
     if cfg.attn_backend == "eager":
         return "the eager reference (attn_backend='eager')"
-    if ATTENTION.get(cfg.attention).needs_scores:
+    mechanism = ATTENTION.get(cfg.attention)
+    if (fused := mechanism.fused_cpu_kernel(cfg)) is not None:
+        return fused
+    if mechanism.needs_scores:
         return "the chunked eager kernel: the mechanism acts on the scores"
     if model.position.adds_bias and cfg.causal:
         if model.position.bias_slopes(cfg.n_heads) is not None:

@@ -1,0 +1,140 @@
+"""DCMHA's fused CPU kernel (``csrc/dcmha_fused.cpp``): the layer's attention with no (B, N, T, S) tensor.
+
+One task computes one query tile of one composition group against every key the tile sees: the logits of its M
+heads, the pre-composition with the merged per-token matrices QW[t] + KW[s] (``dcmha.query_matrices``,
+``dcmha.key_matrices``), the exact softmax of each row, the post-composition and the product with V, all in
+per-thread scratch of O(M·rows·T) floats. The forward pass keeps only the output and each row's log-sum-exp; the
+backward pass recomputes a tile and runs the chain rule through the composition, the softmax and the second
+composition (the equations are in the source's header). Gradients flow to q, k, v and to QW and KW, whose own
+graph (the dynamic-weight projection) autograd differentiates as before.
+
+Why this and not the chunked path (``kernels.chunked_attention``): there a block's composition is a chain of
+einsums, each a pass over the scores with its own copies, recorded by autograd and recomputed for the backward
+pass; here each row's composition is one vectorised loop over the M heads' scores while they are in cache, and
+the backward pass is written out rather than recorded. Why C++ (``attention/fused_cpu.py`` builds it with the
+ALiBi kernel): inductor gave no gain on these loops' shape on CPU and Triton has no CPU backend in the wheels.
+
+It runs where :func:`unsupported` finds no reason not to; the layer otherwise takes its PyTorch path, which is
+also the reference the tests hold the kernel to.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from attnzoo.attention import fused_cpu
+
+if TYPE_CHECKING:
+    from attnzoo.attention.base import AttentionContext
+    from attnzoo.attention.dcmha import DynamicallyComposableAttention
+
+# False: the layer takes its PyTorch path on CPU too (comparisons, benchmarks).
+USE_KERNEL = True
+KERNEL_NAME = "dcmha-fused (C++, CPU)"
+MAX_HEADS_PER_GROUP = 32  # the source's kMaxHeads: a row's M head scores are held as M vectors
+# Each task's scratch is 4 (M, rows, width) fp32 blocks in the backward pass: rows are chosen so that one block
+# stays near this size (1 MiB, within L2), between 16 and 128 rows.
+SCRATCH_BYTES = 1 << 20
+MIN_ROWS, MAX_ROWS = 16, 128
+
+
+def query_tile(heads_per_group: int, keys: int) -> int:
+    """Rows per query tile for M heads against up to ``keys`` keys: the largest power of 2 in [16, 128] whose
+    (M, rows, keys) fp32 block fits :data:`SCRATCH_BYTES`."""
+    rows = SCRATCH_BYTES // (4 * heads_per_group * keys)
+    return max(MIN_ROWS, min(MAX_ROWS, 1 << max(0, rows.bit_length() - 1)))
+
+
+def unsupported(q: Tensor, k: Tensor, ctx: AttentionContext, layer: DynamicallyComposableAttention) -> str | None:
+    """Why the kernel cannot compute this fresh sequence's attention exactly (the PyTorch path must), or None if it
+    can. The last reason builds the extension the first time it is asked (about a minute)."""
+    heads_per_group = layer.n_heads // layer.num_groups
+    reasons = {
+        "the kernel is switched off (dcmha_cpu.USE_KERNEL)": not USE_KERNEL,
+        "the tensors are not on the CPU": q.device.type != "cpu",
+        "torch.compile is tracing (the op has no fake kernel)": torch.compiler.is_compiling(),
+        "the backend is not 'auto' ('eager' forces the reference)": ctx.backend != "auto",
+        "compile_composition asks for the compiled PyTorch composition": layer.options.compile_composition,
+        "attention maps or logits are recorded": ctx.records_scores,
+        "the model is bidirectional": not ctx.causal,
+        "the queries continue a cache": ctx.start != 0 or q.shape[2] != k.shape[2],
+        "the positional bias is not a linear one (ALiBi)": ctx.position.adds_bias
+        and ctx.bias_slopes(layer.n_heads) is None,
+        "attention dropout is on": layer.attn_dropout > 0,
+        f"dtype {q.dtype} is not fp32 or bf16": q.dtype not in fused_cpu.DTYPES or k.dtype != q.dtype,
+        f"{heads_per_group} heads per group exceed {MAX_HEADS_PER_GROUP}": heads_per_group > MAX_HEADS_PER_GROUP,
+        f"the fused CPU kernels are {fused_cpu.status()}": not fused_cpu.available(),
+    }
+    return next((reason for reason, applies in reasons.items() if applies), None)
+
+
+def kernel_name(heads_per_group: int) -> str | None:
+    """The kernel's name and build state where a fresh fp32 sequence of a layer with this group size runs on it,
+    without building anything (``attnzoo info``); None where the PyTorch path runs."""
+    status = fused_cpu.status()
+    if not USE_KERNEL or heads_per_group > MAX_HEADS_PER_GROUP or status.startswith("unavailable"):
+        return None
+    return f"{KERNEL_NAME}, {status}"
+
+
+class FusedDCMHA(torch.autograd.Function):
+    """Causal DCMHA attention through ``torch.ops.attnzoo.dcmha_fused_forward``; the backward pass recomputes each
+    tile from the saved inputs and log-sum-exp (``dcmha_fused_backward``)."""
+
+    @staticmethod
+    def forward(
+        ctx,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        slopes: Tensor | None,
+        groups: int,
+        window: int | None,
+        *matrices: Tensor | None,
+    ) -> Tensor:
+        q32, k32, v32 = (x.float().contiguous() for x in (q, k, v))
+        rows = query_tile(q.shape[1] // groups, q.shape[2] if window is None else min(q.shape[2], window))
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        settings = (groups, window or 0, scale, rows)
+        out, lse = torch.ops.attnzoo.dcmha_fused_forward(q32, k32, v32, *matrices, slopes, *settings)
+        ctx.save_for_backward(q, k, v, slopes, lse, *matrices)
+        ctx.settings = settings
+        return out.to(q.dtype)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor | None, ...]:
+        q, k, v, slopes, lse, *matrices = ctx.saved_tensors
+        groups = ctx.settings[0]
+        # Enough (batch, group, part) tasks for every thread; each part's key-side sums are its own.
+        parts = max(1, min(math.ceil(torch.get_num_threads() / (q.shape[0] * groups)), q.shape[2] // ctx.settings[3]))
+        q32, k32, v32 = (x.float().contiguous() for x in (q, k, v))
+        grads = torch.ops.attnzoo.dcmha_fused_backward(
+            grad_out.float().contiguous(), q32, k32, v32, *matrices, slopes, lse, *ctx.settings, parts
+        )
+        grad_q, grad_k, grad_v = (grad.to(x.dtype) for grad, x in zip(grads[:3], (q, k, v), strict=True))
+        grad_matrices = [None if m is None else grad for grad, m in zip(grads[3:], matrices, strict=True)]
+        return grad_q, grad_k, grad_v, None, None, None, *grad_matrices
+
+
+def dcmha_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    matrices: list[Tensor | None],
+    *,
+    slopes: Tensor | None,
+    groups: int,
+    window: int | None,
+) -> Tensor:
+    """Causal DCMHA attention of q (B, H, T, d) over k (B, H_kv, T, d), v (B, H_kv, T, d_v) by the fused kernel,
+    differentiable in q, k, v and the matrices. ``matrices``: [QW, KW] of the pre- and of the post-composition, QW
+    (B, G, T, M, M) and KW (B, G, M, M, T), fp32, None where a composition is off (KW also where query-wise);
+    ``slopes`` (H,) adds ALiBi's m_h·(s − t) to the logits; ``window``: a query sees its last ``window`` keys.
+    Query head h reads kv head h // (H / H_kv). Returns (B, H, T, d_v) in q's dtype."""
+    matrices = [None if m is None else m.contiguous() for m in matrices]
+    return FusedDCMHA.apply(q, k, v, slopes, groups, window, *matrices)

@@ -1,0 +1,261 @@
+"""The fused DCMHA CPU kernel (``attention/dcmha_cpu.py``, ``csrc/dcmha_fused.cpp``) against the eager reference.
+
+The reference is the eager DCMHA attention in float64 (``dcmha_cases.reference``: full (B, N, T, S) scores composed
+with the merged per-token matrices). Each output and gradient (q, k, v and every mixing weight) must agree to a
+tolerance relative to that tensor's largest entry: fp32 2e-5 (the kernel computes in fp32: about 1e-6 is seen) and
+bf16 2e-2 (operands rounded to bf16 on input and output; the math is fp32).
+"""
+
+import dataclasses
+
+import pytest
+import torch
+from dcmha_cases import CASES, Case, make_inputs, reference, split
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from attnzoo import ModelConfig, Transformer
+from attnzoo.attention import dcmha_cpu, fused_cpu
+from attnzoo.attention.dcmha import DynamicallyComposableAttention, key_matrices, query_matrices
+from attnzoo.bench import sdpa_kernels
+from attnzoo.cli import main
+from attnzoo.positions.alibi import alibi_slopes
+
+TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
+
+pytestmark = pytest.mark.skipif(not fused_cpu.available(), reason="the fused CPU kernels cannot be built here")
+
+CPU_CASES = {
+    **CASES,
+    "alibi": Case(window=None, length=45, position="alibi"),
+    "mqa-two-groups": Case(batch=2, n_heads=4, n_kv_heads=1, groups=2, length=40),
+    "one-token": Case(window=None, length=1),
+    "window-wider-than-a-tile": Case(window=24, length=70),
+}
+
+
+def fused(leaves: list[torch.Tensor], case: Case, slopes: torch.Tensor | None = None) -> torch.Tensor:
+    q, k, v, pre, post = split(leaves, case)
+    matrices = []
+    for mixing in (pre, post):
+        if mixing is None:
+            matrices += [None, None]
+        else:
+            matrices += [query_matrices(mixing, None), None if mixing.kw1 is None else key_matrices(mixing)]
+    return dcmha_cpu.dcmha_attention(q, k, v, matrices, slopes=slopes, groups=case.groups, window=case.window)
+
+
+def official_slopes(case: Case) -> torch.Tensor | None:
+    return torch.tensor(alibi_slopes(case.n_heads)) if case.position == "alibi" else None
+
+
+def assert_matches_reference(case: Case, dtype: torch.dtype, rows: int | None = None) -> None:
+    torch.manual_seed(0)
+    leaves = make_inputs(case, dtype)
+    slopes = official_slopes(case)
+    out = fused(leaves, case, slopes)
+    assert out.dtype == dtype and out.shape == leaves[0].shape
+    grad_out = torch.randn(out.shape).to(dtype)
+    grads = torch.autograd.grad(out, leaves, grad_out)
+
+    ref_leaves = [x.detach().double().requires_grad_() for x in leaves]
+    expected = reference(ref_leaves, case)
+    expected_grads = torch.autograd.grad(expected, ref_leaves, grad_out.double())
+    names = ["out", "q", "k", "v"] + [f"weight {i}" for i in range(len(leaves) - 3)]
+    for name, got, want in zip(names, (out, *grads), (expected, *expected_grads), strict=True):
+        assert got.shape == want.shape, name
+        error = (got.double() - want).abs().max().item()
+        scale = want.abs().max().item()
+        assert error <= TOLERANCE[dtype] * scale, f"{name}: error {error:.3g} against largest entry {scale:.3g}"
+
+
+@pytest.fixture(params=["default-tiles", "16-row-tiles"])
+def tiles(request, monkeypatch) -> str:
+    """The default query tiles (one tile for these lengths) or 16-row ones, which put tile edges inside them."""
+    if request.param == "16-row-tiles":
+        monkeypatch.setattr(dcmha_cpu, "MAX_ROWS", 16)
+    return request.param
+
+
+@pytest.mark.parametrize("name", CPU_CASES)
+def test_kernel_matches_eager_reference_fp32(name, tiles):
+    assert_matches_reference(CPU_CASES[name], torch.float32)
+
+
+def test_kernel_matches_eager_reference_bf16(tiles):
+    assert_matches_reference(CPU_CASES["local"], torch.bfloat16)
+
+
+def test_the_comparison_can_fail():
+    """A kernel that skipped post-composition would be caught: leaving it out changes the output."""
+    case = CPU_CASES["local"]
+    leaves = make_inputs(case, torch.float32)
+    q, k, v, pre, _ = split(leaves, case)
+    matrices = [query_matrices(pre, None), key_matrices(pre), None, None]
+    without_post = dcmha_cpu.dcmha_attention(q, k, v, matrices, slopes=None, groups=1, window=case.window)
+    assert (without_post.double() - reference(leaves, case)).abs().max() > 0.1
+
+
+def test_gradients_are_the_same_bits_at_any_timing_and_close_at_any_thread_count(monkeypatch):
+    """Each (batch, group) splits its query tiles into parts, one per thread that would otherwise idle, whose
+    key-side sums are reduced in a fixed order: two runs agree bit for bit, and runs with another number of parts
+    agree to fp32 rounding (the parts add in another order)."""
+    monkeypatch.setattr(dcmha_cpu, "MAX_ROWS", 16)
+    case = dataclasses.replace(CPU_CASES["global"], length=100)  # 7 query tiles of 16
+    leaves = make_inputs(case, torch.float32)
+    grad_out = torch.randn(leaves[0].shape)
+    threads = torch.get_num_threads()
+
+    def gradients(n_threads: int) -> list[torch.Tensor]:
+        torch.set_num_threads(n_threads)
+        try:
+            return list(torch.autograd.grad(fused(leaves, case), leaves, grad_out))
+        finally:
+            torch.set_num_threads(threads)
+
+    three, again, one = gradients(3), gradients(3), gradients(1)
+    for a, b, c in zip(three, again, one, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+        torch.testing.assert_close(a, c, rtol=0, atol=1e-5 * c.abs().max().item())
+
+
+# ---------------------------------------------------------------------------------------------------
+# The layer's route to the kernel, its name, its fallback and its memory
+
+
+class KernelSpy:
+    """Counts the layer's calls of the fused kernel."""
+
+    def __init__(self, monkeypatch):
+        self.calls = 0
+        original = dcmha_cpu.dcmha_attention
+
+        def spy(*args, **kwargs):
+            self.calls += 1
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(dcmha_cpu, "dcmha_attention", spy)
+
+
+def dcmha_model(**options) -> Transformer:
+    cfg = ModelConfig(
+        vocab_size=61,
+        dim=32,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        max_seq_len=256,
+        attention="dcmha",
+        attention_options={"window_size": 5, "window_type": "LG", **options},
+        position="alibi",
+    )
+    model = Transformer(cfg)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "dyn_w_proj" in name:
+                param.normal_(std=0.5)  # composition strong enough to change the output
+    return model
+
+
+def logits_and_grads(model: Transformer, idx: torch.Tensor) -> list[torch.Tensor]:
+    model.zero_grad()
+    logits, loss = model(idx, idx)
+    loss.backward()
+    return [logits.detach(), *(p.grad.clone() for p in model.parameters())]
+
+
+def test_a_training_step_runs_the_kernel_and_the_model_agrees_with_the_pytorch_path(monkeypatch):
+    """Both layers (local and global) of a training step take the kernel; logits and every parameter's gradient
+    equal the chunked PyTorch path's to fp32 rounding (1e-5 of the logits, 1e-4 of each largest gradient entry)."""
+    model = dcmha_model().train()
+    idx = torch.randint(0, 61, (2, 40))
+    spy = KernelSpy(monkeypatch)
+    fused_run = logits_and_grads(model, idx)
+    assert spy.calls == 2
+    monkeypatch.setattr(dcmha_cpu, "USE_KERNEL", False)
+    chunked = logits_and_grads(model, idx)
+    assert spy.calls == 2
+    for got, want in zip(fused_run, chunked, strict=True):
+        assert (got - want).abs().max() <= 1e-4 * want.abs().max()
+
+
+def test_without_a_compiler_dcmha_falls_back_with_one_warning(monkeypatch, tmp_path):
+    """A machine without a compiler: one RuntimeWarning that names why, however many calls follow, and the PyTorch
+    path's numbers, equal to the kernel's (fp32, 1e-5 of the largest logit)."""
+    model = dcmha_model().eval()
+    idx = torch.randint(0, 61, (2, 40))
+    with torch.no_grad():
+        fused_logits = model(idx)
+    monkeypatch.setenv("CXX", "/nonexistent/c++")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
+    monkeypatch.setattr(fused_cpu, "_loaded", None)
+    monkeypatch.setattr(fused_cpu, "_failure", None)
+    spy = KernelSpy(monkeypatch)
+    with torch.no_grad(), pytest.warns(RuntimeWarning) as warned:
+        fallback = model(idx)
+        again = model(idx)
+    assert len(warned) == 1 and "/nonexistent/c++" in str(warned[0].message)
+    assert spy.calls == 0
+    assert dcmha_cpu.kernel_name(4) is None
+    torch.testing.assert_close(fallback, fused_logits, rtol=0, atol=1e-5 * fused_logits.abs().max().item())
+    torch.testing.assert_close(again, fallback, rtol=0, atol=0)
+
+
+def test_no_tensor_is_quadratic_in_length():
+    """A training step's forward and backward allocate nothing T×T: every torch op's output has at most one axis
+    as long as T (the kernel's per-tile scratch is its own); the eager reference's scores break the same check."""
+
+    class RecordShapes(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.shapes = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for tensor in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(tensor, torch.Tensor):
+                    self.shapes.append(tuple(tensor.shape))
+            return out
+
+    length = 200  # past every feature size (vocab 61, MLP, dw1)
+    idx = torch.randint(0, 61, (1, length))
+    model = dcmha_model(window_type="G").train()
+    with RecordShapes() as fused_run:
+        model(idx, idx)[1].backward()
+    assert max(sum(size >= length for size in shape) for shape in fused_run.shapes) == 1
+    eager = Transformer(dataclasses.replace(model.config, attn_backend="eager"))
+    with torch.no_grad(), RecordShapes() as eager_run:
+        eager(idx)
+    assert max(sum(size >= length for size in shape) for shape in eager_run.shapes) == 2
+
+
+def test_the_kernel_is_named_where_it_runs(capsys):
+    """``attnzoo info`` and the benchmarks' kernel column name the fused kernel for DCMHA on the CPU; a configuration
+    it does not serve (compiled composition) names the chunked kernel."""
+    assert main(["info", "--attention", "dcmha"]) == 0
+    assert f"attention kernel (CPU, fp32 training)\n  {dcmha_cpu.KERNEL_NAME}, built" in capsys.readouterr().out
+    model = dcmha_model().eval()
+    assert sdpa_kernels(model, torch.randint(0, 61, (1, 16))) == [dcmha_cpu.KERNEL_NAME]
+    compiled_composition = dataclasses.replace(
+        model.config, attention_options=model.config.attention_options | {"compile_composition": True}
+    )
+    assert DynamicallyComposableAttention.fused_cpu_kernel(compiled_composition) is None
+
+
+def test_torch_compile_traces_the_pytorch_path(monkeypatch):
+    """The op has no fake kernel, so what dynamo traces is the chunked composition, never the kernel; the compiled
+    model agrees with the kernel (fp32, 1e-5 of the largest logit)."""
+    import torch._dynamo
+
+    model = dcmha_model().eval()
+    idx = torch.randint(0, 61, (2, 24))
+    with torch.no_grad():
+        want = model(idx)
+    spy = KernelSpy(monkeypatch)
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            got = torch.compile(model, backend="eager")(idx)
+    finally:
+        torch._dynamo.reset()
+    assert spy.calls == 0
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5 * want.abs().max().item())
