@@ -135,6 +135,9 @@ def dcmha_attention(
     differentiable in q, k, v and the matrices. ``matrices``: [QW, KW] of the pre- and of the post-composition, QW
     (B, G, T, M, M) and KW (B, G, M, M, T), fp32, None where a composition is off (KW also where query-wise);
     ``slopes`` (H,) adds ALiBi's m_h·(s − t) to the logits; ``window``: a query sees its last ``window`` keys.
-    Query head h reads kv head h // (H / H_kv). Returns (B, H, T, d_v) in q's dtype."""
+    Query head h reads kv head h // (H / H_kv). Returns (B, H, T, d_v) in q's dtype; raises where the extension
+    cannot be built (:func:`unsupported` says so beforehand)."""
+    if not fused_cpu.available():  # builds the library the first time
+        raise RuntimeError(f"the fused CPU kernels are {fused_cpu.status()}")
     matrices = [None if m is None else m.contiguous() for m in matrices]
     return FusedDCMHA.apply(q, k, v, slopes, groups, window, *matrices)

@@ -88,62 +88,6 @@ Tile make_tile(const Problem& p, int64_t b, int64_t g, int64_t i0, int64_t q_til
   return Tile{b, g, i0, rows, lo, i0 + rows - lo};
 }
 
-// out_o = Σ_i x_i · (qw[i, o] + kw[i, o][c]) over columns [c0, c1) of one row, for the M heads at stride `head`
-// apart; kw (M·M rows of `kw_stride` keys, already offset to the row's first column) may be nullptr. `adjoint`
-// applies the transposed map, out_i = Σ_o x_o · W[i, o]: the gradient of the composition with respect to its input.
-inline void compose_row(const float* x, float* out, int64_t head, int64_t m, const float* qw, const float* kw,
-                        int64_t kw_stride, bool adjoint, int64_t c0, int64_t c1) {
-  Vec xs[kMaxHeads];
-  for (int64_t c = c0; c < c1; c += kLanes) {
-    const int n = static_cast<int>(std::min(kLanes, c1 - c));
-    for (int64_t i = 0; i < m; ++i) {
-      xs[i] = Vec::loadu(x + i * head + c, n);
-    }
-    for (int64_t o = 0; o < m; ++o) {
-      Vec acc(0.f);
-      for (int64_t i = 0; i < m; ++i) {
-        const int64_t w = adjoint ? o * m + i : i * m + o;
-        Vec weight(qw[w]);
-        if (kw != nullptr) {
-          weight = weight + Vec::loadu(kw + w * kw_stride + c, n);
-        }
-        acc = at::vec::fmadd(xs[i], weight, acc);
-      }
-      acc.store(out + o * head + c, n);
-    }
-  }
-}
-
-// The composition's weight gradients from one row: dqw[i, o] += Σ_c x_i·dy_o and, if dkw, dkw[i, o][c] += x_i·dy_o,
-// over columns [c0, c1). `lanes` is M·M·kLanes floats of scratch for the per-lane partial sums of dqw.
-inline void weight_grads_row(const float* x, const float* dy, int64_t head, int64_t m, float* dqw, float* dkw,
-                             int64_t kw_stride, float* lanes, int64_t c0, int64_t c1) {
-  std::fill(lanes, lanes + m * m * kLanes, 0.f);
-  Vec xs[kMaxHeads];
-  for (int64_t c = c0; c < c1; c += kLanes) {
-    const int n = static_cast<int>(std::min(kLanes, c1 - c));
-    for (int64_t i = 0; i < m; ++i) {
-      xs[i] = Vec::loadu(x + i * head + c, n);
-    }
-    for (int64_t o = 0; o < m; ++o) {
-      const Vec dy_o = Vec::loadu(dy + o * head + c, n);
-      for (int64_t i = 0; i < m; ++i) {
-        const Vec product = xs[i] * dy_o;
-        float* lane = lanes + (i * m + o) * kLanes;
-        (Vec::loadu(lane) + product).store(lane);
-        if (dkw != nullptr) {
-          float* key = dkw + (i * m + o) * kw_stride + c;
-          (Vec::loadu(key, n) + product).store(key, n);
-        }
-      }
-    }
-  }
-  for (int64_t w = 0; w < m * m; ++w) {
-    dqw[w] += at::vec::vec_reduce_all<float>([](const Vec& a, const Vec& b) { return a + b; },
-                                             Vec::loadu(lanes + w * kLanes));
-  }
-}
-
 // p ← exp(x − shift) over [c0, c1) and 0 over the rest of the row; returns Σ p.
 inline float exp_row(float* x, int64_t width, int64_t c0, int64_t c1, float shift) {
   Vec sum(0.f);
@@ -160,10 +104,13 @@ inline float exp_row(float* x, int64_t width, int64_t c0, int64_t c1, float shif
 
 // Softmax of one row in place over [c0, c1), 0 elsewhere; returns its log-sum-exp.
 inline float softmax_row(float* x, int64_t width, int64_t c0, int64_t c1) {
-  float row_max = -std::numeric_limits<float>::infinity();
-  for (int64_t c = c0; c < c1; ++c) {
-    row_max = std::max(row_max, x[c]);
+  Vec vmax(-std::numeric_limits<float>::infinity());
+  for (int64_t c = c0; c < c1; c += kLanes) {
+    const int n = static_cast<int>(std::min(kLanes, c1 - c));
+    vmax = at::vec::maximum(vmax, Vec::set(vmax, Vec::loadu(x + c, n), n));
   }
+  const float row_max =
+      at::vec::vec_reduce_all<float>([](const Vec& a, const Vec& b) { return at::vec::maximum(a, b); }, vmax);
   const float sum = exp_row(x, width, c0, c1, row_max);
   const Vec inverse(1.f / sum);
   for (int64_t c = c0; c < c1; c += kLanes) {
@@ -173,16 +120,13 @@ inline float softmax_row(float* x, int64_t width, int64_t c0, int64_t c1) {
   return row_max + std::log(sum);
 }
 
-// The tile's logits S_n = scale·q_n·k_nᵀ (+ m_n·(s − t)) of the M heads into `scores`; `q_scaled` is rows·d scratch.
-void tile_logits(const Problem& p, const Tile& t, const at::Tensor& q, const at::Tensor& k, at::Tensor& scores,
-                 at::Tensor& q_scaled) {
-  at::Tensor qs = q_scaled.narrow(0, 0, t.rows * p.d).view({t.rows, p.d});
+// The tile's logits S_n = (scale·q_n)·k_nᵀ (+ m_n·(s − t)) of the M heads into `scores`; `q_scaled` is scale·q,
+// scaled before the product as the eager reference does in fp32.
+void tile_logits(const Problem& p, const Tile& t, const at::Tensor& q_scaled, const at::Tensor& k, at::Tensor& scores) {
   for (int64_t n = 0; n < p.m; ++n) {
     const int64_t h = t.g * p.m + n;
-    // Queries scaled before the product, as the eager reference does in fp32.
-    qs.copy_(q[t.b][h].narrow(0, t.i0, t.rows)).mul_(p.scale);
     at::Tensor s = scores.narrow(0, n * t.head(), t.head()).view({t.rows, t.width});
-    at::mm_out(s, qs, k[t.b][h / p.n_rep].narrow(0, t.lo, t.width).t());
+    at::mm_out(s, q_scaled[t.b][h].narrow(0, t.i0, t.rows), k[t.b][h / p.n_rep].narrow(0, t.lo, t.width).t());
     if (p.slopes != nullptr) {
       const float slope = p.slopes[h];
       float* s_ptr = s.data_ptr<float>();
@@ -197,12 +141,92 @@ void tile_logits(const Problem& p, const Tile& t, const at::Tensor& q, const at:
   }
 }
 
-// Composition c of the tile, x → out, over each row's visible columns (the rest of out is left as it was).
+// Composition c of the tile, x → out: out_o = Σ_i x_i · (QW[t] + KW[s])[i, o] for the M heads, or with `adjoint`
+// the transposed map out_i = Σ_o x_o · W[i, o] (the gradient with respect to the composition's input). Column
+// blocks outside, rows inside, so that a block's key-side weights (M² vectors) stay in L1 for every row. Columns
+// of a row's last block past its visible ones are computed too (callers mask them); nothing past the tile's width.
 void compose_tile(const Problem& p, const Tile& t, int c, const float* x, float* out, bool adjoint) {
   const float* kw = p.key_w(c, t.b, t.g);
+  const int64_t m = p.m, head = t.head();
+  Vec xs[kMaxHeads];
+  for (int64_t col = 0; col < t.width; col += kLanes) {
+    const int n = static_cast<int>(std::min(kLanes, t.width - col));
+    const float* kw_col = kw == nullptr ? nullptr : kw + t.lo + col;
+    for (int64_t r = 0; r < t.rows; ++r) {
+      if (col >= t.c1(r) || col + n <= t.c0(p, r)) {
+        continue;
+      }
+      const float* qw = p.query_w(c, t.b, t.g, t.i0 + r);
+      const float* x_row = x + r * t.width + col;
+      float* out_row = out + r * t.width + col;
+      for (int64_t i = 0; i < m; ++i) {
+        xs[i] = Vec::loadu(x_row + i * head, n);
+      }
+      for (int64_t o = 0; o < m; ++o) {
+        Vec acc(0.f);
+        for (int64_t i = 0; i < m; ++i) {
+          const int64_t w = adjoint ? o * m + i : i * m + o;
+          Vec weight(qw[w]);
+          if (kw_col != nullptr) {
+            weight = weight + Vec::loadu(kw_col + w * p.len, n);
+          }
+          acc = at::vec::fmadd(xs[i], weight, acc);
+        }
+        acc.store(out_row + o * head, n);
+      }
+    }
+  }
+}
+
+// The query-side weight gradient of composition c from the tile: dQW[t][i, o] += Σ_s x_i·dy_o over each row's
+// visible columns, accumulated in registers along the row. (x·dy is 0 wherever a key is hidden: x is P, zero
+// there, or dy is dA', zero there.)
+void query_weight_grads(const Problem& p, const Tile& t, const float* x, const float* dy, float* dqw) {
+  const int64_t m = p.m, head = t.head();
+  Vec acc[kMaxHeads];
   for (int64_t r = 0; r < t.rows; ++r) {
-    compose_row(x + r * t.width, out + r * t.width, t.head(), p.m, p.query_w(c, t.b, t.g, t.i0 + r),
-                kw == nullptr ? nullptr : kw + t.lo, p.len, adjoint, t.c0(p, r), t.c1(r));
+    const int64_t c0 = t.c0(p, r), c1 = t.c1(r);
+    float* dqw_row = dqw + (t.i0 + r) * m * m;
+    for (int64_t o = 0; o < m; ++o) {
+      std::fill(acc, acc + m, Vec(0.f));
+      for (int64_t col = c0; col < c1; col += kLanes) {
+        const int n = static_cast<int>(std::min(kLanes, c1 - col));
+        const Vec dy_o = Vec::loadu(dy + o * head + r * t.width + col, n);
+        for (int64_t i = 0; i < m; ++i) {
+          acc[i] = at::vec::fmadd(Vec::loadu(x + i * head + r * t.width + col, n), dy_o, acc[i]);
+        }
+      }
+      for (int64_t i = 0; i < m; ++i) {
+        dqw_row[i * m + o] += at::vec::vec_reduce_all<float>([](const Vec& a, const Vec& b) { return a + b; }, acc[i]);
+      }
+    }
+  }
+}
+
+// The key-side weight gradient from the tile: dKW[s][i, o] += Σ_t x_i·dy_o, a column block at a time, accumulated
+// in registers over the rows; `dkw` is (M·M, T) at key 0.
+void key_weight_grads(const Problem& p, const Tile& t, const float* x, const float* dy, float* dkw) {
+  const int64_t m = p.m, head = t.head();
+  Vec acc[kMaxHeads];
+  for (int64_t col = 0; col < t.width; col += kLanes) {
+    const int n = static_cast<int>(std::min(kLanes, t.width - col));
+    for (int64_t o = 0; o < m; ++o) {
+      std::fill(acc, acc + m, Vec(0.f));
+      for (int64_t r = 0; r < t.rows; ++r) {
+        if (col >= t.c1(r) || col + n <= t.c0(p, r)) {
+          continue;
+        }
+        const int64_t offset = r * t.width + col;
+        const Vec dy_o = Vec::loadu(dy + o * head + offset, n);
+        for (int64_t i = 0; i < m; ++i) {
+          acc[i] = at::vec::fmadd(Vec::loadu(x + i * head + offset, n), dy_o, acc[i]);
+        }
+      }
+      for (int64_t i = 0; i < m; ++i) {
+        float* key = dkw + (i * m + o) * p.len + t.lo + col;
+        (Vec::loadu(key, n) + acc[i]).store(key, n);
+      }
+    }
   }
 }
 
@@ -280,15 +304,15 @@ std::tuple<at::Tensor, at::Tensor> dcmha_fused_forward(
   const int64_t max_width = std::min(p.len, q_tile + (p.window > 0 ? p.window - 1 : p.len));
   at::Tensor out = at::empty({p.batch, p.heads, p.len, p.dv}, q.options());
   at::Tensor lse = at::empty({p.batch, p.heads, p.len}, q.options());
+  const at::Tensor q_scaled = q * scale;
 
   at::parallel_for(0, p.batch * p.groups * q_tiles, 1, [&](int64_t begin, int64_t end) {
     at::Tensor first = at::empty({p.m * q_tile * max_width}, q.options());
     at::Tensor second = at::empty({p.m * q_tile * max_width}, q.options());
-    at::Tensor q_scaled = at::empty({q_tile * p.d}, q.options());
     for (int64_t task = begin; task < end; ++task) {
       const int64_t bg = task / q_tiles;
       const Tile t = make_tile(p, bg / p.groups, bg % p.groups, (task % q_tiles) * q_tile, q_tile);
-      tile_logits(p, t, q, k, first, q_scaled);
+      tile_logits(p, t, q_scaled, k, first);
       float* logits = first.data_ptr<float>();
       float* probs = logits;
       if (p.qw[0] != nullptr) {
@@ -347,6 +371,7 @@ std::vector<at::Tensor> dcmha_fused_backward(
     }
   }
   at::Tensor grad_k_parts = at::zeros({p.batch, p.groups, parts, kv_count, p.len, p.d}, options);
+  const at::Tensor q_scaled = q * scale;
   at::Tensor grad_v_parts = at::zeros({p.batch, p.groups, parts, kv_count, p.len, p.dv}, options);
 
   at::parallel_for(0, p.batch * p.groups * parts, 1, [&](int64_t begin, int64_t end) {
@@ -355,8 +380,6 @@ std::vector<at::Tensor> dcmha_fused_backward(
     for (at::Tensor& x : scratch) {
       x = at::empty({p.m * q_tile * max_width}, options);
     }
-    at::Tensor q_scaled = at::empty({q_tile * p.d}, options);
-    std::vector<float> lanes(p.m * p.m * kLanes);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t bg = task / parts, part = task % parts, b = bg / p.groups, g = bg % p.groups;
       const int64_t kv_first = kv_span(p, g).first;
@@ -373,7 +396,7 @@ std::vector<at::Tensor> dcmha_fused_backward(
         float* mixed = scratch[mixed_at].data_ptr<float>();
         float* grad_mixed = scratch[3].data_ptr<float>();
 
-        tile_logits(p, t, q, k, scratch[0], q_scaled);
+        tile_logits(p, t, q_scaled, k, scratch[0]);
         if (p.qw[0] != nullptr) {
           compose_tile(p, t, 0, logits, probs, false);
         }
@@ -398,16 +421,11 @@ std::vector<at::Tensor> dcmha_fused_backward(
         float* grad_probs = grad_mixed;
         if (p.qw[1] != nullptr) {
           grad_probs = mixed;  // P' is spent: dP takes its place
-          const float* kw = p.key_w(1, b, g);
-          float* grad_kw = p.kw[1] == nullptr ? nullptr : grad_kw_parts[1][b][g][part].data_ptr<float>() + t.lo;
-          for (int64_t r = 0; r < t.rows; ++r) {
-            const int64_t offset = r * t.width, i = t.i0 + r;
-            weight_grads_row(probs + offset, grad_mixed + offset, head, p.m,
-                             grad_qw[1].data_ptr<float>() + ((b * p.groups + g) * p.len + i) * p.m * p.m, grad_kw,
-                             p.len, lanes.data(), t.c0(p, r), t.c1(r));
-            compose_row(grad_mixed + offset, grad_probs + offset, head, p.m, p.query_w(1, b, g, i),
-                        kw == nullptr ? nullptr : kw + t.lo, p.len, true, t.c0(p, r), t.c1(r));
+          query_weight_grads(p, t, probs, grad_mixed, grad_qw[1].data_ptr<float>() + (b * p.groups + g) * p.len * p.m * p.m);
+          if (p.kw[1] != nullptr) {
+            key_weight_grads(p, t, probs, grad_mixed, grad_kw_parts[1][b][g][part].data_ptr<float>());
           }
+          compose_tile(p, t, 1, grad_mixed, grad_probs, true);
         }
         // dA' = P ∘ (dP − D), D the row's Σ P·dP; 0 outside the visible columns.
         for (int64_t n = 0; n < p.m; ++n) {
@@ -431,28 +449,21 @@ std::vector<at::Tensor> dcmha_fused_backward(
         }
         int grad_logits_at = p.qw[1] != nullptr ? 2 : 3;
         if (p.qw[0] != nullptr) {
-          const float* kw = p.key_w(0, b, g);
-          float* grad_kw = p.kw[0] == nullptr ? nullptr : grad_kw_parts[0][b][g][part].data_ptr<float>() + t.lo;
-          for (int64_t r = 0; r < t.rows; ++r) {
-            const int64_t offset = r * t.width, i = t.i0 + r;
-            weight_grads_row(logits + offset, grad_probs + offset, head, p.m,
-                             grad_qw[0].data_ptr<float>() + ((b * p.groups + g) * p.len + i) * p.m * p.m, grad_kw,
-                             p.len, lanes.data(), t.c0(p, r), t.c1(r));
-            compose_row(grad_probs + offset, probs + offset, head, p.m, p.query_w(0, b, g, i),
-                        kw == nullptr ? nullptr : kw + t.lo, p.len, true, t.c0(p, r), t.c1(r));
+          query_weight_grads(p, t, logits, grad_probs, grad_qw[0].data_ptr<float>() + (b * p.groups + g) * p.len * p.m * p.m);
+          if (p.kw[0] != nullptr) {
+            key_weight_grads(p, t, logits, grad_probs, grad_kw_parts[0][b][g][part].data_ptr<float>());
           }
+          compose_tile(p, t, 0, grad_probs, probs, true);
           zero_hidden(p, t, probs);  // P is spent: dS takes its place
           grad_logits_at = probs_at;
         }
-        // dQ = scale·dS K, dK += scale·dSᵀ Q.
+        // dQ = scale·dS K, dK += dSᵀ (scale·Q).
         for (int64_t n = 0; n < p.m; ++n) {
           const int64_t h = g * p.m + n, kv = h / p.n_rep;
           at::Tensor grad_logits = view(grad_logits_at, n);
           at::Tensor grad_q_rows = grad_q[b][h].narrow(0, t.i0, t.rows);
-          at::mm_out(grad_q_rows, grad_logits, k[b][kv].narrow(0, t.lo, t.width));
-          grad_q_rows.mul_(p.scale);
-          grad_k_part[kv - kv_first].narrow(0, t.lo, t.width).addmm_(grad_logits.t(), q[b][h].narrow(0, t.i0, t.rows),
-                                                                    1.0, p.scale);
+          grad_q_rows.addmm_(grad_logits, k[b][kv].narrow(0, t.lo, t.width), 0.0, p.scale);
+          grad_k_part[kv - kv_first].narrow(0, t.lo, t.width).addmm_(grad_logits.t(), q_scaled[b][h].narrow(0, t.i0, t.rows));
         }
       }
     }
