@@ -68,11 +68,13 @@ def assert_matches_reference(case: Case, dtype: torch.dtype, rows: int | None = 
         assert error <= TOLERANCE[dtype] * scale, f"{name}: error {error:.3g} against largest entry {scale:.3g}"
 
 
-@pytest.fixture(params=["default-tiles", "16-row-tiles"])
+@pytest.fixture(params=["default-tiles", "16x16-tiles", "16x5-tiles"])
 def tiles(request, monkeypatch) -> str:
-    """The default query tiles (one tile for these lengths) or 16-row ones, which put tile edges inside them."""
-    if request.param == "16-row-tiles":
+    """The default tiles (one tile, one key block for these lengths), or 16-row tiles in key blocks of 16 or 5
+    columns, which put tile and block edges inside them and inside a vector's 8 or 16 lanes."""
+    if request.param != "default-tiles":
         monkeypatch.setattr(dcmha_cpu, "MAX_ROWS", 16)
+        monkeypatch.setattr(dcmha_cpu, "K_BLOCK", int(request.param.split("x")[1].split("-")[0]))
     return request.param
 
 
@@ -100,7 +102,8 @@ def test_gradients_are_the_same_bits_at_any_timing_and_close_at_any_thread_count
     key-side sums are reduced in a fixed order: two runs agree bit for bit, and runs with another number of parts
     agree to fp32 rounding (the parts add in another order)."""
     monkeypatch.setattr(dcmha_cpu, "MAX_ROWS", 16)
-    case = dataclasses.replace(CPU_CASES["global"], length=100)  # 7 query tiles of 16
+    monkeypatch.setattr(dcmha_cpu, "K_BLOCK", 32)
+    case = dataclasses.replace(CPU_CASES["global"], length=100)  # 7 query tiles of 16, key blocks of 32
     leaves = make_inputs(case, torch.float32)
     grad_out = torch.randn(leaves[0].shape)
     threads = torch.get_num_threads()

@@ -46,6 +46,7 @@
 #include <limits>
 #include <optional>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -88,157 +89,308 @@ Tile make_tile(const Problem& p, int64_t b, int64_t g, int64_t i0, int64_t q_til
   return Tile{b, g, i0, rows, lo, i0 + rows - lo};
 }
 
-// p ← exp(x − shift) over [c0, c1) and 0 over the rest of the row; returns Σ p.
-inline float exp_row(float* x, int64_t width, int64_t c0, int64_t c1, float shift) {
-  Vec sum(0.f);
-  for (int64_t c = c0; c < c1; c += kLanes) {
-    const int n = static_cast<int>(std::min(kLanes, c1 - c));
-    const Vec p = (Vec::loadu(x + c, n) - Vec(shift)).exp_u20();
-    p.store(x + c, n);
-    sum = sum + Vec::set(Vec(0.f), p, n);  // the lanes past n loaded as 0 but exp(0 − shift) is not
-  }
-  std::fill(x, x + c0, 0.f);
-  std::fill(x + c1, x + width, 0.f);
-  return at::vec::vec_reduce_all<float>([](const Vec& a, const Vec& b) { return a + b; }, sum);
+// A block of a tile's columns (keys), [begin, end): every pass works a block at a time, so that the block's
+// scores of the M heads stay in cache from one step to the next.
+struct Cols {
+  int64_t begin, end;
+  int64_t size() const { return end - begin; }
+};
+
+// Row r's visible columns within the block: [first, last), empty when first >= last.
+inline std::pair<int64_t, int64_t> visible_in(const Problem& p, const Tile& t, int64_t r, Cols cols) {
+  return {std::max(t.c0(p, r), cols.begin), std::min(t.c1(r), cols.end)};
 }
 
-// Softmax of one row in place over [c0, c1), 0 elsewhere; returns its log-sum-exp.
-inline float softmax_row(float* x, int64_t width, int64_t c0, int64_t c1) {
+// Whether row r sees any of the columns [col, col + n).
+inline bool sees(const Problem& p, const Tile& t, int64_t r, int64_t col, int64_t n) {
+  return col < t.c1(r) && col + n > t.c0(p, r);
+}
+
+inline float sum_all(const Vec& x) {
+  return at::vec::vec_reduce_all<float>([](const Vec& a, const Vec& b) { return a + b; }, x);
+}
+
+inline float max_all(const Vec& x) {
+  return at::vec::vec_reduce_all<float>([](const Vec& a, const Vec& b) { return at::vec::maximum(a, b); }, x);
+}
+
+// max of x over [first, last), last > first.
+inline float max_of(const float* x, int64_t first, int64_t last) {
   Vec vmax(-std::numeric_limits<float>::infinity());
-  for (int64_t c = c0; c < c1; c += kLanes) {
-    const int n = static_cast<int>(std::min(kLanes, c1 - c));
+  for (int64_t c = first; c < last; c += kLanes) {
+    const int n = static_cast<int>(std::min(kLanes, last - c));
     vmax = at::vec::maximum(vmax, Vec::set(vmax, Vec::loadu(x + c, n), n));
   }
-  const float row_max =
-      at::vec::vec_reduce_all<float>([](const Vec& a, const Vec& b) { return at::vec::maximum(a, b); }, vmax);
-  const float sum = exp_row(x, width, c0, c1, row_max);
-  const Vec inverse(1.f / sum);
-  for (int64_t c = c0; c < c1; c += kLanes) {
-    const int n = static_cast<int>(std::min(kLanes, c1 - c));
-    (Vec::loadu(x + c, n) * inverse).store(x + c, n);
-  }
-  return row_max + std::log(sum);
+  return max_all(vmax);
 }
 
-// The tile's logits S_n = (scale·q_n)·k_nᵀ (+ m_n·(s − t)) of the M heads into `scores`; `q_scaled` is scale·q,
+// x ← exp(x − shift) over [first, last); returns the sum.
+inline float exp_of(float* x, int64_t first, int64_t last, float shift) {
+  Vec sum(0.f);
+  for (int64_t c = first; c < last; c += kLanes) {
+    const int n = static_cast<int>(std::min(kLanes, last - c));
+    const Vec e = (Vec::loadu(x + c, n) - Vec(shift)).exp_u20();
+    e.store(x + c, n);
+    sum = sum + Vec::set(Vec(0.f), e, n);  // the lanes past n loaded as 0, but exp(0 − shift) is not 0
+  }
+  return sum_all(sum);
+}
+
+// x ← a·x over [first, last).
+inline void scale_of(float* x, int64_t first, int64_t last, float a) {
+  for (int64_t c = first; c < last; c += kLanes) {
+    const int n = static_cast<int>(std::min(kLanes, last - c));
+    (Vec::loadu(x + c, n) * Vec(a)).store(x + c, n);
+  }
+}
+
+// Row r of head n in a (M, rows, width) buffer.
+inline float* row_of(float* x, const Tile& t, int64_t n, int64_t r) {
+  return x + n * t.head() + r * t.width;
+}
+
+// Zeroes the block's columns of every row of the M heads that the row does not see.
+void zero_hidden(const Problem& p, const Tile& t, float* x, Cols cols) {
+  for (int64_t n = 0; n < p.m; ++n) {
+    for (int64_t r = 0; r < t.rows; ++r) {
+      float* row = row_of(x, t, n, r);
+      const auto [first, last] = visible_in(p, t, r, cols);
+      if (first >= last) {
+        std::fill(row + cols.begin, row + cols.end, 0.f);
+        continue;
+      }
+      std::fill(row + cols.begin, row + first, 0.f);
+      std::fill(row + last, row + cols.end, 0.f);
+    }
+  }
+}
+
+// The block's logits S_n = (scale·q_n)·k_nᵀ (+ m_n·(s − t)) of the M heads into `scores`; `q_scaled` is scale·q,
 // scaled before the product as the eager reference does in fp32.
-void tile_logits(const Problem& p, const Tile& t, const at::Tensor& q_scaled, const at::Tensor& k, at::Tensor& scores) {
+void tile_logits(const Problem& p, const Tile& t, const at::Tensor& q_scaled, const at::Tensor& k,
+                 const at::Tensor& scores, Cols cols) {
   for (int64_t n = 0; n < p.m; ++n) {
     const int64_t h = t.g * p.m + n;
-    at::Tensor s = scores.narrow(0, n * t.head(), t.head()).view({t.rows, t.width});
-    at::mm_out(s, q_scaled[t.b][h].narrow(0, t.i0, t.rows), k[t.b][h / p.n_rep].narrow(0, t.lo, t.width).t());
+    at::Tensor s = scores.narrow(0, n * t.head(), t.head()).view({t.rows, t.width}).narrow(1, cols.begin, cols.size());
+    at::mm_out(s, q_scaled[t.b][h].narrow(0, t.i0, t.rows),
+               k[t.b][h / p.n_rep].narrow(0, t.lo + cols.begin, cols.size()).t());
     if (p.slopes != nullptr) {
       const float slope = p.slopes[h];
-      float* s_ptr = s.data_ptr<float>();
       for (int64_t r = 0; r < t.rows; ++r) {
-        float* row = s_ptr + r * t.width;
-        const int64_t i = t.i0 + r;
-        for (int64_t c = t.c0(p, r); c < t.c1(r); ++c) {
-          row[c] += slope * static_cast<float>(t.lo + c - i);
+        float* row = row_of(scores.data_ptr<float>(), t, n, r);
+        const auto [first, last] = visible_in(p, t, r, cols);
+        for (int64_t c = first; c < last; ++c) {
+          row[c] += slope * static_cast<float>(t.lo + c - (t.i0 + r));
         }
       }
     }
   }
 }
 
-// Composition c of the tile, x → out: out_o = Σ_i x_i · (QW[t] + KW[s])[i, o] for the M heads, or with `adjoint`
-// the transposed map out_i = Σ_o x_o · W[i, o] (the gradient with respect to the composition's input). Column
-// blocks outside, rows inside, so that a block's key-side weights (M² vectors) stay in L1 for every row. Columns
-// of a row's last block past its visible ones are computed too (callers mask them); nothing past the tile's width.
-void compose_tile(const Problem& p, const Tile& t, int c, const float* x, float* out, bool adjoint) {
+// Calls f with the number of heads per group as a compile-time constant where it is a common one, so that the
+// loops over heads unroll and their per-head vectors live in registers; 0 (read at run time) otherwise.
+template <typename F>
+void with_heads(int64_t m, F&& f) {
+  switch (m) {
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 6: return f(std::integral_constant<int, 6>{});
+    case 8: return f(std::integral_constant<int, 8>{});
+    case 12: return f(std::integral_constant<int, 12>{});
+    case 16: return f(std::integral_constant<int, 16>{});
+    default: return f(std::integral_constant<int, 0>{});
+  }
+}
+
+// A chunk of n ≤ kLanes columns: whole vectors where kFull, so that the hot loops carry no count.
+template <bool kFull>
+inline Vec load(const float* ptr, int n) {
+  if constexpr (kFull) {
+    return Vec::loadu(ptr);
+  } else {
+    return Vec::loadu(ptr, n);
+  }
+}
+
+template <bool kFull>
+inline void store(const Vec& x, float* ptr, int n) {
+  if constexpr (kFull) {
+    x.store(ptr);
+  } else {
+    x.store(ptr, n);
+  }
+}
+
+// One row's chunk of a composition: out_o = Σ_i x_i · (qw[i, o] + kw[i, o]), or the adjoint Σ_o x_o · W[i, o].
+template <int kM, bool kAdjoint, bool kKeyWise, bool kFull>
+inline void compose_chunk(int64_t heads, const float* x, int64_t head, const float* qw, const float* kw,
+                          int64_t kw_stride, float* out, int64_t out_head, int n) {
+  const int64_t m = kM > 0 ? kM : heads;
+  // One accumulator per output head, so that the M multiply-adds into each are M independent chains.
+  Vec acc[kM > 0 ? kM : kMaxHeads];
+  for (int64_t o = 0; o < m; ++o) {
+    acc[o] = Vec(0.f);
+  }
+  for (int64_t i = 0; i < m; ++i) {
+    const Vec x_i = load<kFull>(x + i * head, n);
+    for (int64_t o = 0; o < m; ++o) {
+      const int64_t w = kAdjoint ? o * m + i : i * m + o;
+      Vec weight(qw[w]);
+      if constexpr (kKeyWise) {
+        weight = weight + load<kFull>(kw + w * kw_stride, n);
+      }
+      acc[o] = at::vec::fmadd(x_i, weight, acc[o]);
+    }
+  }
+  for (int64_t o = 0; o < m; ++o) {
+    store<kFull>(acc[o], out + o * out_head, n);
+  }
+}
+
+// Composition c over the block, x → out (out may be x): out_o = Σ_i x_i · (QW[t] + KW[s])[i, o] for the M heads,
+// or with `adjoint` the transposed map out_i = Σ_o x_o · W[i, o] (the gradient with respect to the composition's
+// input). `out` is addressed as out + i·out_head + r·out_row + (col − out_col0), so it may be a block-sized buffer.
+// Columns outside, rows inside, so that a column chunk's key-side weights (M² vectors) stay in L1 for every row;
+// a chunk's columns past a row's visible ones are computed too, from whatever x holds there (0 where callers have
+// zeroed it, which keeps out 0 there too).
+template <int kM, bool kAdjoint, bool kKeyWise>
+void compose_block_m(const Problem& p, const Tile& t, int c, const float* x, float* out, int64_t out_head,
+                     int64_t out_row, int64_t out_col0, Cols cols) {
   const float* kw = p.key_w(c, t.b, t.g);
-  const int64_t m = p.m, head = t.head();
-  Vec xs[kMaxHeads];
-  for (int64_t col = 0; col < t.width; col += kLanes) {
-    const int n = static_cast<int>(std::min(kLanes, t.width - col));
-    const float* kw_col = kw == nullptr ? nullptr : kw + t.lo + col;
+  const int64_t head = t.head(), kw_stride = p.len;
+  for (int64_t col = cols.begin; col < cols.end; col += kLanes) {
+    const int n = static_cast<int>(std::min(kLanes, cols.end - col));
+    const float* kw_col = kKeyWise ? kw + t.lo + col : nullptr;
     for (int64_t r = 0; r < t.rows; ++r) {
-      if (col >= t.c1(r) || col + n <= t.c0(p, r)) {
+      if (!sees(p, t, r, col, n)) {
         continue;
       }
       const float* qw = p.query_w(c, t.b, t.g, t.i0 + r);
       const float* x_row = x + r * t.width + col;
-      float* out_row = out + r * t.width + col;
-      for (int64_t i = 0; i < m; ++i) {
-        xs[i] = Vec::loadu(x_row + i * head, n);
-      }
-      for (int64_t o = 0; o < m; ++o) {
-        Vec acc(0.f);
-        for (int64_t i = 0; i < m; ++i) {
-          const int64_t w = adjoint ? o * m + i : i * m + o;
-          Vec weight(qw[w]);
-          if (kw_col != nullptr) {
-            weight = weight + Vec::loadu(kw_col + w * p.len, n);
-          }
-          acc = at::vec::fmadd(xs[i], weight, acc);
-        }
-        acc.store(out_row + o * head, n);
+      float* out_row_ptr = out + r * out_row + (col - out_col0);
+      if (n == kLanes) {
+        compose_chunk<kM, kAdjoint, kKeyWise, true>(p.m, x_row, head, qw, kw_col, kw_stride, out_row_ptr, out_head, n);
+      } else {
+        compose_chunk<kM, kAdjoint, kKeyWise, false>(p.m, x_row, head, qw, kw_col, kw_stride, out_row_ptr, out_head, n);
       }
     }
   }
 }
 
-// The query-side weight gradient of composition c from the tile: dQW[t][i, o] += Σ_s x_i·dy_o over each row's
-// visible columns, accumulated in registers along the row. (x·dy is 0 wherever a key is hidden: x is P, zero
-// there, or dy is dA', zero there.)
-void query_weight_grads(const Problem& p, const Tile& t, const float* x, const float* dy, float* dqw) {
-  const int64_t m = p.m, head = t.head();
-  Vec acc[kMaxHeads];
+void compose_block(const Problem& p, const Tile& t, int c, const float* x, float* out, int64_t out_head,
+                   int64_t out_row, int64_t out_col0, bool adjoint, Cols cols) {
+  const bool key_wise = p.kw[c] != nullptr;
+  with_heads(p.m, [&](auto heads) {
+    constexpr int kM = decltype(heads)::value;
+    if (adjoint) {
+      key_wise ? compose_block_m<kM, true, true>(p, t, c, x, out, out_head, out_row, out_col0, cols)
+               : compose_block_m<kM, true, false>(p, t, c, x, out, out_head, out_row, out_col0, cols);
+    } else {
+      key_wise ? compose_block_m<kM, false, true>(p, t, c, x, out, out_head, out_row, out_col0, cols)
+               : compose_block_m<kM, false, false>(p, t, c, x, out, out_head, out_row, out_col0, cols);
+    }
+  });
+}
+
+void compose_block(const Problem& p, const Tile& t, int c, const float* x, float* out, bool adjoint, Cols cols) {
+  compose_block(p, t, c, x, out, t.head(), t.width, 0, adjoint, cols);
+}
+
+// The query-side weight gradient of a composition from the block: dQW[t][i, o] += Σ_s x_i·dy_o over each row's
+// visible columns, accumulated in registers along the row; `dqw` is (T, M, M) at query 0. (x·dy is 0 wherever a
+// key is hidden: x is P, zero there, or dy is dA', zero there.)
+template <int kM>
+void query_weight_grads_m(const Problem& p, const Tile& t, const float* x, const float* dy, float* dqw, Cols cols) {
+  const int64_t m = kM > 0 ? kM : p.m, head = t.head();
+  Vec acc[kM > 0 ? kM : kMaxHeads];
   for (int64_t r = 0; r < t.rows; ++r) {
-    const int64_t c0 = t.c0(p, r), c1 = t.c1(r);
+    const auto [first, last] = visible_in(p, t, r, cols);
+    if (first >= last) {
+      continue;
+    }
     float* dqw_row = dqw + (t.i0 + r) * m * m;
+    const float* x_row = x + r * t.width;
+    const float* dy_row = dy + r * t.width;
+    const int64_t whole = first + (last - first) / kLanes * kLanes;
     for (int64_t o = 0; o < m; ++o) {
-      std::fill(acc, acc + m, Vec(0.f));
-      for (int64_t col = c0; col < c1; col += kLanes) {
-        const int n = static_cast<int>(std::min(kLanes, c1 - col));
-        const Vec dy_o = Vec::loadu(dy + o * head + r * t.width + col, n);
+      for (int64_t i = 0; i < m; ++i) {
+        acc[i] = Vec(0.f);
+      }
+      for (int64_t col = first; col < whole; col += kLanes) {
+        const Vec dy_o = Vec::loadu(dy_row + o * head + col);
         for (int64_t i = 0; i < m; ++i) {
-          acc[i] = at::vec::fmadd(Vec::loadu(x + i * head + r * t.width + col, n), dy_o, acc[i]);
+          acc[i] = at::vec::fmadd(Vec::loadu(x_row + i * head + col), dy_o, acc[i]);
+        }
+      }
+      if (whole < last) {
+        const int n = static_cast<int>(last - whole);
+        const Vec dy_o = Vec::loadu(dy_row + o * head + whole, n);
+        for (int64_t i = 0; i < m; ++i) {
+          acc[i] = at::vec::fmadd(Vec::loadu(x_row + i * head + whole, n), dy_o, acc[i]);
         }
       }
       for (int64_t i = 0; i < m; ++i) {
-        dqw_row[i * m + o] += at::vec::vec_reduce_all<float>([](const Vec& a, const Vec& b) { return a + b; }, acc[i]);
+        dqw_row[i * m + o] += sum_all(acc[i]);
       }
     }
   }
 }
 
-// The key-side weight gradient from the tile: dKW[s][i, o] += Σ_t x_i·dy_o, a column block at a time, accumulated
+// The key-side weight gradient from the block: dKW[s][i, o] += Σ_t x_i·dy_o, a column chunk at a time, accumulated
 // in registers over the rows; `dkw` is (M·M, T) at key 0.
-void key_weight_grads(const Problem& p, const Tile& t, const float* x, const float* dy, float* dkw) {
-  const int64_t m = p.m, head = t.head();
-  Vec acc[kMaxHeads];
-  for (int64_t col = 0; col < t.width; col += kLanes) {
-    const int n = static_cast<int>(std::min(kLanes, t.width - col));
-    for (int64_t o = 0; o < m; ++o) {
-      std::fill(acc, acc + m, Vec(0.f));
-      for (int64_t r = 0; r < t.rows; ++r) {
-        if (col >= t.c1(r) || col + n <= t.c0(p, r)) {
-          continue;
-        }
-        const int64_t offset = r * t.width + col;
-        const Vec dy_o = Vec::loadu(dy + o * head + offset, n);
-        for (int64_t i = 0; i < m; ++i) {
-          acc[i] = at::vec::fmadd(Vec::loadu(x + i * head + offset, n), dy_o, acc[i]);
-        }
+template <int kM, bool kFull>
+inline void key_weight_chunk(const Problem& p, const Tile& t, const float* x, const float* dy, float* dkw, int64_t col,
+                             int n) {
+  const int64_t m = kM > 0 ? kM : p.m, head = t.head();
+  Vec acc[kM > 0 ? kM : kMaxHeads];
+  for (int64_t o = 0; o < m; ++o) {
+    for (int64_t i = 0; i < m; ++i) {
+      acc[i] = Vec(0.f);
+    }
+    for (int64_t r = 0; r < t.rows; ++r) {
+      if (!sees(p, t, r, col, n)) {
+        continue;
       }
+      const int64_t offset = r * t.width + col;
+      const Vec dy_o = load<kFull>(dy + o * head + offset, n);
       for (int64_t i = 0; i < m; ++i) {
-        float* key = dkw + (i * m + o) * p.len + t.lo + col;
-        (Vec::loadu(key, n) + acc[i]).store(key, n);
+        acc[i] = at::vec::fmadd(load<kFull>(x + i * head + offset, n), dy_o, acc[i]);
       }
+    }
+    for (int64_t i = 0; i < m; ++i) {
+      float* key = dkw + (i * m + o) * p.len + t.lo + col;
+      store<kFull>(load<kFull>(key, n) + acc[i], key, n);
     }
   }
 }
 
-// Zeroes each row's columns outside [c0, c1) in the M heads of x.
-void zero_hidden(const Problem& p, const Tile& t, float* x) {
-  for (int64_t n = 0; n < p.m; ++n) {
-    for (int64_t r = 0; r < t.rows; ++r) {
-      float* row = x + n * t.head() + r * t.width;
-      std::fill(row, row + t.c0(p, r), 0.f);
-      std::fill(row + t.c1(r), row + t.width, 0.f);
+template <int kM>
+void key_weight_grads_m(const Problem& p, const Tile& t, const float* x, const float* dy, float* dkw, Cols cols) {
+  for (int64_t col = cols.begin; col < cols.end; col += kLanes) {
+    const int n = static_cast<int>(std::min(kLanes, cols.end - col));
+    if (n == kLanes) {
+      key_weight_chunk<kM, true>(p, t, x, dy, dkw, col, n);
+    } else {
+      key_weight_chunk<kM, false>(p, t, x, dy, dkw, col, n);
     }
   }
+}
+
+void query_weight_grads(const Problem& p, const Tile& t, const float* x, const float* dy, float* dqw, Cols cols) {
+  with_heads(p.m, [&](auto heads) { query_weight_grads_m<decltype(heads)::value>(p, t, x, dy, dqw, cols); });
+}
+
+void key_weight_grads(const Problem& p, const Tile& t, const float* x, const float* dy, float* dkw, Cols cols) {
+  with_heads(p.m, [&](auto heads) { key_weight_grads_m<decltype(heads)::value>(p, t, x, dy, dkw, cols); });
+}
+
+// The tile's key blocks of `k_block` columns.
+std::vector<Cols> blocks_of(const Tile& t, int64_t k_block) {
+  std::vector<Cols> blocks;
+  for (int64_t begin = 0; begin < t.width; begin += k_block) {
+    blocks.push_back({begin, std::min(t.width, begin + k_block)});
+  }
+  return blocks;
 }
 
 Problem make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -294,49 +446,87 @@ std::pair<int64_t, int64_t> kv_span(const Problem& p, int64_t g) {
 
 // q (B, H, T, d), k (B, H_kv, T, d), v (B, H_kv, T, d_v) contiguous fp32; per composition (pre, post) the
 // query-side matrices (B, G, T, M, M) and key-side matrices (B, G, M, M, T), each optional; ALiBi slopes (H,),
-// optional; window 0 for every earlier key. Returns O (B, H, T, d_v) and L (B, H, T), each row's log-sum-exp.
+// optional; window 0 for every earlier key; query tiles of q_tile rows, key blocks of k_block columns.
+// Returns O (B, H, T, d_v) and L (B, H, T), each row's log-sum-exp.
+//
+// Per tile, two passes over its key blocks. The first computes a block's logits, pre-composes them in place and
+// takes the online softmax's step (FlashAttention's running max m and sum l per row), storing exp(A' − m) as of
+// that block; the second rescales each block to the final statistics, exp(m_block − m) / l, post-composes it in
+// place and adds its product with V. The tile buffer is written once and read once; everything else a block needs
+// stays in cache.
 std::tuple<at::Tensor, at::Tensor> dcmha_fused_forward(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& pre_qw, const OptTensor& pre_kw,
     const OptTensor& post_qw, const OptTensor& post_kw, const OptTensor& slopes, int64_t groups, int64_t window,
-    double scale, int64_t q_tile) {
+    double scale, int64_t q_tile, int64_t k_block) {
   const Problem p = make_problem(q, k, v, {&pre_qw, &pre_kw, &post_qw, &post_kw}, slopes, groups, window, scale);
+  TORCH_CHECK(q_tile >= 1 && k_block >= 1, "dcmha_fused: q_tile and k_block must be >= 1");
   const int64_t q_tiles = (p.len + q_tile - 1) / q_tile;
   const int64_t max_width = std::min(p.len, q_tile + (p.window > 0 ? p.window - 1 : p.len));
-  at::Tensor out = at::empty({p.batch, p.heads, p.len, p.dv}, q.options());
+  const int64_t max_blocks = (max_width + k_block - 1) / k_block;
+  at::Tensor out = at::zeros({p.batch, p.heads, p.len, p.dv}, q.options());
   at::Tensor lse = at::empty({p.batch, p.heads, p.len}, q.options());
   const at::Tensor q_scaled = q * scale;
 
   at::parallel_for(0, p.batch * p.groups * q_tiles, 1, [&](int64_t begin, int64_t end) {
-    at::Tensor first = at::empty({p.m * q_tile * max_width}, q.options());
-    at::Tensor second = at::empty({p.m * q_tile * max_width}, q.options());
+    at::Tensor scores = at::empty({p.m * q_tile * max_width}, q.options());
+    // Per (head, row): the running max and sum, and the max each block's exponentials were taken against.
+    std::vector<float> row_max(p.m * q_tile), row_sum(p.m * q_tile), block_max(p.m * q_tile * max_blocks);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t bg = task / q_tiles;
       const Tile t = make_tile(p, bg / p.groups, bg % p.groups, (task % q_tiles) * q_tile, q_tile);
-      tile_logits(p, t, q_scaled, k, first);
-      float* logits = first.data_ptr<float>();
-      float* probs = logits;
-      if (p.qw[0] != nullptr) {
-        probs = second.data_ptr<float>();
-        compose_tile(p, t, 0, logits, probs, false);
-      }
-      for (int64_t n = 0; n < p.m; ++n) {
-        float* lse_row = lse.data_ptr<float>() + ((t.b * p.heads + t.g * p.m + n) * p.len + t.i0);
-        for (int64_t r = 0; r < t.rows; ++r) {
-          lse_row[r] = softmax_row(probs + n * t.head() + r * t.width, t.width, t.c0(p, r), t.c1(r));
+      const std::vector<Cols> blocks = blocks_of(t, k_block);
+      float* x = scores.data_ptr<float>();
+      std::fill(row_max.begin(), row_max.end(), -std::numeric_limits<float>::infinity());
+      std::fill(row_sum.begin(), row_sum.end(), 0.f);
+      for (size_t kb = 0; kb < blocks.size(); ++kb) {
+        const Cols cols = blocks[kb];
+        tile_logits(p, t, q_scaled, k, scores, cols);
+        if (p.qw[0] != nullptr) {
+          compose_block(p, t, 0, x, x, false, cols);
+        }
+        for (int64_t n = 0; n < p.m; ++n) {
+          for (int64_t r = 0; r < t.rows; ++r) {
+            const auto [first, last] = visible_in(p, t, r, cols);
+            if (first >= last) {
+              continue;
+            }
+            float* row = row_of(x, t, n, r);
+            const int64_t nr = n * t.rows + r;
+            const float new_max = std::max(row_max[nr], max_of(row, first, last));
+            // exp(−∞) = 0 on a row's first visible block.
+            row_sum[nr] = row_sum[nr] * std::exp(row_max[nr] - new_max) + exp_of(row, first, last, new_max);
+            row_max[nr] = new_max;
+            block_max[nr * max_blocks + kb] = new_max;
+          }
         }
       }
-      float* mixed = probs;
-      if (p.qw[1] != nullptr) {
-        mixed = probs == logits ? second.data_ptr<float>() : logits;
-        compose_tile(p, t, 1, probs, mixed, false);
-        zero_hidden(p, t, mixed);
-      }
-      at::Tensor mixed_t = (mixed == logits ? first : second).narrow(0, 0, p.m * t.head());
       for (int64_t n = 0; n < p.m; ++n) {
-        const int64_t h = t.g * p.m + n;
-        at::Tensor out_rows = out[t.b][h].narrow(0, t.i0, t.rows);
-        at::mm_out(out_rows, mixed_t.narrow(0, n * t.head(), t.head()).view({t.rows, t.width}),
-                   v[t.b][h / p.n_rep].narrow(0, t.lo, t.width));
+        float* lse_rows = lse.data_ptr<float>() + (t.b * p.heads + t.g * p.m + n) * p.len + t.i0;
+        for (int64_t r = 0; r < t.rows; ++r) {
+          lse_rows[r] = row_max[n * t.rows + r] + std::log(row_sum[n * t.rows + r]);  // every row sees its own key
+        }
+      }
+      for (size_t kb = 0; kb < blocks.size(); ++kb) {
+        const Cols cols = blocks[kb];
+        for (int64_t n = 0; n < p.m; ++n) {
+          for (int64_t r = 0; r < t.rows; ++r) {
+            const auto [first, last] = visible_in(p, t, r, cols);
+            if (first < last) {
+              const int64_t nr = n * t.rows + r;
+              scale_of(row_of(x, t, n, r), first, last, std::exp(block_max[nr * max_blocks + kb] - row_max[nr]) / row_sum[nr]);
+            }
+          }
+        }
+        zero_hidden(p, t, x, cols);
+        if (p.qw[1] != nullptr) {
+          compose_block(p, t, 1, x, x, false, cols);  // hidden P is 0, so hidden P' is 0
+        }
+        for (int64_t n = 0; n < p.m; ++n) {
+          const int64_t h = t.g * p.m + n;
+          out[t.b][h].narrow(0, t.i0, t.rows).addmm_(
+              scores.narrow(0, n * t.head(), t.head()).view({t.rows, t.width}).narrow(1, cols.begin, cols.size()),
+              v[t.b][h / p.n_rep].narrow(0, t.lo + cols.begin, cols.size()));
+        }
       }
     }
   });
@@ -345,16 +535,21 @@ std::tuple<at::Tensor, at::Tensor> dcmha_fused_forward(
 
 // The gradients of dcmha_fused_forward's O with respect to q, k, v and each given composition matrix (an empty
 // tensor in the place of one not given), from dO and the saved L; `parts` query-tile sets per (batch, group).
+//
+// Per tile, two passes over its key blocks. The first recomputes S, P = exp(A' − L) and P', adds the block's
+// dV = P'ᵀ dO and post-composition weight gradients, turns dP' = dO Vᵀ into dP, and sums each row's
+// D = Σ P·dP; the second, which needs D, forms dA' = P ∘ (dP − D), the pre-composition's weight gradients and
+// dS, and adds dQ and dK. S, P and dP wait in tile buffers between the passes.
 std::vector<at::Tensor> dcmha_fused_backward(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const OptTensor& pre_qw, const OptTensor& pre_kw, const OptTensor& post_qw, const OptTensor& post_kw,
     const OptTensor& slopes, const at::Tensor& lse, int64_t groups, int64_t window, double scale, int64_t q_tile,
-    int64_t parts) {
+    int64_t k_block, int64_t parts) {
   const Problem p = make_problem(q, k, v, {&pre_qw, &pre_kw, &post_qw, &post_kw}, slopes, groups, window, scale);
   TORCH_CHECK(grad_out.scalar_type() == at::kFloat && grad_out.is_contiguous() &&
                   grad_out.sizes() == at::IntArrayRef({p.batch, p.heads, p.len, p.dv}),
               "dcmha_fused: dO must be contiguous fp32 (B, H, T, d_v)");
-  TORCH_CHECK(parts >= 1, "dcmha_fused: parts must be >= 1");
+  TORCH_CHECK(q_tile >= 1 && k_block >= 1 && parts >= 1, "dcmha_fused: q_tile, k_block and parts must be >= 1");
   const int64_t q_tiles = (p.len + q_tile - 1) / q_tile;
   const int64_t max_width = std::min(p.len, q_tile + (p.window > 0 ? p.window - 1 : p.len));
   const int64_t kv_count = kv_span(p, 0).second;
@@ -371,99 +566,124 @@ std::vector<at::Tensor> dcmha_fused_backward(
     }
   }
   at::Tensor grad_k_parts = at::zeros({p.batch, p.groups, parts, kv_count, p.len, p.d}, options);
-  const at::Tensor q_scaled = q * scale;
   at::Tensor grad_v_parts = at::zeros({p.batch, p.groups, parts, kv_count, p.len, p.dv}, options);
+  const at::Tensor q_scaled = q * scale;
 
   at::parallel_for(0, p.batch * p.groups * parts, 1, [&](int64_t begin, int64_t end) {
-    // logits S, probabilities P (then dS), P' (then dP) and dP' of one tile, (M, rows, width) each.
-    std::array<at::Tensor, 4> scratch;
-    for (at::Tensor& x : scratch) {
-      x = at::empty({p.m * q_tile * max_width}, options);
-    }
+    // Tile buffers: the logits S, the probabilities P (S's own buffer without pre-composition) and dP' → dP → dA'
+    // → dS; P' of one block.
+    at::Tensor logits_t = at::empty({p.m * q_tile * max_width}, options);
+    at::Tensor probs_t = p.qw[0] != nullptr ? at::empty({p.m * q_tile * max_width}, options) : logits_t;
+    at::Tensor grads_t = at::empty({p.m * q_tile * max_width}, options);
+    at::Tensor mixed_t = at::empty({p.m * q_tile * k_block}, options);
+    std::vector<float> row_dot(p.m * q_tile);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t bg = task / parts, part = task % parts, b = bg / p.groups, g = bg % p.groups;
       const int64_t kv_first = kv_span(p, g).first;
       at::Tensor grad_k_part = grad_k_parts[b][g][part], grad_v_part = grad_v_parts[b][g][part];
+      float* dqw[2] = {nullptr, nullptr};
+      float* dkw[2] = {nullptr, nullptr};
+      for (int c = 0; c < 2; ++c) {
+        if (p.qw[c] != nullptr) {
+          dqw[c] = grad_qw[c].data_ptr<float>() + (b * p.groups + g) * p.len * p.m * p.m;
+        }
+        if (p.kw[c] != nullptr) {
+          dkw[c] = grad_kw_parts[c][b][g][part].data_ptr<float>();
+        }
+      }
       for (int64_t tile = part; tile < q_tiles; tile += parts) {
         const Tile t = make_tile(p, b, g, tile * q_tile, q_tile);
-        const int64_t head = t.head();
-        auto view = [&](int which, int64_t n) { return scratch[which].narrow(0, n * head, head).view({t.rows, t.width}); };
-        // Without pre-composition P takes the logits' place, without post-composition P' is P.
-        const int probs_at = p.qw[0] != nullptr ? 1 : 0;
-        const int mixed_at = p.qw[1] != nullptr ? 2 : probs_at;
-        float* logits = scratch[0].data_ptr<float>();
-        float* probs = scratch[probs_at].data_ptr<float>();
-        float* mixed = scratch[mixed_at].data_ptr<float>();
-        float* grad_mixed = scratch[3].data_ptr<float>();
-
-        tile_logits(p, t, q_scaled, k, scratch[0]);
-        if (p.qw[0] != nullptr) {
-          compose_tile(p, t, 0, logits, probs, false);
-        }
-        for (int64_t n = 0; n < p.m; ++n) {
-          const float* lse_row = lse.data_ptr<float>() + ((b * p.heads + g * p.m + n) * p.len + t.i0);
-          for (int64_t r = 0; r < t.rows; ++r) {
-            exp_row(probs + n * head + r * t.width, t.width, t.c0(p, r), t.c1(r), lse_row[r]);
+        const std::vector<Cols> blocks = blocks_of(t, k_block);
+        float* logits = logits_t.data_ptr<float>();
+        float* probs = probs_t.data_ptr<float>();
+        float* grads = grads_t.data_ptr<float>();
+        float* mixed = mixed_t.data_ptr<float>();
+        auto block_view = [&](const at::Tensor& buffer, int64_t n, Cols cols) {
+          return buffer.narrow(0, n * t.head(), t.head()).view({t.rows, t.width}).narrow(1, cols.begin, cols.size());
+        };
+        std::fill(row_dot.begin(), row_dot.end(), 0.f);
+        for (const Cols cols : blocks) {
+          tile_logits(p, t, q_scaled, k, logits_t, cols);
+          if (p.qw[0] != nullptr) {
+            compose_block(p, t, 0, logits, probs, false, cols);
           }
-        }
-        if (p.qw[1] != nullptr) {
-          compose_tile(p, t, 1, probs, mixed, false);
-          zero_hidden(p, t, mixed);
-        }
-        // dV += P'ᵀ dO and dP' = dO Vᵀ per head; without post-composition dP' is dP.
-        for (int64_t n = 0; n < p.m; ++n) {
-          const int64_t h = g * p.m + n, kv = h / p.n_rep;
-          at::Tensor grad_out_rows = grad_out[b][h].narrow(0, t.i0, t.rows);
-          grad_v_part[kv - kv_first].narrow(0, t.lo, t.width).addmm_(view(mixed_at, n).t(), grad_out_rows);
-          at::Tensor grad_mixed_n = view(3, n);
-          at::mm_out(grad_mixed_n, grad_out_rows, v[b][kv].narrow(0, t.lo, t.width).t());
-        }
-        float* grad_probs = grad_mixed;
-        if (p.qw[1] != nullptr) {
-          grad_probs = mixed;  // P' is spent: dP takes its place
-          query_weight_grads(p, t, probs, grad_mixed, grad_qw[1].data_ptr<float>() + (b * p.groups + g) * p.len * p.m * p.m);
-          if (p.kw[1] != nullptr) {
-            key_weight_grads(p, t, probs, grad_mixed, grad_kw_parts[1][b][g][part].data_ptr<float>());
-          }
-          compose_tile(p, t, 1, grad_mixed, grad_probs, true);
-        }
-        // dA' = P ∘ (dP − D), D the row's Σ P·dP; 0 outside the visible columns.
-        for (int64_t n = 0; n < p.m; ++n) {
-          for (int64_t r = 0; r < t.rows; ++r) {
-            const int64_t offset = n * head + r * t.width, c0 = t.c0(p, r), c1 = t.c1(r);
-            const float* prob = probs + offset;
-            float* grad = grad_probs + offset;
-            Vec dot(0.f);
-            for (int64_t c = c0; c < c1; c += kLanes) {
-              const int w = static_cast<int>(std::min(kLanes, c1 - c));
-              dot = at::vec::fmadd(Vec::loadu(prob + c, w), Vec::loadu(grad + c, w), dot);
+          for (int64_t n = 0; n < p.m; ++n) {
+            const float* lse_rows = lse.data_ptr<float>() + (b * p.heads + g * p.m + n) * p.len + t.i0;
+            for (int64_t r = 0; r < t.rows; ++r) {
+              const auto [first, last] = visible_in(p, t, r, cols);
+              if (first < last) {
+                exp_of(row_of(probs, t, n, r), first, last, lse_rows[r]);
+              }
             }
-            const Vec row_dot(at::vec::vec_reduce_all<float>([](const Vec& a, const Vec& x) { return a + x; }, dot));
-            for (int64_t c = c0; c < c1; c += kLanes) {
-              const int w = static_cast<int>(std::min(kLanes, c1 - c));
-              (Vec::loadu(prob + c, w) * (Vec::loadu(grad + c, w) - row_dot)).store(grad + c, w);
+          }
+          zero_hidden(p, t, probs, cols);
+          for (int64_t n = 0; n < p.m; ++n) {
+            const int64_t h = g * p.m + n;
+            at::Tensor grad_mixed = block_view(grads_t, n, cols);
+            at::mm_out(grad_mixed, grad_out[b][h].narrow(0, t.i0, t.rows),
+                       v[b][h / p.n_rep].narrow(0, t.lo + cols.begin, cols.size()).t());
+          }
+          at::Tensor mixed_blocks = probs_t;  // dV's P': P itself without post-composition
+          if (p.qw[1] != nullptr) {
+            query_weight_grads(p, t, probs, grads, dqw[1], cols);
+            if (dkw[1] != nullptr) {
+              key_weight_grads(p, t, probs, grads, dkw[1], cols);
             }
-            std::fill(grad, grad + c0, 0.f);
-            std::fill(grad + c1, grad + t.width, 0.f);
+            std::fill(mixed, mixed + p.m * t.rows * cols.size(), 0.f);  // the columns no row sees stay 0
+            compose_block(p, t, 1, probs, mixed, t.rows * cols.size(), cols.size(), cols.begin, false, cols);
+            compose_block(p, t, 1, grads, grads, true, cols);  // dP' → dP, in place
+          }
+          for (int64_t n = 0; n < p.m; ++n) {
+            const int64_t h = g * p.m + n, kv = h / p.n_rep;
+            at::Tensor mixed_n = p.qw[1] != nullptr
+                                     ? mixed_t.narrow(0, n * t.rows * cols.size(), t.rows * cols.size()).view({t.rows, cols.size()})
+                                     : block_view(mixed_blocks, n, cols);
+            grad_v_part[kv - kv_first].narrow(0, t.lo + cols.begin, cols.size())
+                .addmm_(mixed_n.t(), grad_out[b][h].narrow(0, t.i0, t.rows));
+            for (int64_t r = 0; r < t.rows; ++r) {
+              const auto [first, last] = visible_in(p, t, r, cols);
+              const float* prob = row_of(probs, t, n, r);
+              const float* grad = row_of(grads, t, n, r);
+              Vec dot(0.f);
+              for (int64_t c = first; c < last; c += kLanes) {
+                const int w = static_cast<int>(std::min(kLanes, last - c));
+                dot = at::vec::fmadd(Vec::loadu(prob + c, w), Vec::loadu(grad + c, w), dot);
+              }
+              row_dot[n * t.rows + r] += sum_all(dot);
+            }
           }
         }
-        int grad_logits_at = p.qw[1] != nullptr ? 2 : 3;
-        if (p.qw[0] != nullptr) {
-          query_weight_grads(p, t, logits, grad_probs, grad_qw[0].data_ptr<float>() + (b * p.groups + g) * p.len * p.m * p.m);
-          if (p.kw[0] != nullptr) {
-            key_weight_grads(p, t, logits, grad_probs, grad_kw_parts[0][b][g][part].data_ptr<float>());
+        for (const Cols cols : blocks) {
+          // dA' = P ∘ (dP − D); 0 on hidden keys.
+          for (int64_t n = 0; n < p.m; ++n) {
+            for (int64_t r = 0; r < t.rows; ++r) {
+              const auto [first, last] = visible_in(p, t, r, cols);
+              const float* prob = row_of(probs, t, n, r);
+              float* grad = row_of(grads, t, n, r);
+              const Vec d(row_dot[n * t.rows + r]);
+              for (int64_t c = first; c < last; c += kLanes) {
+                const int w = static_cast<int>(std::min(kLanes, last - c));
+                (Vec::loadu(prob + c, w) * (Vec::loadu(grad + c, w) - d)).store(grad + c, w);
+              }
+            }
           }
-          compose_tile(p, t, 0, grad_probs, probs, true);
-          zero_hidden(p, t, probs);  // P is spent: dS takes its place
-          grad_logits_at = probs_at;
-        }
-        // dQ = scale·dS K, dK += dSᵀ (scale·Q).
-        for (int64_t n = 0; n < p.m; ++n) {
-          const int64_t h = g * p.m + n, kv = h / p.n_rep;
-          at::Tensor grad_logits = view(grad_logits_at, n);
-          at::Tensor grad_q_rows = grad_q[b][h].narrow(0, t.i0, t.rows);
-          grad_q_rows.addmm_(grad_logits, k[b][kv].narrow(0, t.lo, t.width), 0.0, p.scale);
-          grad_k_part[kv - kv_first].narrow(0, t.lo, t.width).addmm_(grad_logits.t(), q_scaled[b][h].narrow(0, t.i0, t.rows));
+          zero_hidden(p, t, grads, cols);
+          if (p.qw[0] != nullptr) {
+            query_weight_grads(p, t, logits, grads, dqw[0], cols);
+            if (dkw[0] != nullptr) {
+              key_weight_grads(p, t, logits, grads, dkw[0], cols);
+            }
+            compose_block(p, t, 0, grads, grads, true, cols);  // dA' → dS, in place; 0 stays 0 on hidden keys
+          }
+          // dQ = scale·dS K, dK += dSᵀ (scale·Q).
+          for (int64_t n = 0; n < p.m; ++n) {
+            const int64_t h = g * p.m + n, kv = h / p.n_rep;
+            at::Tensor grad_logits = block_view(grads_t, n, cols);
+            grad_q[b][h].narrow(0, t.i0, t.rows).addmm_(grad_logits, k[b][kv].narrow(0, t.lo + cols.begin, cols.size()),
+                                                       1.0, p.scale);
+            grad_k_part[kv - kv_first].narrow(0, t.lo + cols.begin, cols.size())
+                .addmm_(grad_logits.t(), q_scaled[b][h].narrow(0, t.i0, t.rows));
+          }
         }
       }
     }
@@ -489,10 +709,11 @@ std::vector<at::Tensor> dcmha_fused_backward(
 
 TORCH_LIBRARY_FRAGMENT(attnzoo, m) {
   m.def("dcmha_fused_forward(Tensor q, Tensor k, Tensor v, Tensor? pre_qw, Tensor? pre_kw, Tensor? post_qw,"
-        " Tensor? post_kw, Tensor? slopes, int groups, int window, float scale, int q_tile) -> (Tensor, Tensor)");
+        " Tensor? post_kw, Tensor? slopes, int groups, int window, float scale, int q_tile, int k_block)"
+        " -> (Tensor, Tensor)");
   m.def("dcmha_fused_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor? pre_qw, Tensor? pre_kw,"
         " Tensor? post_qw, Tensor? post_kw, Tensor? slopes, Tensor lse, int groups, int window, float scale,"
-        " int q_tile, int parts) -> Tensor[]");
+        " int q_tile, int k_block, int parts) -> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(attnzoo, CPU, m) {
