@@ -30,6 +30,8 @@ CPU_CASES = {
     "mqa-two-groups": Case(batch=2, n_heads=4, n_kv_heads=1, groups=2, length=40),
     "one-token": Case(window=None, length=1),
     "window-wider-than-a-tile": Case(window=24, length=70),
+    # 3 groups of 2 heads over 2 kv heads of 3 query heads each: the middle group reads both kv heads.
+    "groups-straddling-kv-heads": Case(n_heads=6, n_kv_heads=2, groups=3, length=33),
 }
 
 
