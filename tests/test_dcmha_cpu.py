@@ -264,3 +264,17 @@ def test_torch_compile_traces_the_pytorch_path(monkeypatch):
         torch._dynamo.reset()
     assert spy.calls == 0
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5 * want.abs().max().item())
+
+
+def test_the_kernels_leave_the_threads_floating_point_mode_as_they_found_it():
+    """Both fused kernels flush subnormals while they run (FTZ/DAZ); afterwards this thread's arithmetic keeps
+    them again, and so does every other PyTorch op: a subnormal times 1 is not 0."""
+    subnormal = torch.tensor(torch.finfo(torch.float32).tiny / 4)
+    assert (subnormal * 1.0).item() > 0
+    case = CPU_CASES["global"]
+    leaves = make_inputs(case, torch.float32)
+    torch.autograd.grad(fused(leaves, case).sum(), leaves)
+    q, k, v = (x.detach() for x in leaves[:3])
+    alibi = fused_cpu.alibi_flash_attention(q, k, v, torch.tensor(alibi_slopes(case.n_heads)), 0.25)
+    assert alibi.isfinite().all()
+    assert (subnormal * 1.0).item() > 0

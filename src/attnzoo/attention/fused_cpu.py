@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import sys
 import threading
 import warnings
 from pathlib import Path
@@ -73,7 +74,7 @@ def _build() -> None:
     if not is_ninja_available():
         raise RuntimeError("ninja, which torch.utils.cpp_extension builds with, is not on PATH")
     capability = torch.backends.cpu.get_cpu_capability()
-    flags = ["-O3"]
+    flags = ["-O3", *openmp_flags()]
     if capability in _CAPABILITY_FLAGS:
         flags += [*_CAPABILITY_FLAGS[capability], f"-DCPU_CAPABILITY={capability}"]
     # One cache entry per checkout: the build file names the source's path, so two installs sharing one name would
@@ -83,9 +84,19 @@ def _build() -> None:
         name=f"attnzoo_cpu_kernels_{capability.lower()}_{checkout}",
         sources=[str(source) for source in SOURCES],
         extra_cflags=flags,
+        extra_ldflags=openmp_flags(),
         is_python_module=False,
         verbose=False,
     )
+
+
+def openmp_flags() -> list[str]:
+    """``-fopenmp`` where PyTorch parallelises with OpenMP on Linux, else nothing. ATen's ``parallel_for`` is inline
+    OpenMP code: compiled without the flag it runs every task on the calling thread (the kernels took the same time
+    at 2 threads as at 1). The link finds ``libgomp.so.1`` in torch's own lib directory first, so the extension
+    shares the OpenMP runtime PyTorch loaded rather than bringing a second one."""
+    uses_openmp = "parallel backend: OpenMP" in torch.__config__.parallel_info()
+    return ["-fopenmp"] if sys.platform.startswith("linux") and uses_openmp else []
 
 
 def _reason(err: BaseException) -> str:
@@ -148,7 +159,7 @@ class AlibiFlash(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, scale: float) -> Tensor:
-        out, lse = torch.ops.attnzoo.alibi_flash_forward(*_fp32(q, k, v, slopes), scale, Q_TILE, K_TILE)
+        out, lse = torch.ops.attnzoo.alibi_flash_forward(*fp32_operands(q, k, v, slopes), scale, Q_TILE, K_TILE)
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, slopes, out, lse)
         ctx.scale = scale
@@ -158,16 +169,18 @@ class AlibiFlash(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out: Tensor) -> tuple[Tensor | None, ...]:
         q, k, v, slopes, out, lse = ctx.saved_tensors
-        q32, k32, v32, slopes32 = _fp32(q, k, v, slopes)
+        q32, k32, v32, slopes32 = fp32_operands(q, k, v, slopes)
         grads = torch.ops.attnzoo.alibi_flash_backward(
             grad_out.float().contiguous(), q32, k32, v32, out, lse, slopes32, ctx.scale, Q_TILE, K_TILE
         )
         return *(grad.to(x.dtype) for grad, x in zip(grads, (q, k, v), strict=True)), None, None
 
 
-def _fp32(*tensors: Tensor) -> tuple[Tensor, ...]:
-    """Contiguous fp32 operands: bf16 is upcast here (O(T·d) per operand) so every tile sum is taken in fp32."""
-    return tuple(x.float().contiguous() for x in tensors)
+def fp32_operands(*tensors: Tensor) -> tuple[Tensor, ...]:
+    """Contiguous fp32 operands, detached: bf16 is upcast here (O(T·d) per operand) so every tile sum is taken in
+    fp32. Detached because the kernels' tile matmuls run on OpenMP workers, whose thread-local grad mode is on even
+    inside an autograd Function, and an out= matmul refuses an operand that requires grad there."""
+    return tuple(x.detach().float().contiguous() for x in tensors)
 
 
 def alibi_flash_attention(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, scale: float) -> Tensor:
