@@ -39,8 +39,8 @@ MAX_HEADS_PER_GROUP = 32  # the source's kMaxHeads: a row's M head scores are he
 # A task keeps up to three (M, rows, T) fp32 tile buffers (S, P and dP in the backward pass), written once and read
 # once per pass, while each key block of K_BLOCK columns is worked on in cache. Rows per tile: as many as keep one
 # buffer within SCRATCH_BYTES, between MIN_ROWS and MAX_ROWS. Taller tiles and wider blocks give the tile GEMMs
-# better shapes and fewer calls: fwd+bwd of (2, 8, 2048, 32) with both compositions took 480 ms in 64-row tiles and
-# 256-column blocks, 420 ms in 64 × 1024, and 570 ms in 32 × 128 (1 thread).
+# better shapes and fewer calls: fwd+bwd of (2, 8, 2048, 32) with both compositions took 471 ms in 64-row tiles and
+# 256-key blocks and 420 ms in 64 × 1024 (1 thread).
 SCRATCH_BYTES = 8 << 20
 MIN_ROWS, MAX_ROWS = 16, 64
 K_BLOCK = 1024
