@@ -17,7 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import attnzoo
 from attnzoo import ModelConfig, Transformer
-from attnzoo.attention import ATTENTION, AttentionContext, fused_cpu, kernels
+from attnzoo.attention import ATTENTION, AttentionContext, dcmha_cpu, fused_cpu, kernels
 from attnzoo.attention.kernels import Hooks, attend, chunked_attention, eager_attention, sdpa_attention
 from attnzoo.cache import WindowCache
 from attnzoo.positions import POSITIONS, alibi_slopes
@@ -278,15 +278,16 @@ def test_chunked_keys_at_explicit_positions_are_masked_by_position():
 class KernelSpy:
     """Counts the kernels attend reaches: SDPA itself (the torch function, its CPU kernel called directly with a
     bias and the causal flag, or on CPU the fused ALiBi kernel that replaces both), the chunked form and eager
-    calls."""
+    calls, and DCMHA's fused CPU kernel, which its layer calls in attend's place."""
 
     def __init__(self, monkeypatch):
-        self.calls = {"sdpa": 0, "chunked": 0, "eager": 0}
+        self.calls = {"sdpa": 0, "chunked": 0, "fused": 0, "eager": 0}
         for name, module, attr in (
             ("sdpa", F, "scaled_dot_product_attention"),
             ("sdpa", kernels, "sdpa_with_causal_bias"),
             ("sdpa", fused_cpu, "alibi_flash_attention"),
             ("chunked", kernels, "chunked_attention"),
+            ("fused", dcmha_cpu, "dcmha_attention"),
             ("eager", kernels, "eager_attention"),
         ):
             monkeypatch.setattr(module, attr, self.counting(name, getattr(module, attr)))
@@ -310,6 +311,8 @@ EXPECTED = {
     ("auto", "any"): {"sdpa"},
     ("auto", "dcmha"): {"chunked", "eager"},  # the chunked form runs the eager kernel per block
 }
+# With the fused C++ kernels built (a compiler is present), DCMHA's fresh sequences run its own kernel instead.
+FUSED_DCMHA = {"fused"}
 
 
 def tiny_model(attention, backend):
@@ -343,7 +346,10 @@ def test_backend_picks_the_documented_kernel(monkeypatch, attention, backend):
     spy = KernelSpy(monkeypatch)
     with torch.no_grad():
         model(idx)
-    assert spy.used() == EXPECTED.get((backend, attention), EXPECTED[(backend, "any")])
+    expected = EXPECTED.get((backend, attention), EXPECTED[(backend, "any")])
+    if (backend, attention) == ("auto", "dcmha") and fused_cpu.available():
+        expected = FUSED_DCMHA
+    assert spy.used() == expected
 
     # Recording maps always takes the eager reference over the full scores: one map per layer.
     spy.calls = dict.fromkeys(spy.calls, 0)
@@ -376,11 +382,11 @@ def test_old_configs_keep_loading():
 
 def test_only_the_kernel_reads_the_backend():
     """Mechanisms call attend and never choose a kernel themselves (the behaviour is tested above). DCMHA's fused
-    kernel (dcmha_triton.py) is a kernel: it reads the backend to leave "eager", the reference, to attend; the fused
-    CPU kernels (fused_cpu.py) name torch.backends, not the attention backend."""
+    kernels (dcmha_triton.py, dcmha_cpu.py) are kernels: they read the backend to leave "eager", the reference, to
+    attend; the fused CPU kernels' build (fused_cpu.py) names torch.backends, not the attention backend."""
     assert not hasattr(AttentionContext, "use_eager")
     for path in (SRC / "attention").glob("*.py"):
-        if path.name not in ("kernels.py", "base.py", "dcmha_triton.py", "fused_cpu.py"):
+        if path.name not in ("kernels.py", "base.py", "dcmha_triton.py", "dcmha_cpu.py", "fused_cpu.py"):
             source = path.read_text()
             assert "backend" not in source and "use_eager" not in source, path.name
 

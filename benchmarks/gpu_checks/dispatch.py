@@ -13,7 +13,7 @@ from torch.nn.attention import sdpa_kernel
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from attnzoo.attention import ATTENTION, kernels
+from attnzoo.attention import ATTENTION, dcmha_cpu, kernels
 from attnzoo.bench import SDPA_KERNELS
 from attnzoo.config import ModelConfig
 
@@ -137,10 +137,11 @@ def _reason(message: str) -> str:
 
 
 def expected_dispatch(cfg: ModelConfig, device: str) -> str:
-    """What attnzoo should run: a mechanism that acts on the scores (``needs_scores``) its chunked eager kernel and
-    no SDPA; every other one SDPA, and on CUDA a fused SDPA backend, never the math path."""
+    """What attnzoo should run: a mechanism that acts on the scores (``needs_scores``) its own fused kernel (DCMHA's
+    C++ kernel on the CPU, where built) or its chunked eager kernel, and no SDPA; every other one SDPA, and on CUDA a
+    fused SDPA backend, never the math path."""
     if ATTENTION.get(cfg.attention).needs_scores:
-        return "chunked eager kernel, no SDPA (the mechanism acts on the scores)"
+        return "its own fused kernel or the chunked eager kernel, no SDPA (the mechanism acts on the scores)"
     if torch.device(device).type == "cuda":
         return "SDPA, a fused backend (flash, memory-efficient or cuDNN), never math"
     return "SDPA (any backend: on the CPU only recorded)"
@@ -149,7 +150,7 @@ def expected_dispatch(cfg: ModelConfig, device: str) -> str:
 def dispatch_status(cfg: ModelConfig, device: str, chosen: set[str], train: list[str], decode: list[str]) -> str:
     """PASS or FAIL for what ``attend`` chose and the SDPA backends that ran, against :func:`expected_dispatch`."""
     if ATTENTION.get(cfg.attention).needs_scores:
-        return PASS if "sdpa" not in chosen and not (train or decode) else FAIL
+        return PASS if "sdpa" not in chosen and set(train + decode) <= {dcmha_cpu.KERNEL_NAME} else FAIL
     if "sdpa" not in chosen or not train or not decode:
         return FAIL  # attend did not pick SDPA, or SDPA never ran
     if torch.device(device).type == "cuda" and "math" in {*train, *decode}:

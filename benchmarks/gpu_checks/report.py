@@ -158,7 +158,8 @@ def render_markdown(report: Report) -> str:
         "backends torch ran in a training step and a decode step (the fused kernel each SDPA call dispatched, or "
         "math where it dispatched none); the last column lists the backends that run the training forward when "
         "forced one at a time. Enforced on CUDA: every mechanism but dcmha runs SDPA on a fused backend, never "
-        "math; dcmha acts on the scores and runs its chunked eager kernel, no SDPA. Likely backends: flash or cuDNN "
+        "math; dcmha acts on the scores and runs its own fused kernel (Triton on CUDA, C++ on the CPU) or its "
+        "chunked eager kernel, no SDPA. Likely backends: flash or cuDNN "
         "in bf16 without a bias; memory-efficient for fp32 (flash and cuDNN take half precision only), ALiBi's "
         "additive mask and Diff, whose values are twice as wide as its queries.",
         "",
