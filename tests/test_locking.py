@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 from training_helpers import TINY_FLAGS, write_text_corpus
@@ -61,6 +62,42 @@ def test_a_killed_holder_leaves_no_stale_lock(tmp_path, holder):
     assert (tmp_path / "run" / LOCK_NAME).is_file()
     with locked_directory(tmp_path / "run"):
         assert (tmp_path / "run" / LOCK_NAME).read_text() == f"{os.getpid()}\n"
+
+
+def _flock_without_pid(directory):
+    """A holder in the window around its pid: the lock taken (another open file of this process conflicts, as a
+    flock belongs to one open file) and the pid not in the file."""
+    import fcntl
+
+    directory.mkdir()
+    fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
+
+
+def test_a_contender_waits_for_the_pid_a_new_holder_is_about_to_write(tmp_path):
+    """The window between a holder's flock and its pid: the contender waits and names the pid once written."""
+    fd = _flock_without_pid(tmp_path / "run")
+    writer = threading.Timer(0.2, lambda: os.pwrite(fd, b"4242\n", 0))
+    writer.start()
+    try:
+        with pytest.raises(DirectoryLocked, match=r"pid 4242\b"), locked_directory(tmp_path / "run"):
+            pass
+    finally:
+        writer.join()
+        os.close(fd)
+
+
+def test_a_contender_takes_the_lock_a_finishing_holder_lets_go(tmp_path):
+    """The window between a holder clearing its pid and letting go: the contender waits and takes the lock."""
+    fd = _flock_without_pid(tmp_path / "run")
+    closer = threading.Timer(0.2, lambda: os.close(fd))
+    closer.start()
+    try:
+        with locked_directory(tmp_path / "run"):
+            assert (tmp_path / "run" / LOCK_NAME).read_text() == f"{os.getpid()}\n"
+    finally:
+        closer.join()
 
 
 def test_the_lock_nests_within_one_process_and_is_released_after(tmp_path):

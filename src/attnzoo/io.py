@@ -10,6 +10,7 @@ import shutil
 import stat
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -227,10 +228,7 @@ def locked_directory(directory: str | os.PathLike, what: str = "directory") -> I
         return
     fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o666)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise DirectoryLocked(directory, _read_pid(fd), what) from None
+        _acquire(fd, directory, what)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
         with _HELD_LOCK:
@@ -242,6 +240,28 @@ def locked_directory(directory: str | os.PathLike, what: str = "directory") -> I
             os.ftruncate(fd, 0)  # no stale pid for the readers of the next holder's lock
     finally:
         os.close(fd)  # releases the flock
+
+
+# How long a refused process waits for a lock file without a pid to change. A holder writes its pid just after it
+# takes the lock and clears it just before it lets go: a contender that came in either window read no pid and was
+# refused naming none (a two-process test failed so, once in many runs). Within the wait the holder's pid appears
+# or the lock is free.
+PID_WAIT_S = 2.0
+
+
+def _acquire(fd: int, directory: Path, what: str) -> None:
+    """Take the flock on ``fd`` or raise :class:`DirectoryLocked` naming the holder's pid, waiting up to
+    :data:`PID_WAIT_S` while the lock is held by a process whose pid the file does not show."""
+    deadline = time.monotonic() + PID_WAIT_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pid = _read_pid(fd)
+            if pid is not None or time.monotonic() >= deadline:
+                raise DirectoryLocked(directory, pid, what) from None
+        time.sleep(0.01)
 
 
 def _release(key: str, nested: bool) -> None:
