@@ -6,6 +6,7 @@ import dataclasses
 from functools import partial
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnzoo import ModelConfig
 from attnzoo.attention import AttentionContext
@@ -92,3 +93,18 @@ def reference(leaves: list[torch.Tensor], case: Case) -> torch.Tensor:
 
     out, _ = eager_attention(q, k, v, ctx, hooks=Hooks(scores=compose(pre), probs=compose(post)), window=case.window)
     return out
+
+
+class RecordShapes(TorchDispatchMode):
+    """The shape of every tensor each torch op returns, in order: what the no-T×T checks read."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for tensor in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(tensor, torch.Tensor):
+                self.shapes.append(tuple(tensor.shape))
+        return out

@@ -10,8 +10,7 @@ import dataclasses
 
 import pytest
 import torch
-from dcmha_cases import CASES, Case, make_inputs, reference, split
-from torch.utils._python_dispatch import TorchDispatchMode
+from dcmha_cases import CASES, Case, RecordShapes, make_inputs, reference, split
 
 from attnzoo import ModelConfig, Transformer
 from attnzoo.attention import dcmha_cpu, fused_cpu
@@ -209,18 +208,6 @@ def test_no_tensor_is_quadratic_in_length():
     """A training step's forward and backward allocate nothing T×T: every torch op's output has at most one axis
     as long as T (the kernel's per-tile scratch is its own); the eager reference's scores break the same check."""
 
-    class RecordShapes(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.shapes = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            for tensor in out if isinstance(out, (tuple, list)) else (out,):
-                if isinstance(tensor, torch.Tensor):
-                    self.shapes.append(tuple(tensor.shape))
-            return out
-
     length = 200  # past every feature size (vocab 61, MLP, dw1)
     idx = torch.randint(0, 61, (1, length))
     model = dcmha_model(window_type="G").train()
@@ -278,3 +265,17 @@ def test_the_kernels_leave_the_threads_floating_point_mode_as_they_found_it():
     alibi = fused_cpu.alibi_flash_attention(q, k, v, torch.tensor(alibi_slopes(case.n_heads)), 0.25)
     assert alibi.isfinite().all()
     assert (subnormal * 1.0).item() > 0
+
+
+def test_float64_is_routed_to_the_pytorch_path(monkeypatch):
+    """The kernel computes in fp32, so a float64 model never reaches it: its logits equal the float64 eager
+    reference's to float64 rounding (1e-12 of the largest logit)."""
+    model = dcmha_model().double().eval()
+    idx = torch.randint(0, 61, (2, 30))
+    spy = KernelSpy(monkeypatch)
+    eager = Transformer(dataclasses.replace(model.config, attn_backend="eager")).double().eval()
+    eager.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        got, want = model(idx), eager(idx)
+    assert spy.calls == 0 and got.dtype == torch.float64
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12 * want.abs().max().item())

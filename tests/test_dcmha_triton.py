@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from dcmha_cases import CASES, Case, make_inputs, reference, split
-from torch.utils._python_dispatch import TorchDispatchMode
+from dcmha_cases import CASES, Case, RecordShapes, make_inputs, reference, split
 
 from attnzoo import ModelConfig, Transformer
 
@@ -81,18 +80,6 @@ def test_the_comparison_can_fail(device):
 
 def test_no_tensor_is_quadratic_in_length(device):
     """Forward and backward allocate nothing T×T: every torch op's output has at most one axis as long as T."""
-
-    class RecordShapes(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.shapes = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            for tensor in out if isinstance(out, (tuple, list)) else (out,):
-                if isinstance(tensor, torch.Tensor):
-                    self.shapes.append(tuple(tensor.shape))
-            return out
 
     case = CASES["global"]  # T = 37 exceeds every other size (heads, head_dim, rank)
     leaves = make_inputs(case, torch.float32, device)

@@ -56,7 +56,10 @@ def test_the_wheel_installs_into_a_fresh_environment_and_runs(tmp_path):
     where = _run(str(python), "-c", "import attnzoo; print(attnzoo.__file__)", cwd=tmp_path, env=env)
     assert where.startswith(str(env_dir)), where
     # The fused CPU kernels' C++ sources ship in the wheel: they are compiled on the user's machine.
-    source_check = "from attnzoo.attention import fused_cpu; print(all(s.is_file() for s in fused_cpu.SOURCES))"
+    source_check = (
+        "from attnzoo.attention import fused_cpu; csrc = fused_cpu.SOURCES[0].parent; "
+        "print(all(s.is_file() for s in fused_cpu.SOURCES) and (csrc / 'fused_common.h').is_file())"
+    )
     assert _run(str(python), "-c", source_check, cwd=tmp_path, env=env).strip() == "True"
 
     command = env_dir / "bin" / "attnzoo"

@@ -77,9 +77,13 @@ def _build() -> None:
     flags = ["-O3", *openmp_flags()]
     if capability in _CAPABILITY_FLAGS:
         flags += [*_CAPABILITY_FLAGS[capability], f"-DCPU_CAPABILITY={capability}"]
-    # One cache entry per checkout: the build file names the source's path, so two installs sharing one name would
-    # rebuild each other's library on every first use.
-    checkout = hashlib.sha256(str(SOURCES[0].parent.resolve()).encode()).hexdigest()[:10]
+    # One cache entry per checkout (the build file names the sources' paths, so two installs sharing one name would
+    # rebuild each other's library on every first use) and per content of csrc/: load() rebuilds when a source
+    # changes but does not follow includes, so an edit of the shared header must change the name.
+    content = hashlib.sha256(str(SOURCES[0].parent.resolve()).encode())
+    for path in sorted(SOURCES[0].parent.iterdir()):
+        content.update(path.read_bytes())
+    checkout = content.hexdigest()[:10]
     load(
         name=f"attnzoo_cpu_kernels_{capability.lower()}_{checkout}",
         sources=[str(source) for source in SOURCES],
