@@ -335,3 +335,22 @@ def test_compiled_generate_on_cuda_uses_cuda_graphs_and_equals_eager(fresh_dynam
     assert torch.equal(model.generate(prompt, 24, temperature=0, compile=True), compiled)  # replayed, not recompiled
     assert graphs() == before + 1
     assert isinstance(model._decoder, CompiledDecoder) and counters["inductor"]["cudagraph_skips"] == 0
+
+
+@pytest.mark.cuda
+def test_an_eager_decode_step_on_cuda_leaves_cudnn_attention_out():
+    """cuDNN's attention builds an execution graph for each new key length, which a growing cache brings at every
+    step (kernels.DECODE_BACKENDS); the step runs flash or memory-efficient attention instead, and still equals the
+    full forward."""
+    model = make_model("mha", "rope").cuda()
+    idx = torch.randint(0, VOCAB, (2, 9), device="cuda")
+    cache = model.new_cache(2, 12)
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        full = model(idx)
+        model(idx[:, :8], cache=cache)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            step = model(idx[:, 8:], cache=cache)
+    ran = {event.key for event in prof.key_averages()}
+    fused = {"aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_efficient_attention"}
+    assert "aten::_scaled_dot_product_cudnn_attention" not in ran and ran & fused, sorted(ran)
+    assert (step[:, -1].float() - full[:, -1].float()).abs().max().item() <= 2e-2  # bf16, as gpu_check's tolerance

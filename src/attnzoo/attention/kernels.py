@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attnzoo.attention import fused_cpu
 from attnzoo.attention.base import AttentionContext, visible
@@ -251,7 +252,7 @@ def sdpa_attention(
         # A fresh sequence is plain causal (or bidirectional); a single new token sees every cached key (on a
         # growing cache: a static step's keys include slots only its mask excludes).
         is_causal = query_len > 1 and ctx.causal
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
+        return sdpa_step(q, k, v, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
     records = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
     if fresh_biased and query_len > BIAS_BLOCK_ROWS and not records:  # inference: no (1, H, T, T) bias
         return sdpa_biased_in_blocks(q, k, v, ctx, scale=scale, dropout_p=dropout_p, bias_repeat=bias_repeat)
@@ -259,7 +260,22 @@ def sdpa_attention(
         # A fresh causal sequence with a bias (ALiBi): the causal kernel adds the bias itself.
         return sdpa_with_causal_bias(q, k, v, ctx.sdpa_bias(n_heads, key_len, bias_repeat, q.dtype), scale)
     mask = ctx.sdpa_mask(n_heads, key_len, bias_repeat, q.dtype)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+    return sdpa_step(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+
+
+# A decode step on CUDA leaves cuDNN out: cuDNN's attention builds an execution graph for each new key length, and
+# a growing cache brings one at every step (9 ms a call on an H100 against a whole 4 ms step of a 6-layer model,
+# eager, 2026-11-26: benchmarks/results/gpu-2026-11-26). Flash and memory-efficient attention take any length.
+DECODE_BACKENDS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
+
+
+def sdpa_step(q: Tensor, k: Tensor, v: Tensor, **kwargs: Any) -> Tensor:
+    """``F.scaled_dot_product_attention``, restricted to :data:`DECODE_BACKENDS` for one query row on CUDA in
+    eager mode (a compiled step has static shapes, so cuDNN builds its graph once)."""
+    if q.shape[2] == 1 and q.is_cuda and not torch.compiler.is_compiling():
+        with sdpa_kernel(list(DECODE_BACKENDS)):
+            return F.scaled_dot_product_attention(q, k, v, **kwargs)
+    return F.scaled_dot_product_attention(q, k, v, **kwargs)
 
 
 def chunked_attention(
