@@ -8,7 +8,7 @@ import torch
 from torch.profiler import profile
 
 from attnzoo import ModelConfig, Transformer
-from attnzoo.attention import kernels
+from attnzoo.attention import diff_cpu, kernels
 
 VOCAB, DIM, HEADS = 50, 64, 4  # d = 64 / 4 / 2 = 8
 KV_SETTINGS = [pytest.param(4, id="mha"), pytest.param(2, id="gqa2:1"), pytest.param(1, id="mqa")]
@@ -166,13 +166,17 @@ def test_sdpa_call_patterns_match_eager(monkeypatch, position, n_kv_heads, pad_q
     torch.testing.assert_close(chunks[1][1], chunks[0][1], atol=1e-5, rtol=0)
 
 
-def test_cpu_fast_path_uses_fused_sdpa_kernel():
-    """The default CPU pattern never hits SDPA's math fallback (which would build the T×T map)."""
+@pytest.mark.parametrize("fused_kernel", [True, False], ids=["diff-kernel", "two-sdpa-calls"])
+def test_cpu_fast_path_never_builds_the_map(monkeypatch, fused_kernel):
+    """A fresh sequence on the CPU runs the fused diff kernel (tests/test_diff_cpu.py), and the PyTorch path it falls
+    back to runs SDPA's flash kernel: neither hits SDPA's math fallback (which would build the T×T map)."""
+    monkeypatch.setattr(diff_cpu, "USE_KERNEL", fused_kernel)
     model = make_model(2)
     with torch.no_grad(), profile() as prof:
         model(torch.randint(0, VOCAB, (1, 32)))
     ops = {event.name for event in prof.events()}
-    assert "aten::_scaled_dot_product_flash_attention_for_cpu" in ops
+    expected = "attnzoo::diff_flash_forward" if fused_kernel else "aten::_scaled_dot_product_flash_attention_for_cpu"
+    assert expected in ops, sorted(ops)
     assert "aten::_scaled_dot_product_attention_math" not in ops
 
 

@@ -17,7 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import attnzoo
 from attnzoo import ModelConfig, Transformer
-from attnzoo.attention import ATTENTION, AttentionContext, dcmha_cpu, fused_cpu, kernels
+from attnzoo.attention import ATTENTION, AttentionContext, dcmha_cpu, diff_cpu, fused_cpu, kernels
 from attnzoo.attention.kernels import Hooks, attend, chunked_attention, eager_attention, sdpa_attention
 from attnzoo.cache import WindowCache
 from attnzoo.positions import POSITIONS, alibi_slopes
@@ -278,7 +278,7 @@ def test_chunked_keys_at_explicit_positions_are_masked_by_position():
 class KernelSpy:
     """Counts the kernels attend reaches: SDPA itself (the torch function, its CPU kernel called directly with a
     bias and the causal flag, or on CPU the fused ALiBi kernel that replaces both), the chunked form and eager
-    calls, and DCMHA's fused CPU kernel, which its layer calls in attend's place."""
+    calls, and DCMHA's and Diff's fused CPU kernels, which their layers call in attend's place."""
 
     def __init__(self, monkeypatch):
         self.calls = {"sdpa": 0, "chunked": 0, "fused": 0, "eager": 0}
@@ -288,6 +288,7 @@ class KernelSpy:
             ("sdpa", fused_cpu, "alibi_flash_attention"),
             ("chunked", kernels, "chunked_attention"),
             ("fused", dcmha_cpu, "dcmha_attention"),
+            ("fused", diff_cpu, "diff_attention"),
             ("eager", kernels, "eager_attention"),
         ):
             monkeypatch.setattr(module, attr, self.counting(name, getattr(module, attr)))
@@ -311,8 +312,9 @@ EXPECTED = {
     ("auto", "any"): {"sdpa"},
     ("auto", "dcmha"): {"chunked", "eager"},  # the chunked form runs the eager kernel per block
 }
-# With the fused C++ kernels built (a compiler is present), DCMHA's fresh sequences run its own kernel instead.
-FUSED_DCMHA = {"fused"}
+# With the fused C++ kernels built (a compiler is present), DCMHA's and Diff's fresh sequences run their own kernels
+# instead.
+FUSED_ON_CPU = {"fused"}
 
 
 def tiny_model(attention, backend):
@@ -347,8 +349,8 @@ def test_backend_picks_the_documented_kernel(monkeypatch, attention, backend):
     with torch.no_grad():
         model(idx)
     expected = EXPECTED.get((backend, attention), EXPECTED[(backend, "any")])
-    if (backend, attention) == ("auto", "dcmha") and fused_cpu.available():
-        expected = FUSED_DCMHA
+    if backend == "auto" and attention in ("dcmha", "diff") and fused_cpu.available():
+        expected = FUSED_ON_CPU
     assert spy.used() == expected
 
     # Recording maps always takes the eager reference over the full scores: one map per layer.
@@ -381,12 +383,14 @@ def test_old_configs_keep_loading():
 
 
 def test_only_the_kernel_reads_the_backend():
-    """Mechanisms call attend and never choose a kernel themselves (the behaviour is tested above). DCMHA's fused
-    kernels (dcmha_triton.py, dcmha_cpu.py) are kernels: they read the backend to leave "eager", the reference, to
-    attend; the fused CPU kernels' build (fused_cpu.py) names torch.backends, not the attention backend."""
+    """Mechanisms call attend and never choose a kernel themselves (the behaviour is tested above). The fused kernels
+    of DCMHA (dcmha_triton.py, dcmha_cpu.py) and Diff (diff_cpu.py) are kernels: they read the backend to leave
+    "eager", the reference, to attend; the fused CPU kernels' build (fused_cpu.py) names torch.backends, not the
+    attention backend."""
     assert not hasattr(AttentionContext, "use_eager")
+    kernel_files = ("kernels.py", "base.py", "dcmha_triton.py", "dcmha_cpu.py", "diff_cpu.py", "fused_cpu.py")
     for path in (SRC / "attention").glob("*.py"):
-        if path.name not in ("kernels.py", "base.py", "dcmha_triton.py", "dcmha_cpu.py", "fused_cpu.py"):
+        if path.name not in kernel_files:
             source = path.read_text()
             assert "backend" not in source and "use_eager" not in source, path.name
 

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnzoo.attention import diff_cpu
 from attnzoo.attention.base import ATTENTION, Attention, AttentionContext, CacheBuffer, residual_linear
 from attnzoo.attention.kernels import attend
 from attnzoo.cache import LayerCache
@@ -117,6 +118,12 @@ class DifferentialAttention(Attention[DiffOptions]):
         }
 
     @classmethod
+    def fused_cpu_kernel(cls, cfg: ModelConfig) -> str | None:
+        if not cfg.causal or cfg.dropout > 0:  # diff_cpu.unsupported's static reasons
+            return None
+        return diff_cpu.kernel_name()
+
+    @classmethod
     def qk_head_dim(cls, cfg: ModelConfig) -> int:
         return cfg.head_dim // 2
 
@@ -140,17 +147,26 @@ class DifferentialAttention(Attention[DiffOptions]):
         q, k = ctx.rotate(q), ctx.rotate(k)
         if cache is not None:
             k, v = cache.update(ctx, k=k, v=v)
-        q1, q2, k1, k2 = q[:, 0::2], q[:, 1::2], k[:, 0::2], k[:, 1::2]
         lam = self.lambda_full()
+        if diff_cpu.unsupported(q, k, ctx, self.n_heads, self.attn_dropout) is None:
+            slopes = ctx.bias_slopes(self.n_heads) if ctx.position.adds_bias else None
+            attn = diff_cpu.diff_attention(q, k, v, lam, slopes)
+        else:
+            attn = self.two_map_attention(q, k, v, lam, ctx)
+        attn = self.head_norm(attn) * (1 - self.lambda_init)
+        return self.out_proj(attn.transpose(1, 2).reshape(batch, seq_len, -1))
+
+    def two_map_attention(self, q: Tensor, k: Tensor, v: Tensor, lam: Tensor, ctx: AttentionContext) -> Tensor:
+        """(A1 − λ·A2)·V as A1·V − λ·A2·V, each through ``attend``: the PyTorch path, and the reference of the
+        fused CPU kernel (``diff_cpu``)."""
+        q1, q2, k1, k2 = q[:, 0::2], q[:, 1::2], k[:, 0::2], k[:, 1::2]
         # Wider values than queries: the SDPA kernel pads q and k where it must (sdpa_pads_queries).
         attn1, probs1 = attend(q1, k1, v, ctx, dropout_p=self.attn_dropout, record=False)
         attn2, probs2 = attend(q2, k2, v, ctx, dropout_p=self.attn_dropout, record=False)
         if probs1 is not None and probs2 is not None:
             ctx.record(probs1 - lam * probs2)
         # (A1 − λ·A2)·V = A1·V − λ·A2·V, so the fast path never forms the difference map.
-        attn = attn1 - lam.to(attn1.dtype) * attn2
-        attn = self.head_norm(attn) * (1 - self.lambda_init)
-        return self.out_proj(attn.transpose(1, 2).reshape(batch, seq_len, -1))
+        return attn1 - lam.to(attn1.dtype) * attn2
 
     def head_norm(self, attn: Tensor) -> Tensor:
         """subln as the official ``rms_norm.py``: normalise in fp32 (float64 in a float64 model), cast back, then

@@ -1,7 +1,8 @@
 """Fused CPU attention kernels: a C++ extension (``csrc/``) built on first use and cached.
 
-The library holds two kernels: ALiBi's, here, and DCMHA's (``csrc/dcmha_fused.cpp``, whose autograd wrapper is
-:mod:`attnzoo.attention.dcmha_cpu`).
+The library holds three kernels: ALiBi's, here; DCMHA's (``csrc/dcmha_fused.cpp``, whose autograd wrapper is
+:mod:`attnzoo.attention.dcmha_cpu`); and differential attention's (``csrc/diff_flash.cpp``, wrapped by
+:mod:`attnzoo.attention.diff_cpu`).
 
 :func:`alibi_flash_attention` is causal ALiBi attention, softmax(q·kᵀ/√d + m_h·(j − i))·V with the official
 slopes m_h (Press et al., 2022), by a flash-style kernel that adds the bias as it computes each score tile, so
@@ -17,7 +18,7 @@ when the source or flags change, so it needs nothing the install does not alread
 (no compiler, no ninja, a compile error) attnzoo warns once, naming the reason, and each mechanism runs on its
 PyTorch path: ALiBi on SDPA's flash kernel with the (1, H, T, T) bias
 (:func:`~attnzoo.attention.kernels.sdpa_attention`), DCMHA on its chunked composition
-(:func:`~attnzoo.attention.kernels.chunked_attention`).
+(:func:`~attnzoo.attention.kernels.chunked_attention`), Diff on two SDPA calls.
 
 The library is built for the CPU's vector extension (``torch.backends.cpu.get_cpu_capability``) and named after it,
 so a cache shared by different machines never hands one a build for instructions it lacks.
@@ -36,7 +37,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-SOURCES = (Path(__file__).with_name("csrc") / "alibi_flash.cpp", Path(__file__).with_name("csrc") / "dcmha_fused.cpp")
+SOURCES = tuple(
+    Path(__file__).with_name("csrc") / name for name in ("alibi_flash.cpp", "dcmha_fused.cpp", "diff_flash.cpp")
+)
 # Rows of queries and keys per tile. Forward + backward of (4096/T, 8, T, 32), 1 thread, contended (load 4.6), took
 # 1.51 / 1.64 / 2.04 / 1.12× plain causal SDPA at T = 256 / 1024 / 2048 / 4096 in 64-row tiles, 1.07 / 1.21 / 1.30 /
 # 0.96× in 128-row tiles and 1.10 / 1.02 / 1.15 / 0.99× in 256-row tiles: at d = 32 a short tile leaves each matmul
@@ -61,8 +64,8 @@ _failure: str | None = None  # why the build failed, once it has
 
 
 def _build() -> None:
-    """Compile (or find cached) and load the library, which registers ``torch.ops.attnzoo.alibi_flash_*`` and
-    ``torch.ops.attnzoo.dcmha_fused_*``."""
+    """Compile (or find cached) and load the library, which registers ``torch.ops.attnzoo.alibi_flash_*``,
+    ``torch.ops.attnzoo.dcmha_fused_*`` and ``torch.ops.attnzoo.diff_flash_*``."""
     # Imported here: it pulls in setuptools, which only a build needs.
     from torch.utils.cpp_extension import get_cxx_compiler, is_ninja_available, load
 
@@ -126,7 +129,8 @@ def available() -> bool:
                     _loaded, _failure = False, _reason(err)
                     warnings.warn(
                         f"attnzoo: the fused CPU kernels could not be built ({_failure}); ALiBi attention runs on "
-                        "SDPA with a (1, H, T, T) bias and DCMHA on its chunked PyTorch path instead",
+                        "SDPA with a (1, H, T, T) bias, DCMHA on its chunked PyTorch path and Diff on two SDPA calls "
+                        "instead",
                         RuntimeWarning,
                         stacklevel=3,
                     )
