@@ -4,6 +4,10 @@
     bash scripts/gpu_kit.sh --budget-min 30 --out DIR  # another budget or folder
     bash scripts/gpu_kit.sh --dry-run --out DIR        # every stage at toy sizes on a CPU (1-2 min), as CI runs it
 
+A lease shorter than the whole kit (15 minutes, 2026-11-26) runs part of it: ``--skip`` leaves stages out (they
+run on a later resume without it), and ``--variants`` / ``--seeds`` narrow the compare to one claim's runs, e.g.
+``--budget-min 12 --skip gpu_check tests dcmha_triton --variants mha+rope diff+rope --seeds 3``.
+
 The stages, in order, each writing under ``OUT``:
 
 1. ``corpus``: pystdlib prepared offline (the Python standard library's ``.py`` files in sorted path order, bytes
@@ -64,7 +68,7 @@ from attnzoo.variants import Variant, matched_configs
 
 REPO = Path(__file__).resolve().parents[1]
 STATE, SUMMARY = "kit_state.json", "summary.md"
-STATE_VERSION = 1
+STATE_VERSION = 2
 PRESET = "gpu-lm"
 
 # The quick GPU check is the gpu_check stage's own run; the tests stage leaves out the test that repeats it (3 min).
@@ -153,10 +157,29 @@ class KitPlan:
     @property
     def identity(self) -> dict[str, Any]:
         """What a resumed kit must share with the one that started the folder."""
-        return {"plan": self.name, "budget_s": self.budget_s, "preset": self.spec.name}
+        return {
+            "plan": self.name,
+            "budget_s": self.budget_s,
+            "preset": self.spec.name,
+            "variants": list(self.spec.variants),
+            "seeds": list(self.spec.seeds),
+        }
 
 
-def make_plan(dry_run: bool, budget_min: float | None = None) -> KitPlan:
+def make_plan(
+    dry_run: bool, budget_min: float | None = None, variants: Sequence[str] = (), seeds: int | None = None
+) -> KitPlan:
+    """The GPU plan, or the dry run's toy; ``variants`` (the first the baseline) and ``seeds`` narrow the compare."""
+    plan = _make_plan(dry_run, budget_min)
+    narrowed = {}
+    if variants:
+        narrowed["variants"] = tuple(Variant.parse(v).label for v in variants)
+    if seeds is not None:
+        narrowed["seeds"] = tuple(range(seeds))
+    return dataclasses.replace(plan, spec=dataclasses.replace(plan.spec, **narrowed)) if narrowed else plan
+
+
+def _make_plan(dry_run: bool, budget_min: float | None) -> KitPlan:
     preset = PRESETS[PRESET]
     if not dry_run:
         budget_s = 60.0 * (40 if budget_min is None else budget_min)
@@ -268,10 +291,16 @@ class Kit:
         return path.relative_to(self.out).as_posix()
 
 
-def run_stages(kit: Kit, stages: Sequence[Stage], redo: Sequence[str] = ()) -> int:
-    """Run every stage not yet completed (and those in ``redo``), in order; 0 if all completed and none failed,
-    1 otherwise, or the exit code of a stage that a signal stopped."""
+def run_stages(kit: Kit, stages: Sequence[Stage], redo: Sequence[str] = (), skip: Sequence[str] = ()) -> int:
+    """Run every stage not yet completed (and those in ``redo``), in order, but those in ``skip``, which are recorded
+    as not run; 0 if every stage run completed and none failed, 1 otherwise, or the exit code of a stage that a
+    signal stopped."""
     for stage in stages:
+        if stage.name in skip:
+            if not kit.completed(stage.name):
+                kit.record(stage, Outcome(NOT_RUN, "left out by --skip", completed=False), 0.0)
+            say(f"{stage.name}: left out (--skip)")
+            continue
         if kit.completed(stage.name) and stage.name not in redo:
             say(f"{stage.name}: completed earlier ({kit.stages[stage.name]['status']}), skipped")
             continue
@@ -289,7 +318,8 @@ def run_stages(kit: Kit, stages: Sequence[Stage], redo: Sequence[str] = ()) -> i
         say(f"{stage.name}: {outcome.status} in {seconds:.0f} s{': ' + outcome.note if outcome.note else ''}")
         if outcome.exit_code is not None:
             return outcome.exit_code
-    bad = [s.name for s in stages if not kit.completed(s.name) or kit.stages[s.name]["status"] in (FAILED, ERROR)]
+    run = [s.name for s in stages if s.name not in skip]
+    bad = [name for name in run if not kit.completed(name) or kit.stages[name]["status"] in (FAILED, ERROR)]
     return 1 if bad else 0
 
 
@@ -540,12 +570,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="every stage at toy sizes on the CPU, as CI runs it")
     names = [stage.name for stage in STAGES]
     parser.add_argument("--redo", nargs="+", default=[], choices=names, metavar="STAGE", help=f"from {names}")
+    parser.add_argument(
+        "--skip", nargs="+", default=[], choices=names, metavar="STAGE", help="stages left out of this invocation"
+    )
+    parser.add_argument("--variants", nargs="+", default=[], metavar="SPEC", help=f"default: {PRESET}'s own")
+    parser.add_argument("--seeds", type=int, help=f"train seeds 0..N-1 (default: {PRESET}'s)")
     args = parser.parse_args(argv)
     if args.budget_min is not None and not (math.isfinite(args.budget_min) and args.budget_min > 0):
         parser.error(f"--budget-min={args.budget_min} is invalid: must be a number of minutes > 0")
+    if args.seeds is not None and args.seeds < 1:
+        parser.error(f"--seeds={args.seeds} is invalid: must be an integer >= 1")
+    if overlap := sorted(set(args.skip) & set(args.redo)):
+        parser.error(f"--skip and --redo both name {overlap}: a stage is either left out or run again")
     if not args.dry_run and not torch.cuda.is_available():
         parser.error("no CUDA device is visible (torch.cuda.is_available() is False): run it on a GPU, or --dry-run")
-    plan = make_plan(args.dry_run, args.budget_min)
+    try:
+        plan = make_plan(args.dry_run, args.budget_min, args.variants, args.seeds)
+    except ValueError as err:
+        parser.error(str(err))
     out = args.out.resolve()  # the stages' commands run from the repository root
     with locked_directory(out, "GPU kit folder"):
         kit = Kit(plan, out)
@@ -556,7 +598,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         atomic_write_text(out / ".gitignore", "compare/runs/\n.attnzoo.lock\n")
         say(f"GPU kit ({plan.name}, {plan.budget_s / 60:g} min) on {device_description(plan)} → {out}")
-        code = run_stages(kit, STAGES, args.redo)
+        code = run_stages(kit, STAGES, args.redo, args.skip)
         write_summary(kit, STAGES)
     say(f"\nGPU kit: {'done' if code == 0 else f'exit {code}'}; summary in {out / SUMMARY}")
     return code

@@ -199,6 +199,29 @@ def test_a_resumed_compare_trains_the_steps_the_timing_stage_chose(tmp_path, mon
     assert seen[0].train.steps == 7 and seen[0].train.eval_interval == math.ceil(7 / gpu_kit.TRAINER_EVALS)
 
 
+def test_skip_leaves_stages_out_and_a_later_resume_without_it_runs_them(tmp_path, capsys):
+    """A 15-minute lease runs part of the kit: the stages left out are recorded as not run, count as no failure,
+    and run when the folder is resumed without --skip."""
+    first = Recorder()
+    assert gpu_kit.run_stages(new_kit(tmp_path), first.stages(), skip=["a", "b"]) == 0
+    assert first.calls == ["c"]
+    state = json.loads((tmp_path / gpu_kit.STATE).read_text())["stages"]
+    assert state["a"]["status"] == gpu_kit.NOT_RUN and state["a"]["note"] == "left out by --skip"
+    assert not state["a"]["completed"] and "a: left out (--skip)" in capsys.readouterr().out
+    again = Recorder()
+    assert gpu_kit.run_stages(new_kit(tmp_path), again.stages()) == 0
+    assert again.calls == ["a", "b"]
+
+
+def test_variants_and_seeds_narrow_the_compare_to_one_claims_runs(tmp_path):
+    plan = gpu_kit.make_plan(dry_run=False, variants=["mha+rope", "diff+rope"], seeds=3)
+    assert plan.spec.variants == ("mha+rope", "diff+rope") and plan.spec.seeds == (0, 1, 2)
+    assert plan.spec.train == PRESETS["gpu-lm"].train  # the steps are still the timing stage's to scale
+    gpu_kit.run_stages(gpu_kit.Kit(plan, tmp_path), Recorder().stages(["a"]))
+    with pytest.raises(ValueError, match=r"holds a GPU kit run of another plan"):
+        gpu_kit.Kit(gpu_kit.make_plan(dry_run=False, variants=["mha+rope", "dcmha+rope"], seeds=3), tmp_path)
+
+
 def test_bad_flags_are_refused_by_name(tmp_path, capsys, monkeypatch):
     with pytest.raises(SystemExit):
         gpu_kit.main(["--dry-run", "--budget-min", "0", "--out", str(tmp_path)])
@@ -210,6 +233,15 @@ def test_bad_flags_are_refused_by_name(tmp_path, capsys, monkeypatch):
     with pytest.raises(SystemExit):
         gpu_kit.main(["--dry-run", "--redo", "nothing", "--out", str(tmp_path)])
     assert "invalid choice: 'nothing'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        gpu_kit.main(["--dry-run", "--seeds", "0", "--out", str(tmp_path)])
+    assert "--seeds=0 is invalid: must be an integer >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        gpu_kit.main(["--dry-run", "--skip", "tests", "--redo", "tests", "--out", str(tmp_path)])
+    assert "--skip and --redo both name ['tests']" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        gpu_kit.main(["--dry-run", "--variants", "mha+nowhere", "--out", str(tmp_path)])
+    assert "nowhere" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------------------------ dry run

@@ -250,10 +250,11 @@ PRESETS: dict[str, CompareSpec] = {
     "claims": CompareSpec(
         name="claims",
         description=(
-            "every paper claim's experiment that a CPU can run, about an hour on 2 CPU cores (estimated from the "
-            "calibrations of 2026-11-26): 12 language-model variants × 3 seeds × 800 steps × 16 × 256 tokens of a "
-            "0.12M-parameter model with extrapolation to 16× (4,096 tokens), and the needles, passkey, denoising, "
-            "graph and composition tasks with 5 seeds for the variants whose claims use them"
+            "every paper claim's experiment that a CPU can run, 60 minutes on 2 CPU cores (measured 2026-11-26 with "
+            "/usr/bin/time -v: 23 of them language models, 14 passkey, 11 composition): 12 language-model variants "
+            "× 3 seeds × 800 steps × 16 × 256 tokens of a 0.12M-parameter model with extrapolation to 16× (4,096 "
+            "tokens), and the needles, passkey, denoising, graph and composition tasks with 5 seeds for the variants "
+            "whose claims use them"
         ),
         # Issue 23: T ≥ 256, so that 16× reaches 4,096. A model this small learns more per second, not to a flat
         # loss: the calibration (dim 64, 2 layers, T = 256, lr 3e-3) still fell 0.029 nats over the last quarter of
