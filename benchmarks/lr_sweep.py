@@ -50,15 +50,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if any(not (lr > 0 and math.isfinite(lr)) for lr in args.lrs):
         parser.error(f"--lrs={args.lrs} is invalid: each must be a number > 0")
+    if args.steps is not None and args.steps < 1:
+        parser.error(f"--steps={args.steps} is invalid: must be an integer >= 1")
+    try:
+        variants = [Variant.parse(v) for v in args.variants]
+    except ValueError as err:
+        parser.error(str(err))
 
     spec = PRESETS[args.preset]
     train = spec.train if args.steps is None else spec.train.with_steps(args.steps)
     env = Distributed(device=resolve_device(train.device))
     corpus = load_corpus(train.data, env)
-    labels = [Variant.parse(v).label for v in args.variants]
-    configs = matched_configs(
-        [Variant.parse(v) for v in args.variants], spec.baseline_config(corpus.tokenizer.vocab_size)
-    )
+    labels = [v.label for v in variants]
+    configs = matched_configs(variants, spec.baseline_config(corpus.tokenizer.vocab_size))
     results: dict[str, dict[str, float]] = {}
     for label in labels:
         results[label] = {}

@@ -40,13 +40,12 @@
 namespace {
 
 using attnzoo_cpu::balanced_tile;
-using attnzoo_cpu::bias_row;
-using attnzoo_cpu::exp_row;
 using attnzoo_cpu::FlushSubnormals;
 using attnzoo_cpu::kLanes;
+using attnzoo_cpu::online_softmax_row;
+using attnzoo_cpu::probability_row;
 using attnzoo_cpu::scale_row;
 using attnzoo_cpu::Vec;
-using attnzoo_cpu::visible;
 
 void check_operands(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& slopes) {
   for (const at::Tensor* x : {&q, &k, &v, &slopes}) {
@@ -99,19 +98,8 @@ std::tuple<at::Tensor, at::Tensor> alibi_flash_forward(
         at::mm_out(s, q_i, k_bg.narrow(0, j0, cols).t());
         float* s_ptr = s.data_ptr<float>();
         for (int64_t r = 0; r < rows; ++r) {
-          float* s_row = s_ptr + r * cols;
-          const int64_t i = i0 + r, n = visible(i, j0, cols);
-          if (n == 0) {  // a query before this tile's first key (k_tile < q_tile): nothing to add
-            std::fill(s_row, s_row + cols, 0.f);
-            continue;
-          }
-          const float new_max = std::max(row_max[r], bias_row(s_row, n, fscale, slope, j0, i));
-          const float rescale = std::exp(row_max[r] - new_max);  // 0 on the first tile (max was −∞)
-          row_sum[r] = row_sum[r] * rescale + exp_row(s_row, n, cols, new_max);
-          row_max[r] = new_max;
-          if (rescale != 1.f) {
-            scale_row(acc_ptr + r * dv, dv, rescale);
-          }
+          online_softmax_row(s_ptr + r * cols, cols, fscale, slope, j0, i0 + r, row_max[r], row_sum[r],
+                             acc_ptr + r * dv, dv);
         }
         acc_i.addmm_(s, v_bg.narrow(0, j0, cols));
       }
@@ -170,15 +158,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> alibi_flash_backward(
             float* p_ptr = p.data_ptr<float>();
             float* dp_ptr = dp.data_ptr<float>();
             for (int64_t r = 0; r < rows; ++r) {
-              const int64_t i = i0 + r, n = visible(i, j0, cols);
+              const int64_t i = i0 + r;
               float* p_row = p_ptr + r * cols;
               float* ds_row = dp_ptr + r * cols;
-              if (n > 0) {
-                bias_row(p_row, n, fscale, slope, j0, i);
-                exp_row(p_row, n, cols, lse_ptr[i]);  // P = exp(S − L): the forward pass's probabilities
-              } else {
-                std::fill(p_row, p_row + cols, 0.f);
-              }
+              probability_row(p_row, cols, fscale, slope, j0, i, lse_ptr[i]);
               // dS = P ∘ (dP − D); the masked columns have P = 0 and so dS = 0.
               const Vec d_i(delta_ptr[i]);
               int64_t c = 0;

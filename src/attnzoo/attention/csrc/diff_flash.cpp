@@ -37,13 +37,11 @@
 namespace {
 
 using attnzoo_cpu::balanced_tile;
-using attnzoo_cpu::bias_row;
-using attnzoo_cpu::exp_row;
 using attnzoo_cpu::FlushSubnormals;
 using attnzoo_cpu::kLanes;
-using attnzoo_cpu::scale_row;
+using attnzoo_cpu::online_softmax_row;
+using attnzoo_cpu::probability_row;
 using attnzoo_cpu::Vec;
-using attnzoo_cpu::visible;
 
 void check_operands(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& slopes) {
   for (const at::Tensor* x : {&q, &k, &v, &slopes}) {
@@ -101,19 +99,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> diff_flash_forward(
         at::mm_out(s2, q2, k2.narrow(0, j0, cols).t());
         float* s_ptr = s.data_ptr<float>();
         for (int64_t r = 0; r < 2 * rows; ++r) {  // stacked row r is query i0 + r mod rows of map 1 + r / rows
-          float* s_row = s_ptr + r * cols;
-          const int64_t i = i0 + r % rows, n = visible(i, j0, cols);
-          if (n == 0) {
-            std::fill(s_row, s_row + cols, 0.f);
-            continue;
-          }
-          const float new_max = std::max(row_max[r], bias_row(s_row, n, fscale, slope, j0, i));
-          const float rescale = std::exp(row_max[r] - new_max);
-          row_sum[r] = row_sum[r] * rescale + exp_row(s_row, n, cols, new_max);
-          row_max[r] = new_max;
-          if (rescale != 1.f) {
-            scale_row(acc_ptr + r * dv, dv, rescale);
-          }
+          online_softmax_row(s_ptr + r * cols, cols, fscale, slope, j0, i0 + r % rows, row_max[r], row_sum[r],
+                             acc_ptr + r * dv, dv);
         }
         acc_i.addmm_(s, v_g.narrow(0, j0, cols));
       }
@@ -192,19 +179,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> diff_flash_backward(
             float* p_ptr = p.data_ptr<float>();
             float* dp_ptr = dp.data_ptr<float>();
             for (int64_t r = 0; r < rows; ++r) {
-              const int64_t i = i0 + r, n = visible(i, j0, cols);
+              const int64_t i = i0 + r;
               float* a1 = p_ptr + r * cols;
               float* a2 = p_ptr + (rows + r) * cols;
               float* ds1 = dp_ptr + r * cols;
-              if (n > 0) {
-                bias_row(a1, n, fscale, slope, j0, i);
-                exp_row(a1, n, cols, lse_ptr[i]);
-                bias_row(a2, n, fscale, slope, j0, i);
-                exp_row(a2, n, cols, lse_ptr[len + i]);
-              } else {
-                std::fill(a1, a1 + cols, 0.f);
-                std::fill(a2, a2 + cols, 0.f);
-              }
+              probability_row(a1, cols, fscale, slope, j0, i, lse_ptr[i]);
+              probability_row(a2, cols, fscale, slope, j0, i, lse_ptr[len + i]);
               // Masked columns have A1 = A2 = 0, so every quantity below is 0 there.
               const Vec d1(delta_ptr[i]), d2(delta_ptr[len + i]), lam(flambda);
               int64_t c = 0;

@@ -1,5 +1,6 @@
 // The row steps of a flash-style causal kernel with a linear bias, shared by alibi_flash.cpp and diff_flash.cpp:
-// the scaled, biased scores of a row, their exponentials and a row's rescaling, vectorised with ATen's vector type.
+// the forward pass's online-softmax step of a score row and the backward pass's recomputed probabilities,
+// vectorised with ATen's vector type.
 #pragma once
 
 #include <ATen/cpu/vec/functional.h>
@@ -66,6 +67,38 @@ inline void scale_row(float* x, int64_t n, float a) {
 // How many keys of the tile starting at j0 (width keys) query i sees: those with j ≤ i.
 inline int64_t visible(int64_t i, int64_t j0, int64_t width) {
   return std::clamp<int64_t>(i + 1 - j0, 0, width);
+}
+
+
+// One online-softmax step of query i's score row over the key tile at j0 (FlashAttention, Alg. 1), in place: the
+// scaled, biased scores become exp(s − m') over the visible keys and 0 elsewhere, (row_max, row_sum) take the tile
+// in, and the row's output accumulator (dv numbers) is rescaled to the new max before the caller adds P·V.
+inline void online_softmax_row(float* s, int64_t cols, float scale, float slope, int64_t j0, int64_t i,
+                               float& row_max, float& row_sum, float* acc, int64_t dv) {
+  const int64_t n = visible(i, j0, cols);
+  if (n == 0) {  // a query before this tile's first key (k_tile < q_tile): nothing to add
+    std::fill(s, s + cols, 0.f);
+    return;
+  }
+  const float new_max = std::max(row_max, bias_row(s, n, scale, slope, j0, i));
+  const float rescale = std::exp(row_max - new_max);  // 0 on the first tile (max was −∞)
+  row_sum = row_sum * rescale + exp_row(s, n, cols, new_max);
+  row_max = new_max;
+  if (rescale != 1.f) {
+    scale_row(acc, dv, rescale);
+  }
+}
+
+// The backward pass's P = exp(S − L) of query i's score row over the key tile at j0, in place, from the row's saved
+// log-sum-exp L: the forward pass's probabilities, 0 where masked.
+inline void probability_row(float* s, int64_t cols, float scale, float slope, int64_t j0, int64_t i, float lse) {
+  const int64_t n = visible(i, j0, cols);
+  if (n == 0) {
+    std::fill(s, s + cols, 0.f);
+    return;
+  }
+  bias_row(s, n, scale, slope, j0, i);
+  exp_row(s, n, cols, lse);
 }
 
 }  // namespace attnzoo_cpu
