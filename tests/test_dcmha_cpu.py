@@ -123,6 +123,121 @@ def test_gradients_are_the_same_bits_at_any_timing_and_close_at_any_thread_count
 
 
 # ---------------------------------------------------------------------------------------------------
+# The decoding step (dcmha_decode_forward): one query against a cache's slots, in any order
+
+
+def decode_step(leaves: list[torch.Tensor], case: Case, query: int, slots: torch.Tensor) -> torch.Tensor:
+    """The kernel's step for query ``query`` over a cache holding positions ``slots`` (in that slot order), with
+    the key-side matrices read as the cache holds them: a view whose matrices lie ``capacity`` floats apart."""
+    q, k, v, pre, post = (x if x is None or isinstance(x, tuple) else x.detach() for x in split(leaves, case))
+    capacity = len(slots) + 3
+    matrices = []
+    for mixing in (pre, post):
+        if mixing is None:
+            matrices += [None, None]
+            continue
+        mixing = type(mixing)(*(None if w is None else w.detach() for w in mixing))
+        matrices.append(query_matrices(mixing, None)[:, :, query : query + 1])
+        if mixing.kw1 is None:
+            matrices.append(None)
+            continue
+        key_w = key_matrices(mixing)[..., slots]
+        buffer = torch.zeros(*key_w.shape[:-1], capacity)
+        buffer[..., : len(slots)] = key_w
+        matrices.append(buffer[..., : len(slots)])
+    return dcmha_cpu.decode_attention(
+        q[:, :, query : query + 1],
+        k[:, :, slots],
+        v[:, :, slots],
+        matrices,
+        slopes=official_slopes(case),
+        key_positions=slots,
+        query_position=query,
+        groups=case.groups,
+        window=case.window,
+    )
+
+
+@pytest.mark.parametrize("name", list(CPU_CASES))
+def test_the_decoding_step_matches_the_eager_reference(name):
+    """Each query of a case, decoded against every position (so later ones are hidden by causality and, on a local
+    layer, earlier ones by the window), the slots in a shuffled order as a ring holds them: the reference's row of
+    that query in float64, to fp32's 2e-5 of its largest entry."""
+    case = CPU_CASES[name]
+    torch.manual_seed(0)
+    leaves = make_inputs(case, torch.float32)
+    expected = reference([x.detach().double() for x in leaves], case)
+    slots = torch.randperm(case.length)
+    for query in sorted({0, case.length // 2, max(0, case.length - 2), case.length - 1}):
+        got = decode_step(leaves, case, query, slots)
+        want = expected[:, :, query : query + 1]
+        assert got.shape == want.shape
+        error = (got.double() - want).abs().max().item()
+        assert error <= TOLERANCE[torch.float32] * want.abs().max().item(), f"query {query}: error {error:.3g}"
+
+
+def test_the_decoding_comparison_can_fail():
+    """The same check catches a step that leaves out the key-side matrices."""
+    case = CPU_CASES["global"]
+    torch.manual_seed(0)
+    leaves = make_inputs(case, torch.float32)
+    expected = reference([x.detach().double() for x in leaves], case)[:, :, -1:]
+    no_key_side = dataclasses.replace(case, key_wise=False)
+    trimmed = leaves[:3] + leaves[3:6] + leaves[9:12]  # each mixing's query side only
+    got = decode_step(trimmed, no_key_side, case.length - 1, torch.arange(case.length))
+    assert (got.double() - expected).abs().max() > TOLERANCE[torch.float32] * expected.abs().max()
+
+
+class StepSpy:
+    """Counts the layer's calls of the decoding step."""
+
+    def __init__(self, monkeypatch):
+        self.calls = 0
+        original = dcmha_cpu.decode_attention
+
+        def spy(*args, **kwargs):
+            self.calls += 1
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(dcmha_cpu, "decode_attention", spy)
+
+
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "pytorch-path"])
+def test_cached_decoding_runs_the_kernels_and_equals_the_full_forward(monkeypatch, kernel):
+    """A prefill into an empty cache takes the fresh-sequence kernel and each later token the decoding step, in
+    both layers (the local one's ring of 5 wraps many times); the logits equal the full forward's to 1e-5 of the
+    largest, with the kernels or without them."""
+    monkeypatch.setattr(dcmha_cpu, "USE_KERNEL", kernel)
+    model = dcmha_model().eval()
+    idx = torch.randint(0, 61, (2, 40))
+    fresh, steps = KernelSpy(monkeypatch), StepSpy(monkeypatch)
+    with torch.no_grad():
+        full = model(idx)
+        cache = model.new_cache(2, 40)
+        cached = torch.cat(
+            [model(idx[:, :12], cache=cache)] + [model(idx[:, t : t + 1], cache=cache) for t in range(12, 40)], 1
+        )
+    assert (fresh.calls, steps.calls) == ((2 + 2, 2 * 28) if kernel else (0, 0))
+    torch.testing.assert_close(cached, full, rtol=0, atol=1e-5 * full.abs().max().item())
+
+
+def test_a_bf16_cache_is_decoded_on_the_pytorch_path(monkeypatch):
+    """The step kernel reads fp32 caches only (a bf16 one would be upcast whole at every step): a bf16 model decodes
+    on the PyTorch path, and its tokens still follow the full forward's to bf16 rounding (2e-2 of the largest)."""
+    model = dcmha_model().eval().to(torch.bfloat16)
+    idx = torch.randint(0, 61, (1, 20))
+    steps = StepSpy(monkeypatch)
+    with torch.no_grad():
+        full = model(idx).float()
+        cache = model.new_cache(1, 20)
+        cached = torch.cat(
+            [model(idx[:, :8], cache=cache)] + [model(idx[:, t : t + 1], cache=cache) for t in range(8, 20)], 1
+        )
+    assert steps.calls == 0
+    torch.testing.assert_close(cached.float(), full, rtol=0, atol=2e-2 * full.abs().max().item())
+
+
+# ---------------------------------------------------------------------------------------------------
 # The layer's route to the kernel, its name, its fallback and its memory
 
 

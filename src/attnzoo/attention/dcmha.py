@@ -15,6 +15,9 @@ slower than the merged form, see ``_block_hooks``):
   composed with the block's rows of QW and keys of KW, so memory grows with T·chunk;
 * cached decoding: merged key-side matrices KW[s] are cached per key position, and each step forms the
   query-side matrix once.
+
+On the CPU the fused C++ kernels (``dcmha_cpu``) replace the second and third: a fresh sequence (a prefill into an
+empty cache too) runs ``dcmha_fused_forward``, a cached step of one token ``dcmha_decode_forward``.
 """
 
 from __future__ import annotations
@@ -307,19 +310,34 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
         q, k = ctx.rotate(q), ctx.rotate(k)
         pre, post = self._mixings(x)
         key_positions, cached_kw = None, None
+        fresh = cache is None or (ctx.start == 0 and not ctx.static)  # a prefill into an empty cache is fresh
+        fresh_k, fresh_v = k, v
         if cache is not None:
             key_positions, k, v, cached_kw = self._extend_cache(cache, ctx, k, v, pre, post)
-        elif (kernel := _fused_kernel()).runs_on(q):  # the Triton kernel (CUDA); None where it cannot compute this
+        if cache is None and (kernel := _fused_kernel()).runs_on(q):  # Triton (CUDA); None where it cannot
             fused = kernel.fused_attention(q, k, v, ctx, pre, post, self)
             if fused is not None:
                 return self.o_proj(fused.transpose(1, 2).reshape(batch, seq_len, -1))
-        elif dcmha_cpu.unsupported(q, k, ctx, self) is None:  # the fused C++ kernel
+        elif fresh and dcmha_cpu.unsupported(q, fresh_k, ctx, self) is None:  # the fused C++ kernel
             fused = dcmha_cpu.dcmha_attention(
+                q,
+                fresh_k,
+                fresh_v,
+                self._composition_matrices(pre, post, None),
+                slopes=ctx.bias_slopes(self.n_heads),
+                groups=self.num_groups,
+                window=self.window,
+            )
+            return self.o_proj(fused.transpose(1, 2).reshape(batch, seq_len, -1))
+        elif not fresh and dcmha_cpu.unsupported(q, k, ctx, self, decoding=True) is None:  # its decoding step
+            fused = dcmha_cpu.decode_attention(
                 q,
                 k,
                 v,
-                self._composition_matrices(pre, post, None),
+                self._composition_matrices(pre, post, cached_kw),
                 slopes=ctx.bias_slopes(self.n_heads),
+                key_positions=key_positions,
+                query_position=ctx.start,
                 groups=self.num_groups,
                 window=self.window,
             )

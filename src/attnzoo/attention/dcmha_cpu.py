@@ -14,6 +14,11 @@ pass; here each row's composition is one vectorised loop over the M heads' score
 the backward pass is written out rather than recorded. Why C++ (``attention/fused_cpu.py`` builds it with the
 ALiBi kernel): inductor gave no gain on these loops' shape on CPU and Triton has no CPU backend in the wheels.
 
+Cached decoding uses the same library. A prefill into an empty cache is a fresh sequence, so it runs this kernel (a
+1,024-token prompt of a 4-layer model about 10× faster than on the chunked path); each later token runs
+``dcmha_decode_forward`` (:func:`decode_attention`), one task per (batch, group) that composes, normalises and
+multiplies the new query's row over the cache's slots in place, reading the cached key-side matrices where they lie.
+
 It runs where :func:`unsupported` finds no reason not to; the layer otherwise takes its PyTorch path, which is
 also the reference the tests hold the kernel to.
 """
@@ -53,10 +58,14 @@ def query_tile(heads_per_group: int, keys: int) -> int:
     return max(MIN_ROWS, min(MAX_ROWS, 1 << max(0, rows.bit_length() - 1)))
 
 
-def unsupported(q: Tensor, k: Tensor, ctx: AttentionContext, layer: DynamicallyComposableAttention) -> str | None:
-    """Why the kernel cannot compute this fresh sequence's attention exactly (the PyTorch path must), or None if it
-    can. The last reason builds the extension the first time it is asked (about a minute)."""
+def unsupported(
+    q: Tensor, k: Tensor, ctx: AttentionContext, layer: DynamicallyComposableAttention, *, decoding: bool = False
+) -> str | None:
+    """Why the kernel cannot compute this call's attention exactly (the PyTorch path must), or None if it can: a
+    fresh sequence's (``dcmha_fused_forward``), or with ``decoding`` a cached step's, ``k`` the cache's keys
+    (``dcmha_decode_forward``). The last reason builds the extension the first time it is asked (about a minute)."""
     heads_per_group = layer.n_heads // layer.num_groups
+    dtypes = (torch.float32,) if decoding else fused_cpu.DTYPES  # a step would upcast the whole cache
     reasons = {
         "the kernel is switched off (dcmha_cpu.USE_KERNEL)": not USE_KERNEL,
         "the tensors are not on the CPU": q.device.type != "cpu",
@@ -65,11 +74,13 @@ def unsupported(q: Tensor, k: Tensor, ctx: AttentionContext, layer: DynamicallyC
         "compile_composition asks for the compiled PyTorch composition": layer.options.compile_composition,
         "attention maps or logits are recorded": ctx.records_scores,
         "the model is bidirectional": not ctx.causal,
-        "the queries continue a cache": ctx.start != 0 or q.shape[2] != k.shape[2],
+        "the queries continue a cache": not decoding and (ctx.start != 0 or q.shape[2] != k.shape[2]),
+        "a cached call of several queries (a chunked prefill) or a static step": decoding
+        and (q.shape[2] != 1 or ctx.static),
         "the positional bias is not a linear one (ALiBi)": ctx.position.adds_bias
         and ctx.bias_slopes(layer.n_heads) is None,
         "attention dropout is on": layer.attn_dropout > 0,
-        f"dtype {q.dtype} is not fp32 or bf16": q.dtype not in fused_cpu.DTYPES or k.dtype != q.dtype,
+        f"dtype {q.dtype} is not one of {list(dtypes)}": q.dtype not in dtypes or k.dtype != q.dtype,
         f"{heads_per_group} heads per group exceed {MAX_HEADS_PER_GROUP}": heads_per_group > MAX_HEADS_PER_GROUP,
         f"the fused CPU kernels are {fused_cpu.status()}": not fused_cpu.available(),
     }
@@ -146,3 +157,29 @@ def dcmha_attention(
         raise RuntimeError(f"the fused CPU kernels are {fused_cpu.status()}")
     matrices = [None if m is None else m.contiguous() for m in matrices]
     return FusedDCMHA.apply(q, k, v, slopes, groups, window, *matrices)
+
+
+def decode_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    matrices: list[Tensor | None],
+    *,
+    slopes: Tensor | None,
+    key_positions: Tensor,
+    query_position: int,
+    groups: int,
+    window: int | None,
+) -> Tensor:
+    """One decoding step of DCMHA attention by ``dcmha_decode_forward``, no autograd: q (B, H, 1, d) at
+    ``query_position`` over a cache's k (B, H_kv, S, d), v (B, H_kv, S, d_v) whose slot s holds position
+    ``key_positions[s]``, in any order (a local layer's ring), fp32. ``matrices`` as :func:`dcmha_attention`'s, QW
+    (B, G, 1, M, M) and KW (B, G, M, M, S) read in place from the cache. Returns (B, H, 1, d_v)."""
+    if not fused_cpu.available():
+        raise RuntimeError(f"the fused CPU kernels are {fused_cpu.status()}")
+    query_side = [None if m is None else m.contiguous() for m in matrices[::2]]
+    matrices = [query_side[0], matrices[1], query_side[1], matrices[3]]
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    return torch.ops.attnzoo.dcmha_decode_forward(
+        q.contiguous(), k, v, *matrices, slopes, key_positions.contiguous(), query_position, groups, window or 0, scale
+    )

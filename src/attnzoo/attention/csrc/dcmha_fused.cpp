@@ -717,6 +717,190 @@ std::vector<at::Tensor> dcmha_fused_backward(
   return grads;
 }
 
+namespace {
+
+// A · b over d floats.
+inline float dot(const float* a, const float* b, int64_t d) {
+  Vec acc(0.f);
+  int64_t i = 0;
+  for (; i + kLanes <= d; i += kLanes) {
+    acc = at::vec::fmadd(Vec::loadu(a + i), Vec::loadu(b + i), acc);
+  }
+  if (i < d) {
+    const int n = static_cast<int>(d - i);
+    acc = at::vec::fmadd(Vec::loadu(a + i, n), Vec::loadu(b + i, n), acc);
+  }
+  return sum_all(acc);
+}
+
+// y ← y + a·x over d floats.
+inline void axpy(float a, const float* x, float* y, int64_t d) {
+  int64_t i = 0;
+  for (; i + kLanes <= d; i += kLanes) {
+    at::vec::fmadd(Vec(a), Vec::loadu(x + i), Vec::loadu(y + i)).store(y + i);
+  }
+  if (i < d) {
+    const int n = static_cast<int>(d - i);
+    at::vec::fmadd(Vec(a), Vec::loadu(x + i, n), Vec::loadu(y + i, n)).store(y + i, n);
+  }
+}
+
+// One row's composition over its S keys, in place: x_o ← Σ_i x_i · (qw[i, o] + kw[i, o, s]); `kw` nullptr when
+// query-wise, else the (M, M, S) matrices at key 0, `kw_stride` floats apart.
+template <int kM>
+void compose_row(int64_t m, float* x, int64_t keys, const float* qw, const float* kw, int64_t kw_stride) {
+  for (int64_t col = 0; col < keys; col += kLanes) {
+    const int n = static_cast<int>(std::min(kLanes, keys - col));
+    const float* kw_col = kw == nullptr ? nullptr : kw + col;
+    if (n == kLanes) {
+      kw == nullptr ? compose_chunk<kM, false, false, true>(m, x + col, keys, qw, nullptr, 0, x + col, keys, n)
+                    : compose_chunk<kM, false, true, true>(m, x + col, keys, qw, kw_col, kw_stride, x + col, keys, n);
+    } else {
+      kw == nullptr ? compose_chunk<kM, false, false, false>(m, x + col, keys, qw, nullptr, 0, x + col, keys, n)
+                    : compose_chunk<kM, false, true, false>(m, x + col, keys, qw, kw_col, kw_stride, x + col, keys, n);
+    }
+  }
+}
+
+// Rows of a cache view (B, heads, S, d) with contiguous rows: the base of (b, h) and the row stride.
+struct CacheRows {
+  const float* data;
+  int64_t batch_stride, head_stride, row_stride;
+  const float* at(int64_t b, int64_t h) const { return data + b * batch_stride + h * head_stride; }
+};
+
+CacheRows cache_rows(const at::Tensor& x, const char* name) {
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 4 && x.stride(3) == 1,
+              "dcmha_decode: ", name, " must be a (B, heads, S, d) fp32 CPU tensor with contiguous rows");
+  return {x.data_ptr<float>(), x.stride(0), x.stride(1), x.stride(2)};
+}
+
+}  // namespace
+
+// One decoding step of DCMHA: each sequence's newest query q (B, H, 1, d), at position `query_position`, against
+// the S keys and values of its cache k (B, H_kv, S, d), v (B, H_kv, S, d_v), held in any slot order (a local
+// layer's ring): key s is at key_positions[s] (S,) int64, and a query sees the keys at positions in
+// (query_position − window, query_position] (window 0: every earlier key). Per composition (pre, post) the
+// query-side matrices (B, G, 1, M, M), contiguous, and the key-side matrices (B, G, M, M, S) as the cache holds
+// them (keys contiguous, any stride between matrices); ALiBi slopes (H,), optional. Returns O (B, H, 1, d_v).
+//
+// The row of dcmha_fused_forward that a fresh sequence's last query computes, written for one row: one task per
+// (batch, group) computes the M heads' logits over every key, pre-composes them, takes each head's softmax over
+// the visible keys (masked after the pre-composition, as the reference), post-composes and multiplies by V. The
+// dot products are vector loops rather than ATen calls, whose dispatch would cost more than their arithmetic.
+at::Tensor dcmha_decode_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const OptTensor& pre_qw, const OptTensor& pre_kw, const OptTensor& post_qw,
+                                const OptTensor& post_kw, const OptTensor& slopes, const at::Tensor& key_positions,
+                                int64_t query_position, int64_t groups, int64_t window, double scale) {
+  TORCH_CHECK(q.device().is_cpu() && q.scalar_type() == at::kFloat && q.is_contiguous() && q.dim() == 4 &&
+                  q.size(2) == 1,
+              "dcmha_decode: q must be a contiguous fp32 CPU tensor (B, H, 1, d)");
+  const CacheRows keys = cache_rows(k, "k"), values = cache_rows(v, "v");
+  const int64_t batch = q.size(0), heads = q.size(1), d = q.size(3), len = k.size(2), dv = v.size(3);
+  TORCH_CHECK(k.size(0) == batch && v.size(0) == batch && k.size(3) == d && v.size(2) == len &&
+                  v.size(1) == k.size(1) && heads % k.size(1) == 0,
+              "dcmha_decode: k and v must be (B, H_kv, S, d) and (B, H_kv, S, d_v) with H a multiple of H_kv");
+  TORCH_CHECK(groups >= 1 && heads % groups == 0, "dcmha_decode: groups must divide the heads");
+  const int64_t m = heads / groups, n_rep = heads / k.size(1);
+  TORCH_CHECK(m <= kMaxHeads, "dcmha_decode: at most ", kMaxHeads, " heads per group, got ", m);
+  TORCH_CHECK(key_positions.scalar_type() == at::kLong && key_positions.is_contiguous() &&
+                  key_positions.numel() == len,
+              "dcmha_decode: key_positions must be (S,) contiguous int64");
+  const float* slope = nullptr;
+  if (slopes.has_value()) {
+    TORCH_CHECK(slopes->scalar_type() == at::kFloat && slopes->is_contiguous() && slopes->numel() == heads,
+                "dcmha_decode: slopes must be (H,) contiguous fp32");
+    slope = slopes->data_ptr<float>();
+  }
+  std::array<const float*, 2> qw{nullptr, nullptr}, kw{nullptr, nullptr};
+  std::array<int64_t, 2> kw_batch{0, 0}, kw_group{0, 0}, kw_stride{0, 0};
+  const OptTensor* given[4] = {&pre_qw, &pre_kw, &post_qw, &post_kw};
+  for (int c = 0; c < 2; ++c) {
+    const OptTensor& query_side = *given[2 * c];
+    const OptTensor& key_side = *given[2 * c + 1];
+    if (query_side.has_value()) {
+      TORCH_CHECK(query_side->scalar_type() == at::kFloat && query_side->is_contiguous() &&
+                      query_side->sizes() == at::IntArrayRef({batch, groups, 1, m, m}),
+                  "dcmha_decode: query-side matrices must be contiguous fp32 (B, G, 1, M, M)");
+      qw[c] = query_side->data_ptr<float>();
+    }
+    if (key_side.has_value()) {
+      TORCH_CHECK(query_side.has_value(), "dcmha_decode: key-side matrices come with query-side ones");
+      TORCH_CHECK(key_side->scalar_type() == at::kFloat && key_side->sizes() == at::IntArrayRef({batch, groups, m, m, len}) &&
+                      key_side->stride(4) == 1 && key_side->stride(2) == m * key_side->stride(3),
+                  "dcmha_decode: key-side matrices must be fp32 (B, G, M, M, S), keys contiguous");
+      kw[c] = key_side->data_ptr<float>();
+      kw_batch[c] = key_side->stride(0), kw_group[c] = key_side->stride(1), kw_stride[c] = key_side->stride(3);
+    }
+  }
+  // Which cached slots the query sees; every one, on a global layer's cache.
+  const int64_t* position = key_positions.data_ptr<int64_t>();
+  std::vector<char> visible(len);
+  bool all_visible = true;
+  for (int64_t s = 0; s < len; ++s) {
+    visible[s] = position[s] <= query_position && (window <= 0 || position[s] > query_position - window);
+    all_visible = all_visible && visible[s];
+  }
+  at::Tensor out = at::zeros({batch, heads, 1, dv}, q.options());
+  const float* q_data = q.data_ptr<float>();
+  float* out_data = out.data_ptr<float>();
+
+  at::parallel_for(0, batch * groups, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> x(m * len), q_scaled(d);
+    const FlushSubnormals flush;
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / groups, g = task % groups;
+      for (int64_t n = 0; n < m; ++n) {
+        const int64_t h = g * m + n;
+        for (int64_t i = 0; i < d; ++i) {
+          q_scaled[i] = q_data[(b * heads + h) * d + i] * static_cast<float>(scale);
+        }
+        const float* key = keys.at(b, h / n_rep);
+        float* row = x.data() + n * len;
+        for (int64_t s = 0; s < len; ++s) {
+          row[s] = dot(q_scaled.data(), key + s * keys.row_stride, d);
+        }
+        if (slope != nullptr) {
+          for (int64_t s = 0; s < len; ++s) {
+            row[s] += slope[h] * static_cast<float>(position[s] - query_position);
+          }
+        }
+      }
+      const auto compose = [&](int c) {
+        if (qw[c] == nullptr) {
+          return;
+        }
+        const float* query_w = qw[c] + (b * groups + g) * m * m;
+        const float* key_w = kw[c] == nullptr ? nullptr : kw[c] + b * kw_batch[c] + g * kw_group[c];
+        with_heads(m, [&](auto heads) {
+          compose_row<decltype(heads)::value>(m, x.data(), len, query_w, key_w, kw_stride[c]);
+        });
+      };
+      compose(0);
+      for (int64_t n = 0; n < m; ++n) {  // each head's softmax over the visible keys, masked after pre-composing
+        float* row = x.data() + n * len;
+        if (!all_visible) {
+          for (int64_t s = 0; s < len; ++s) {
+            row[s] = visible[s] ? row[s] : -std::numeric_limits<float>::infinity();
+          }
+        }
+        scale_of(row, 0, len, 1.f / exp_of(row, 0, len, max_of(row, 0, len)));
+      }
+      compose(1);  // hidden keys' probabilities are 0 in every head, so they stay 0
+      for (int64_t n = 0; n < m; ++n) {
+        const int64_t h = g * m + n;
+        const float* value = values.at(b, h / n_rep);
+        const float* row = x.data() + n * len;
+        float* o = out_data + (b * heads + h) * dv;
+        for (int64_t s = 0; s < len; ++s) {
+          axpy(row[s], value + s * values.row_stride, o, dv);
+        }
+      }
+    }
+  });
+  return out;
+}
+
 TORCH_LIBRARY_FRAGMENT(attnzoo, m) {
   m.def("dcmha_fused_forward(Tensor q, Tensor k, Tensor v, Tensor? pre_qw, Tensor? pre_kw, Tensor? post_qw,"
         " Tensor? post_kw, Tensor? slopes, int groups, int window, float scale, int q_tile, int k_block)"
@@ -724,9 +908,13 @@ TORCH_LIBRARY_FRAGMENT(attnzoo, m) {
   m.def("dcmha_fused_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor? pre_qw, Tensor? pre_kw,"
         " Tensor? post_qw, Tensor? post_kw, Tensor? slopes, Tensor lse, int groups, int window, float scale,"
         " int q_tile, int k_block, int parts) -> Tensor[]");
+  m.def("dcmha_decode_forward(Tensor q, Tensor k, Tensor v, Tensor? pre_qw, Tensor? pre_kw, Tensor? post_qw,"
+        " Tensor? post_kw, Tensor? slopes, Tensor key_positions, int query_position, int groups, int window,"
+        " float scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(attnzoo, CPU, m) {
   m.impl("dcmha_fused_forward", &dcmha_fused_forward);
   m.impl("dcmha_fused_backward", &dcmha_fused_backward);
+  m.impl("dcmha_decode_forward", &dcmha_decode_forward);
 }
