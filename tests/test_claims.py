@@ -27,6 +27,8 @@ from attnzoo.compare.paper_claims import claim_tasks, claim_variants
 from attnzoo.compare.report import write_report
 from attnzoo.compare.stats import holm, paired_over_seeds
 from attnzoo.compare.verdicts import judge, judge_all, verdicts_record
+from attnzoo.config import ModelConfig
+from attnzoo.model import Transformer, training_flops_per_token
 
 FIXTURE = Path(__file__).parent / "fixtures" / "compare_micro"  # mha+rope and diff+rope, seeds 0 and 1
 STORED = Path(__file__).parents[1] / "docs" / "claims"  # the claims preset's run, as committed
@@ -319,8 +321,30 @@ def test_compute_equivalence_reads_every_budget_and_says_which_is_missing(result
     for run in data["variants"]["dcmha+rope"]["runs"]:
         run["val"]["loss"] -= 0.05  # what MHA reaches with 1.5× the tokens
     values = claim.measure.read(CompareResults.from_dict(data), "dcmha+rope")
-    assert values == {0: pytest.approx(1.5), 1: pytest.approx(1.5)}
+    assert values == {0: pytest.approx(1.5), 1: pytest.approx(1.5)}  # the same model: the same FLOPs per token
     assert claim.measure.read(CompareResults.from_dict(data), "mha+rope") == {0: 1.0, 1: 1.0}
+    # The variant as DCMHA, which spends more FLOPs per token: MHA's 1.5× the tokens is less than 1.5× its compute.
+    data["variants"]["dcmha+rope"]["config"]["attention"] = "dcmha"
+    results = CompareResults.from_dict(data)
+    flops = [
+        training_flops_per_token(ModelConfig.from_dict(results.variants[label].config), results.budget.seq_len)
+        for label in ("mha+rope", "dcmha+rope")
+    ]
+    assert flops[1] > flops[0]
+    assert claim.measure.read(results, "dcmha+rope") == {0: pytest.approx(1.5 * flops[0] / flops[1])} | {
+        1: pytest.approx(1.5 * flops[0] / flops[1])
+    }
+
+
+def test_training_flops_per_token_counts_what_a_mechanism_adds():
+    """MHA's count is the matrix products a reader can write down: 6 FLOPs per weight of every linear layer, the
+    output head included (the forward's 2 and the backward's 4), plus the attention scores and values, 12·T·d per
+    layer at T keys (all of them, as the eager path computes); DCMHA adds its composition and weight projection."""
+    cfg = ModelConfig(vocab_size=64, dim=32, n_layers=2, n_heads=4, max_seq_len=16, mlp="gelu")
+    blocks = sum(p.numel() for name, p in Transformer(cfg).named_parameters() if p.dim() == 2 and "embed" not in name)
+    assert training_flops_per_token(cfg, 16) == 6 * (blocks + 64 * 32) + 2 * 12 * 16 * 32
+    dcmha = dataclasses.replace(cfg, attention="dcmha")
+    assert training_flops_per_token(dcmha, 16) > training_flops_per_token(cfg, 16)
 
 
 def test_a_non_finite_value_never_passes_a_gate_or_reaches_a_verdict(results):

@@ -5,6 +5,7 @@ config → Transformer(config) → model(idx) / model(idx, targets) → generate
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -57,6 +58,20 @@ def cache_bytes(cfg: ModelConfig, batch_size: int, max_len: int, dtype: torch.dt
     from the mechanism's formula (``Attention.cache_bytes``): what ``Transformer.new_cache`` allocates."""
     attention = ATTENTION.get(cfg.attention)
     return [attention.cache_bytes(cfg, i, batch_size, max_len, dtype) for i in range(cfg.n_layers)]
+
+
+def training_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
+    """FLOPs of a training step (forward and backward) per token, for one sequence of ``seq_len`` tokens, as torch's
+    FLOP counter counts the matrix products of the eager attention path: a mechanism's own products (DCMHA's
+    composition and weight projection, Diff's second map) are counted where a fused kernel would hide them, and the
+    scores of every key, masked ones too, for every mechanism alike."""
+    from torch.utils.flop_counter import FlopCounterMode  # here: it imports Triton, a third of a second
+
+    model = Transformer(dataclasses.replace(cfg, attn_backend="eager", max_seq_len=max(cfg.max_seq_len, seq_len)))
+    idx = torch.zeros(1, seq_len, dtype=torch.long)
+    with FlopCounterMode(display=False) as counter:
+        model(idx, idx)[1].backward()
+    return counter.get_total_flops() / seq_len
 
 
 class MLP(nn.Module):

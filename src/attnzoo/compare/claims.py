@@ -29,6 +29,9 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 from scipy import stats
 
+from attnzoo.config import ModelConfig
+from attnzoo.model import training_flops_per_token
+
 if TYPE_CHECKING:
     from attnzoo.compare.results import CompareResults
 
@@ -311,8 +314,10 @@ def task_probe(task: str, key: str, label: str) -> Measure:
 def compute_to_match(references: dict[float, str]) -> Measure:
     """The compute multiple at which the baseline's validation loss matches the variant's: per seed, the baseline
     trained with each multiple of the tokens in ``references`` (multiple → variant label, 1 the baseline itself),
-    interpolated linearly in log-compute, and extrapolated from the nearest two beyond them. The baseline's own
-    value is 1 by definition, so variant − baseline is the multiple's excess over 1."""
+    interpolated linearly in log-tokens, and extrapolated from the nearest two beyond them; that tokens multiple
+    divided by the variant's training FLOPs per token over the baseline's (:func:`training_flops_per_token`), since
+    the variant trained on 1× the tokens spent that much more compute. The baseline's own value is 1 by definition,
+    so variant − baseline is the multiple's excess over 1."""
     multiples = sorted(references)
 
     def read(results: CompareResults, label: str) -> Values | None:
@@ -324,9 +329,15 @@ def compute_to_match(references: dict[float, str]) -> Measure:
         found = results.variants.get(label)
         if found is None:
             return None
+        flops = [
+            training_flops_per_token(ModelConfig.from_dict(variant.config), results.budget.seq_len)
+            for variant in (found, runs[1.0])
+        ]
         by_seed = {m: {run.seed: run.val.loss for run in runs[m].runs} for m in multiples}  # type: ignore[union-attr]
         return {
             run.seed: matching_multiple(multiples, [by_seed[m][run.seed] for m in multiples], run.val.loss)
+            * flops[1]
+            / flops[0]
             for run in found.runs
             if all(run.seed in by_seed[m] for m in multiples)
         }

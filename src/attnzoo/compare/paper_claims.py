@@ -483,8 +483,9 @@ for claim in (
         HIGHER,
         0.29,
         "half the paper's smallest multiple in log-compute: √1.67 ≈ 1.29× (shared/seeds/003:589); MHA is trained on "
-        "1×, 1.5× and 2× the tokens, and at this size (T = 64, 4 heads) DCMHA adds about 2% to MHA's FLOPs per "
-        "token, so the tokens multiple is the compute multiple to within that",
+        "1×, 1.5× and 2× the tokens, and the tokens multiple at which it matches is divided by DCMHA's training "
+        "FLOPs per token over MHA's (torch's FLOP counter), since at these small widths DCMHA's composition and "
+        "weight projection cost a share of a step that they do not at the paper's sizes",
         LM_FLAT,
         primary=True,
         paper_scale="405M–1.4B parameters, Chinchilla token counts, the Pile (003:587–589)",
