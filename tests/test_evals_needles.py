@@ -135,3 +135,26 @@ def test_key_sets_partition_the_context_and_the_probe_runs_on_a_transformer():
     assert all(share.shape == (2, 2) for share in shares.shares.values())
     # Softmax rows add to one over a partition of the keys.
     assert torch.allclose(sum(shares.shares.values()), torch.ones(2, 2), atol=1e-5)
+
+
+@pytest.mark.parametrize("queries", [1, 2, 4])
+def test_the_shortcut_level_is_what_answering_with_a_needle_not_yet_answered_scores(queries):
+    """The strategy a 2-layer MHA learned at R = N = 4 (task_calibration_notes.md): each answer copies a random
+    needle among those the answer so far (teacher-forced: the true earlier answers) has not given, never reading
+    the question. It scores elimination_shortcut's level."""
+    from attnzoo.evals.needles import elimination_shortcut
+
+    cfg = NeedlesConfig(context_len=96, n_needles=4, n_queries=queries, n_digits=2, n_keys=16)
+    batch = needles_batch(cfg, 3000, seed=0)
+    generator = torch.Generator().manual_seed(1)
+    digits_at = 7  # "the special magic <city> number is :" precede a needle's digits
+    predictions = torch.zeros_like(batch.inputs)
+    for row in range(len(batch.inputs)):
+        for r in range(queries):
+            picked = r + int(torch.randint(cfg.n_needles - r, (), generator=generator))  # needle r is asked r-th
+            start = int(batch.needle_spans[row, picked, 0]) + digits_at
+            digits = batch.inputs[row, start : start + cfg.n_digits]
+            predictions[row, batch.answer_positions[row, r]] = digits
+    accuracy, _ = score_needles(predictions, batch)
+    assert accuracy == pytest.approx(elimination_shortcut(cfg), abs=0.025)
+    assert elimination_shortcut(cfg) == pytest.approx(sum(1 / (4 - r) for r in range(queries)) / queries)
