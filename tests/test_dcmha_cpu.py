@@ -11,6 +11,7 @@ import dataclasses
 import pytest
 import torch
 from dcmha_cases import CASES, Case, RecordShapes, make_inputs, reference, split
+from kernel_checks import CallCounter
 
 from attnzoo import ModelConfig, Transformer
 from attnzoo.attention import dcmha_cpu, fused_cpu
@@ -188,18 +189,9 @@ def test_the_decoding_comparison_can_fail():
     assert (got.double() - expected).abs().max() > TOLERANCE[torch.float32] * expected.abs().max()
 
 
-class StepSpy:
+def step_spy(monkeypatch) -> CallCounter:
     """Counts the layer's calls of the decoding step."""
-
-    def __init__(self, monkeypatch):
-        self.calls = 0
-        original = dcmha_cpu.decode_attention
-
-        def spy(*args, **kwargs):
-            self.calls += 1
-            return original(*args, **kwargs)
-
-        monkeypatch.setattr(dcmha_cpu, "decode_attention", spy)
+    return CallCounter(monkeypatch, dcmha_cpu, "decode_attention")
 
 
 @pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "pytorch-path"])
@@ -210,7 +202,7 @@ def test_cached_decoding_runs_the_kernels_and_equals_the_full_forward(monkeypatc
     monkeypatch.setattr(dcmha_cpu, "USE_KERNEL", kernel)
     model = dcmha_model().eval()
     idx = torch.randint(0, 61, (2, 40))
-    fresh, steps = KernelSpy(monkeypatch), StepSpy(monkeypatch)
+    fresh, steps = kernel_spy(monkeypatch), step_spy(monkeypatch)
     with torch.no_grad():
         full = model(idx)
         cache = model.new_cache(2, 40)
@@ -226,7 +218,7 @@ def test_a_bf16_cache_is_decoded_on_the_pytorch_path(monkeypatch):
     on the PyTorch path, and its tokens still follow the full forward's to bf16 rounding (2e-2 of the largest)."""
     model = dcmha_model().eval().to(torch.bfloat16)
     idx = torch.randint(0, 61, (1, 20))
-    steps = StepSpy(monkeypatch)
+    steps = step_spy(monkeypatch)
     with torch.no_grad():
         full = model(idx).float()
         cache = model.new_cache(1, 20)
@@ -241,18 +233,9 @@ def test_a_bf16_cache_is_decoded_on_the_pytorch_path(monkeypatch):
 # The layer's route to the kernel, its name, its fallback and its memory
 
 
-class KernelSpy:
+def kernel_spy(monkeypatch) -> CallCounter:
     """Counts the layer's calls of the fused kernel."""
-
-    def __init__(self, monkeypatch):
-        self.calls = 0
-        original = dcmha_cpu.dcmha_attention
-
-        def spy(*args, **kwargs):
-            self.calls += 1
-            return original(*args, **kwargs)
-
-        monkeypatch.setattr(dcmha_cpu, "dcmha_attention", spy)
+    return CallCounter(monkeypatch, dcmha_cpu, "dcmha_attention")
 
 
 def dcmha_model(**options) -> Transformer:
@@ -287,7 +270,7 @@ def test_a_training_step_runs_the_kernel_and_the_model_agrees_with_the_pytorch_p
     equal the chunked PyTorch path's to fp32 rounding (1e-5 of the logits, 1e-4 of each largest gradient entry)."""
     model = dcmha_model().train()
     idx = torch.randint(0, 61, (2, 40))
-    spy = KernelSpy(monkeypatch)
+    spy = kernel_spy(monkeypatch)
     fused_run = logits_and_grads(model, idx)
     assert spy.calls == 2
     monkeypatch.setattr(dcmha_cpu, "USE_KERNEL", False)
@@ -308,7 +291,7 @@ def test_without_a_compiler_dcmha_falls_back_with_one_warning(monkeypatch, tmp_p
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
     monkeypatch.setattr(fused_cpu, "_loaded", None)
     monkeypatch.setattr(fused_cpu, "_failure", None)
-    spy = KernelSpy(monkeypatch)
+    spy = kernel_spy(monkeypatch)
     with torch.no_grad(), pytest.warns(RuntimeWarning) as warned:
         fallback = model(idx)
         again = model(idx)
@@ -357,7 +340,7 @@ def test_torch_compile_traces_the_pytorch_path(monkeypatch):
     idx = torch.randint(0, 61, (2, 24))
     with torch.no_grad():
         want = model(idx)
-    spy = KernelSpy(monkeypatch)
+    spy = kernel_spy(monkeypatch)
     torch._dynamo.reset()
     try:
         with torch.no_grad():
@@ -387,7 +370,7 @@ def test_float64_is_routed_to_the_pytorch_path(monkeypatch):
     reference's to float64 rounding (1e-12 of the largest logit)."""
     model = dcmha_model().double().eval()
     idx = torch.randint(0, 61, (2, 30))
-    spy = KernelSpy(monkeypatch)
+    spy = kernel_spy(monkeypatch)
     eager = Transformer(dataclasses.replace(model.config, attn_backend="eager")).double().eval()
     eager.load_state_dict(model.state_dict())
     with torch.no_grad():

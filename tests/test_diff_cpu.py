@@ -12,6 +12,7 @@ import math
 
 import pytest
 import torch
+from kernel_checks import CallCounter, assert_close
 from test_kernels import LargestTensor
 
 from attnzoo import ModelConfig, Transformer
@@ -58,12 +59,6 @@ def output_and_grads(attention, leaves, grad):
     return [out, *torch.autograd.grad(out, leaves, grad)]
 
 
-def assert_close(actual: torch.Tensor, expected: torch.Tensor, tolerance: float) -> None:
-    """|actual − expected| ≤ tolerance · max(max |expected|, 1), elementwise."""
-    scale = max(expected.abs().max().item(), 1.0)
-    torch.testing.assert_close(actual.double(), expected.double(), rtol=0, atol=tolerance * scale)
-
-
 # Small tiles put tile edges inside every length above 16, with key tiles shorter than query tiles and longer;
 # bf16 runs the default tiles, whose edges fp32 already covers.
 KERNEL_CASES = [
@@ -108,18 +103,9 @@ def test_multi_query_attention(monkeypatch):
 # The layer's route
 
 
-class FusedSpy:
+def fused_spy(monkeypatch) -> CallCounter:
     """Counts the layer's calls of the fused kernel."""
-
-    def __init__(self, monkeypatch):
-        self.calls = 0
-        original = diff_cpu.diff_attention
-
-        def spy(*args, **kwargs):
-            self.calls += 1
-            return original(*args, **kwargs)
-
-        monkeypatch.setattr(diff_cpu, "diff_attention", spy)
+    return CallCounter(monkeypatch, diff_cpu, "diff_attention")
 
 
 def diff_model(position: str = "rope", max_seq_len: int = 160, dtype: torch.dtype = torch.float32) -> Transformer:
@@ -144,7 +130,7 @@ def test_a_training_step_equals_the_pytorch_path(monkeypatch, position):
     kernel equal the model on its two SDPA calls (fp32, 1e-5), for each positional scheme: RoPE rotates q and k
     before the kernel, ALiBi's bias is added inside it, and MQA (1 kv head) shares k and v."""
     model, idx = diff_model(position), torch.randint(0, 32, (2, 150))
-    spy = FusedSpy(monkeypatch)
+    spy = fused_spy(monkeypatch)
     fused = loss_and_grads(model, idx)
     assert spy.calls == model.config.n_layers
     monkeypatch.setattr(diff_cpu, "USE_KERNEL", False)
@@ -157,7 +143,7 @@ def test_a_training_step_equals_the_pytorch_path(monkeypatch, position):
 def test_bf16_under_autocast_equals_the_pytorch_path(monkeypatch):
     """bf16 autocast, as training on a CPU may run: the loss agrees with the two SDPA calls within bf16's 2e-2."""
     model, idx = diff_model(), torch.randint(0, 32, (2, 100))
-    spy = FusedSpy(monkeypatch)
+    spy = fused_spy(monkeypatch)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         fused = model(idx, idx)[1]
         monkeypatch.setattr(diff_cpu, "USE_KERNEL", False)
@@ -168,7 +154,7 @@ def test_bf16_under_autocast_equals_the_pytorch_path(monkeypatch):
 
 def test_float64_takes_the_pytorch_path(monkeypatch):
     """The kernel computes in fp32, so a float64 model never enters it."""
-    spy = FusedSpy(monkeypatch)
+    spy = fused_spy(monkeypatch)
     model = diff_model(dtype=torch.float64)
     model(torch.randint(0, 32, (1, 20)))
     assert spy.calls == 0
@@ -177,7 +163,7 @@ def test_float64_takes_the_pytorch_path(monkeypatch):
 def test_cached_decoding_equals_the_full_forward(monkeypatch):
     """The full forward (kernel), a prefill (kernel, on an empty cache) and one-token steps (the PyTorch path) give
     the same logits (fp32, 1e-5), with ALiBi."""
-    spy = FusedSpy(monkeypatch)
+    spy = fused_spy(monkeypatch)
     model = diff_model("alibi").eval()
     idx = torch.randint(0, 32, (2, 41))
     with torch.no_grad():
@@ -214,7 +200,7 @@ def test_without_a_compiler_diff_falls_back_with_one_warning(monkeypatch, tmp_pa
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
     monkeypatch.setattr(fused_cpu, "_loaded", None)
     monkeypatch.setattr(fused_cpu, "_failure", None)
-    spy = FusedSpy(monkeypatch)
+    spy = fused_spy(monkeypatch)
     with pytest.warns(RuntimeWarning) as warned:
         fallback = loss_and_grads(model, idx)
         loss_and_grads(model, idx)

@@ -14,6 +14,7 @@ import math
 
 import pytest
 import torch
+from kernel_checks import CallCounter, assert_close
 from test_kernels import LargestTensor
 
 from attnzoo import ModelConfig, Transformer
@@ -54,24 +55,9 @@ def output_and_grads(attention, leaves, grad):
     return [out, *torch.autograd.grad(out, leaves, grad)]
 
 
-def assert_close(actual: torch.Tensor, expected: torch.Tensor, tolerance: float) -> None:
-    """|actual − expected| ≤ tolerance · max(max |expected|, 1), elementwise."""
-    scale = max(expected.abs().max().item(), 1.0)
-    torch.testing.assert_close(actual, expected, rtol=0, atol=tolerance * scale)
-
-
-class FusedSpy:
+def fused_spy(monkeypatch) -> CallCounter:
     """Counts the calls of the fused kernel from ``sdpa_attention``."""
-
-    def __init__(self, monkeypatch):
-        self.calls = 0
-        original = fused_cpu.alibi_flash_attention
-
-        def spy(*args, **kwargs):
-            self.calls += 1
-            return original(*args, **kwargs)
-
-        monkeypatch.setattr(fused_cpu, "alibi_flash_attention", spy)
+    return CallCounter(monkeypatch, fused_cpu, "alibi_flash_attention")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -96,7 +82,7 @@ def test_kernel_equals_the_eager_reference_forward_and_every_gradient(monkeypatc
     if tiles is not None:
         monkeypatch.setattr(fused_cpu, "Q_TILE", tiles[0])
         monkeypatch.setattr(fused_cpu, "K_TILE", tiles[1])
-    spy = FusedSpy(monkeypatch)
+    spy = fused_spy(monkeypatch)
     leaves = qkv(length, dtype)
     grad = torch.randn(B, H, length, D).to(dtype)
     fused = output_and_grads(lambda *x: sdpa_attention(*x, context(length)), leaves, grad)
@@ -110,7 +96,7 @@ def test_kernel_equals_the_eager_reference_forward_and_every_gradient(monkeypatc
 def test_subheads_sharing_a_slope_and_wider_values(monkeypatch):
     """Diff's layout: adjacent query heads share one bias head (``bias_repeat`` 2) and values are 2d wide; the kernel
     takes both as they are (no zero-padding of q and k)."""
-    spy = FusedSpy(monkeypatch)
+    spy = fused_spy(monkeypatch)
     length = 129
     leaves = qkv(length, torch.float32, value_dim=2 * D)
     grad = torch.randn(B, H, length, 2 * D)
@@ -124,7 +110,7 @@ def test_subheads_sharing_a_slope_and_wider_values(monkeypatch):
 def test_float64_keeps_the_float64_path(monkeypatch):
     """The kernel computes in fp32, so float64 does not enter it: it runs SDPA's flash kernel with the float64 bias,
     equal to the eager reference in float64 (≤ 1e-12)."""
-    spy = FusedSpy(monkeypatch)
+    spy = fused_spy(monkeypatch)
     length = 65
     leaves = qkv(length, torch.float64)
     grad = torch.randn(B, H, length, D, dtype=torch.float64)
@@ -175,7 +161,7 @@ def test_without_a_compiler_alibi_falls_back_with_one_warning(monkeypatch, tmp_p
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
     monkeypatch.setattr(fused_cpu, "_loaded", None)  # this process has not tried yet
     monkeypatch.setattr(fused_cpu, "_failure", None)
-    spy = FusedSpy(monkeypatch)
+    spy = fused_spy(monkeypatch)
     with pytest.warns(RuntimeWarning) as warned:
         fallback = output_and_grads(lambda *x: sdpa_attention(*x, context(length)), leaves, grad)
         again = sdpa_attention(*leaves, context(length))
@@ -193,7 +179,7 @@ def test_cached_decoding_equals_the_full_forward(monkeypatch):
     """mha + ALiBi (GQA): the full forward (the fused kernel) and a prefill (the fused kernel, on an empty cache)
     followed by one-token steps give the same logits (fp32, 1e-5). Each step runs SDPA's CPU flash kernel with a
     (1, H, 1, S) bias, never SDPA's math path, which a 3-D mask selects (a decoding step at 0.6× MHA's speed)."""
-    spy = FusedSpy(monkeypatch)
+    spy = fused_spy(monkeypatch)
     model = alibi_model(max_seq_len=64).eval()
     idx = torch.randint(0, 32, (2, 41))
     with torch.no_grad():

@@ -1,0 +1,28 @@
+"""What the fused kernels' tests share: a counter of a kernel's calls and the tolerance check they state."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+
+
+class CallCounter:
+    """Counts the calls of ``module.name`` while a test runs (patched through ``monkeypatch``), passing each on: a
+    layer's route to a kernel shows in the count."""
+
+    def __init__(self, monkeypatch, module: ModuleType, name: str):
+        self.calls = 0
+        original = getattr(module, name)
+
+        def counted(*args, **kwargs):
+            self.calls += 1
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, counted)
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, tolerance: float) -> None:
+    """|actual − expected| ≤ tolerance · max(max |expected|, 1), elementwise, compared in float64."""
+    scale = max(expected.abs().max().item(), 1.0)
+    torch.testing.assert_close(actual.double(), expected.double(), rtol=0, atol=tolerance * scale)
