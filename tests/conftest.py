@@ -40,3 +40,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip_cuda)
+
+
+@pytest.fixture(params=["blas", "aten"])
+def tile_products(request):
+    """Runs a fused kernel's test twice: its tile products on BLAS called directly, then on ATen's matmul
+    (``fused_cpu.use_blas``); skips the first where PyTorch's BLAS exports no ``sgemm_``."""
+    from attnzoo.attention import fused_cpu
+
+    if not fused_cpu.available():
+        pytest.skip("the fused CPU kernels cannot be built here")
+    if fused_cpu.use_blas(request.param == "blas") != (request.param == "blas"):
+        pytest.skip("the BLAS PyTorch links exports no sgemm_")
+    yield request.param
+    fused_cpu.use_blas(True)

@@ -81,11 +81,11 @@ def tiles(request, monkeypatch) -> str:
 
 
 @pytest.mark.parametrize("name", CPU_CASES)
-def test_kernel_matches_eager_reference_fp32(name, tiles):
+def test_kernel_matches_eager_reference_fp32(name, tiles, tile_products):
     assert_matches_reference(CPU_CASES[name], torch.float32)
 
 
-def test_kernel_matches_eager_reference_bf16(tiles):
+def test_kernel_matches_eager_reference_bf16(tiles, tile_products):
     assert_matches_reference(CPU_CASES["local"], torch.bfloat16)
 
 

@@ -72,7 +72,7 @@ KERNEL_CASES = [
 @pytest.mark.parametrize("alibi", [False, True], ids=["no-bias", "alibi"])
 @pytest.mark.parametrize("length", LENGTHS)
 @pytest.mark.parametrize(("dtype", "tiles"), KERNEL_CASES)
-def test_kernel_equals_equation_1_forward_and_every_gradient(monkeypatch, dtype, tiles, length, alibi):
+def test_kernel_equals_equation_1_forward_and_every_gradient(monkeypatch, dtype, tiles, length, alibi, tile_products):
     """Output and dq, dk, dv, dλ of the kernel equal Eq. 1 in float64, at odd lengths and tile edges, GQA (2 kv heads
     for 4 heads), batch 2, with and without ALiBi's slopes."""
     if tiles is not None:

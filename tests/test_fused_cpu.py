@@ -76,7 +76,7 @@ KERNEL_CASES = [
 
 @pytest.mark.parametrize("length", LENGTHS)
 @pytest.mark.parametrize(("dtype", "tiles"), KERNEL_CASES)
-def test_kernel_equals_the_eager_reference_forward_and_every_gradient(monkeypatch, dtype, tiles, length):
+def test_kernel_equals_the_eager_reference_forward_and_every_gradient(monkeypatch, dtype, tiles, length, tile_products):
     """Output and dq, dk, dv of ``sdpa_attention`` (the fused kernel) equal the eager kernel with the (H, T, T) bias,
     at odd lengths, GQA (2 kv heads for 4 query heads), batch 2."""
     if tiles is not None:

@@ -38,7 +38,8 @@ import torch
 from torch import Tensor
 
 SOURCES = tuple(
-    Path(__file__).with_name("csrc") / name for name in ("alibi_flash.cpp", "dcmha_fused.cpp", "diff_flash.cpp")
+    Path(__file__).with_name("csrc") / name
+    for name in ("alibi_flash.cpp", "dcmha_fused.cpp", "diff_flash.cpp", "fused_common.cpp")
 )
 # Rows of queries and keys per tile. Forward + backward of (4096/T, 8, T, 32), 1 thread, contended (load 4.6), took
 # 1.51 / 1.64 / 2.04 / 1.12× plain causal SDPA at T = 256 / 1024 / 2048 / 4096 in 64-row tiles, 1.07 / 1.21 / 1.30 /
@@ -145,6 +146,16 @@ def status() -> str:
         return f"unavailable ({_failure})"
     compiler = os.environ.get("CXX", "c++")
     return f"not built yet in this process: builds on first use with {compiler}, then cached"
+
+
+def use_blas(enabled: bool) -> bool:
+    """Whether the kernels' tile products call BLAS directly (``csrc/fused_common.h``: without ATen's per-call
+    dispatch, which a tile's product at head size 32 does not amortise) or ATen's matmul; returns whether they now
+    call BLAS, False where the BLAS PyTorch links exports no ``sgemm_``. Both give the same numbers to fp32
+    rounding; the tests run each kernel both ways. Builds the library if needed."""
+    if not available():
+        raise RuntimeError(f"the fused CPU kernels are {status()}")
+    return bool(torch.ops.attnzoo.fused_use_blas(enabled))
 
 
 def runs_alibi(q: Tensor, k: Tensor, v: Tensor, dropout_p: float) -> bool:

@@ -14,9 +14,9 @@
 //
 //   dV = Pᵀ dO,  dP = dO Vᵀ,  dS = P ∘ (dP − D),  dQ = scale · dS K,  dK = scale · dSᵀ Q.
 //
-// Tile products are ATen matmuls (at::mm_out / addmm_ on views of the operands and of per-task scratch), so they
-// run on the BLAS PyTorch was built with; only the elementwise softmax steps are written here, with ATen's
-// vector type. Math is fp32 throughout: the Python side upcasts bf16 operands (attnzoo.attention.fused_cpu).
+// Tile products are BLAS calls on views of the operands and of per-task scratch (attnzoo_cpu::gemm: the BLAS
+// PyTorch was built with, without ATen's dispatch); only the elementwise softmax steps are written here, with
+// ATen's vector type. Math is fp32 throughout: the Python side upcasts bf16 operands (attnzoo.attention.fused_cpu).
 //
 // Grouped-query attention reads kv head h / n_rep for query head h without copying k and v. Parallelism: the
 // forward pass over (batch·head, query tile), whose outputs are disjoint; the backward pass over (batch, kv head),
@@ -41,6 +41,7 @@ namespace {
 
 using attnzoo_cpu::balanced_tile;
 using attnzoo_cpu::FlushSubnormals;
+using attnzoo_cpu::gemm;
 using attnzoo_cpu::kLanes;
 using attnzoo_cpu::online_softmax_row;
 using attnzoo_cpu::probability_row;
@@ -95,13 +96,13 @@ std::tuple<at::Tensor, at::Tensor> alibi_flash_forward(
       for (int64_t j0 = 0; j0 < i0 + rows; j0 += k_tile) {
         const int64_t cols = std::min(k_tile, len - j0);
         at::Tensor s = scores.narrow(0, 0, rows * cols).view({rows, cols});
-        at::mm_out(s, q_i, k_bg.narrow(0, j0, cols).t());
+        gemm(s, q_i, k_bg.narrow(0, j0, cols).t());
         float* s_ptr = s.data_ptr<float>();
         for (int64_t r = 0; r < rows; ++r) {
           online_softmax_row(s_ptr + r * cols, cols, fscale, slope, j0, i0 + r, row_max[r], row_sum[r],
                              acc_ptr + r * dv, dv);
         }
-        acc_i.addmm_(s, v_bg.narrow(0, j0, cols));
+        gemm(acc_i, s, v_bg.narrow(0, j0, cols), 1.f, 1.f);
       }
       // Every row saw key 0 in the first tile, so its sum is at least exp(0) = 1 of the max: no division by 0.
       float* lse_ptr = lse.data_ptr<float>() + bh * len + i0;
@@ -153,8 +154,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> alibi_flash_backward(
             at::Tensor q_i = q[b][h].narrow(0, i0, rows), do_i = grad_out[b][h].narrow(0, i0, rows);
             at::Tensor p = probs.narrow(0, 0, rows * cols).view({rows, cols});
             at::Tensor dp = dprobs.narrow(0, 0, rows * cols).view({rows, cols});
-            at::mm_out(p, q_i, k_j.t());
-            at::mm_out(dp, do_i, v_j.t());
+            gemm(p, q_i, k_j.t());
+            gemm(dp, do_i, v_j.t());
             float* p_ptr = p.data_ptr<float>();
             float* dp_ptr = dp.data_ptr<float>();
             for (int64_t r = 0; r < rows; ++r) {
@@ -172,9 +173,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> alibi_flash_backward(
                 ds_row[c] = p_row[c] * (ds_row[c] - delta_ptr[i]);
               }
             }
-            dv_j.addmm_(p.t(), do_i);
-            dk_j.addmm_(dp.t(), q_i, 1.0, scale);
-            grad_q[b][h].narrow(0, i0, rows).addmm_(dp, k_j, 1.0, scale);
+            gemm(dv_j, p.t(), do_i, 1.f, 1.f);
+            gemm(dk_j, dp.t(), q_i, static_cast<float>(scale), 1.f);
+            gemm(grad_q[b][h].narrow(0, i0, rows), dp, k_j, static_cast<float>(scale), 1.f);
           }
         }
       }

@@ -24,9 +24,9 @@
 //   dQW[t][i, o] = Σ_s S_i dA'_o,     dKW[s][i, o] = Σ_t S_i dA'_o,     dS_i = Σ_o dA'_o (QW[t] + KW[s])[i, o]
 //   dQ_n = scale · dS_n K_n,   dK_n += scale · dS_nᵀ Q_n
 //
-// Tile products are ATen matmuls on views of the operands and of per-task scratch (BLAS); the elementwise steps
-// (composition, softmax and their adjoints) are written here with ATen's vector type, over each row's visible
-// columns only. Math is fp32: the Python side upcasts bf16 operands (attnzoo.attention.dcmha_cpu).
+// Tile products are BLAS calls on views of the operands and of per-task scratch (attnzoo_cpu::gemm); the
+// elementwise steps (composition, softmax and their adjoints) are written here with ATen's vector type, over each
+// row's visible columns only. Math is fp32: the Python side upcasts bf16 operands (attnzoo.attention.dcmha_cpu).
 //
 // Parallelism: the forward pass over (batch, group, query tile), whose outputs are disjoint. In the backward
 // pass the key-side gradients (dK, dV, dKW, dKW') of one (batch, group) collect every query tile's share; each
@@ -55,6 +55,7 @@ namespace {
 
 using attnzoo_cpu::balanced_tile;
 using attnzoo_cpu::FlushSubnormals;
+using attnzoo_cpu::gemm;
 using attnzoo_cpu::kLanes;
 using attnzoo_cpu::Vec;
 
@@ -177,8 +178,7 @@ void tile_logits(const Problem& p, const Tile& t, const at::Tensor& q_scaled, co
   for (int64_t n = 0; n < p.m; ++n) {
     const int64_t h = t.g * p.m + n;
     at::Tensor s = scores.narrow(0, n * t.head(), t.head()).view({t.rows, t.width}).narrow(1, cols.begin, cols.size());
-    at::mm_out(s, q_scaled[t.b][h].narrow(0, t.i0, t.rows),
-               k[t.b][h / p.n_rep].narrow(0, t.lo + cols.begin, cols.size()).t());
+    gemm(s, q_scaled[t.b][h].narrow(0, t.i0, t.rows), k[t.b][h / p.n_rep].narrow(0, t.lo + cols.begin, cols.size()).t());
     if (p.slopes != nullptr) {
       const float slope = p.slopes[h];
       for (int64_t r = 0; r < t.rows; ++r) {
@@ -529,9 +529,9 @@ std::tuple<at::Tensor, at::Tensor> dcmha_fused_forward(
         }
         for (int64_t n = 0; n < p.m; ++n) {
           const int64_t h = t.g * p.m + n;
-          out[t.b][h].narrow(0, t.i0, t.rows).addmm_(
-              scores.narrow(0, n * t.head(), t.head()).view({t.rows, t.width}).narrow(1, cols.begin, cols.size()),
-              v[t.b][h / p.n_rep].narrow(0, t.lo + cols.begin, cols.size()));
+          gemm(out[t.b][h].narrow(0, t.i0, t.rows),
+               scores.narrow(0, n * t.head(), t.head()).view({t.rows, t.width}).narrow(1, cols.begin, cols.size()),
+               v[t.b][h / p.n_rep].narrow(0, t.lo + cols.begin, cols.size()), 1.f, 1.f);
         }
       }
     }
@@ -630,8 +630,8 @@ std::vector<at::Tensor> dcmha_fused_backward(
           for (int64_t n = 0; n < p.m; ++n) {
             const int64_t h = g * p.m + n;
             at::Tensor grad_mixed = block_view(grads_t, n, cols);
-            at::mm_out(grad_mixed, grad_out[b][h].narrow(0, t.i0, t.rows),
-                       v[b][h / p.n_rep].narrow(0, t.lo + cols.begin, cols.size()).t());
+            gemm(grad_mixed, grad_out[b][h].narrow(0, t.i0, t.rows),
+                 v[b][h / p.n_rep].narrow(0, t.lo + cols.begin, cols.size()).t());
           }
           at::Tensor mixed_blocks = probs_t;  // dV's P': P itself without post-composition
           if (p.qw[1] != nullptr) {
@@ -648,8 +648,8 @@ std::vector<at::Tensor> dcmha_fused_backward(
             at::Tensor mixed_n = p.qw[1] != nullptr
                                      ? mixed_t.narrow(0, n * t.rows * cols.size(), t.rows * cols.size()).view({t.rows, cols.size()})
                                      : block_view(mixed_blocks, n, cols);
-            grad_v_part[kv - kv_first].narrow(0, t.lo + cols.begin, cols.size())
-                .addmm_(mixed_n.t(), grad_out[b][h].narrow(0, t.i0, t.rows));
+            gemm(grad_v_part[kv - kv_first].narrow(0, t.lo + cols.begin, cols.size()), mixed_n.t(),
+                 grad_out[b][h].narrow(0, t.i0, t.rows), 1.f, 1.f);
             for (int64_t r = 0; r < t.rows; ++r) {
               const auto [first, last] = visible_in(p, t, r, cols);
               const float* prob = row_of(probs, t, n, r);
@@ -689,10 +689,10 @@ std::vector<at::Tensor> dcmha_fused_backward(
           for (int64_t n = 0; n < p.m; ++n) {
             const int64_t h = g * p.m + n, kv = h / p.n_rep;
             at::Tensor grad_logits = block_view(grads_t, n, cols);
-            grad_q[b][h].narrow(0, t.i0, t.rows).addmm_(grad_logits, k[b][kv].narrow(0, t.lo + cols.begin, cols.size()),
-                                                       1.0, p.scale);
-            grad_k_part[kv - kv_first].narrow(0, t.lo + cols.begin, cols.size())
-                .addmm_(grad_logits.t(), q_scaled[b][h].narrow(0, t.i0, t.rows));
+            gemm(grad_q[b][h].narrow(0, t.i0, t.rows), grad_logits,
+                 k[b][kv].narrow(0, t.lo + cols.begin, cols.size()), p.scale, 1.f);
+            gemm(grad_k_part[kv - kv_first].narrow(0, t.lo + cols.begin, cols.size()), grad_logits.t(),
+                 q_scaled[b][h].narrow(0, t.i0, t.rows), 1.f, 1.f);
           }
         }
       }

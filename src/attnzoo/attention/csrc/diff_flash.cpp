@@ -15,7 +15,7 @@
 //   dQ_m = scale · dS_m K_m,   dK_m = scale · dS_mᵀ Q_m,
 //
 // with O_m = A_m V the normalised output of each map (O2 is saved; O1 = O + λ·O2). dλ = −Σ D2 is taken by the
-// Python side. The tile products are ATen matmuls on the BLAS PyTorch was built with, in fp32.
+// Python side. The tile products are BLAS calls (attnzoo_cpu::gemm), in fp32.
 //
 // Grouped-query attention reads kv head h / n_rep without copying. Parallelism as alibi_flash.cpp: the forward
 // pass over (batch·head, query tile), the backward pass over (batch, kv head), whose dK and dV are its own.
@@ -38,6 +38,7 @@ namespace {
 
 using attnzoo_cpu::balanced_tile;
 using attnzoo_cpu::FlushSubnormals;
+using attnzoo_cpu::gemm;
 using attnzoo_cpu::kLanes;
 using attnzoo_cpu::online_softmax_row;
 using attnzoo_cpu::probability_row;
@@ -95,14 +96,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> diff_flash_forward(
         const int64_t cols = std::min(k_tile, len - j0);
         at::Tensor s = scores.narrow(0, 0, 2 * rows * cols).view({2 * rows, cols});
         at::Tensor s1 = s.narrow(0, 0, rows), s2 = s.narrow(0, rows, rows);
-        at::mm_out(s1, q1, k1.narrow(0, j0, cols).t());
-        at::mm_out(s2, q2, k2.narrow(0, j0, cols).t());
+        gemm(s1, q1, k1.narrow(0, j0, cols).t());
+        gemm(s2, q2, k2.narrow(0, j0, cols).t());
         float* s_ptr = s.data_ptr<float>();
         for (int64_t r = 0; r < 2 * rows; ++r) {  // stacked row r is query i0 + r mod rows of map 1 + r / rows
           online_softmax_row(s_ptr + r * cols, cols, fscale, slope, j0, i0 + r % rows, row_max[r], row_sum[r],
                              acc_ptr + r * dv, dv);
         }
-        acc_i.addmm_(s, v_g.narrow(0, j0, cols));
+        gemm(acc_i, s, v_g.narrow(0, j0, cols), 1.f, 1.f);
       }
       float* lse_ptr = lse.data_ptr<float>() + bh * 2 * len + i0;
       float* out_ptr = out.data_ptr<float>() + (bh * len + i0) * dv;
@@ -173,9 +174,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> diff_flash_backward(
             at::Tensor p = probs.narrow(0, 0, 2 * rows * cols).view({2 * rows, cols});
             at::Tensor p1 = p.narrow(0, 0, rows), p2 = p.narrow(0, rows, rows);
             at::Tensor dp = dprobs.narrow(0, 0, rows * cols).view({rows, cols});
-            at::mm_out(p1, q1, k1.t());
-            at::mm_out(p2, q2, k2.t());
-            at::mm_out(dp, do_i, v_j.t());
+            gemm(p1, q1, k1.t());
+            gemm(p2, q2, k2.t());
+            gemm(dp, do_i, v_j.t());
             float* p_ptr = p.data_ptr<float>();
             float* dp_ptr = dp.data_ptr<float>();
             for (int64_t r = 0; r < rows; ++r) {
@@ -201,11 +202,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> diff_flash_backward(
                 a1[c] = x1 - flambda * x2;
               }
             }
-            dv_j.addmm_(p1.t(), do_i);
-            dk1.addmm_(dp.t(), q1, 1.0, scale);
-            dk2.addmm_(p2.t(), q2, 1.0, scale);
-            grad_q[b][2 * h].narrow(0, i0, rows).addmm_(dp, k1, 1.0, scale);
-            grad_q[b][2 * h + 1].narrow(0, i0, rows).addmm_(p2, k2, 1.0, scale);
+            gemm(dv_j, p1.t(), do_i, 1.f, 1.f);
+            gemm(dk1, dp.t(), q1, fscale, 1.f);
+            gemm(dk2, p2.t(), q2, fscale, 1.f);
+            gemm(grad_q[b][2 * h].narrow(0, i0, rows), dp, k1, fscale, 1.f);
+            gemm(grad_q[b][2 * h + 1].narrow(0, i0, rows), p2, k2, fscale, 1.f);
           }
         }
       }
