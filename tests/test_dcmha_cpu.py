@@ -319,12 +319,14 @@ def test_no_tensor_is_quadratic_in_length():
 
 
 def test_the_kernel_is_named_where_it_runs(capsys):
-    """``attnzoo info`` and the benchmarks' kernel column name the fused kernel for DCMHA on the CPU; a configuration
-    it does not serve (compiled composition) names the chunked kernel."""
+    """``attnzoo info`` and the benchmarks' kernel column name the fused kernel for DCMHA on the CPU, and the decoding
+    step's for a decode row; a configuration it does not serve (compiled composition) names the chunked kernel."""
     assert main(["info", "--attention", "dcmha"]) == 0
     assert f"attention kernel (CPU, fp32 training)\n  {dcmha_cpu.KERNEL_NAME}, built" in capsys.readouterr().out
     model = dcmha_model().eval()
-    assert sdpa_kernels(model, torch.randint(0, 61, (1, 16))) == [dcmha_cpu.KERNEL_NAME]
+    idx = torch.randint(0, 61, (1, 16))
+    assert sdpa_kernels(model, idx) == [dcmha_cpu.KERNEL_NAME]
+    assert sdpa_kernels(model, idx, decoding=True) == [dcmha_cpu.DECODE_KERNEL_NAME]
     compiled_composition = dataclasses.replace(
         model.config, attention_options=model.config.attention_options | {"compile_composition": True}
     )

@@ -197,13 +197,14 @@ def test_cached_decoding_equals_the_full_forward(monkeypatch):
 
 def test_the_kernel_is_named_where_it_runs(capsys):
     """``attnzoo info`` (through ``linear_bias_kernel``) and the benchmarks' kernel column name the fused kernel for
-    ALiBi on the CPU, and SDPA's flash kernel for RoPE."""
+    ALiBi on the CPU, SDPA's flash kernel for an ALiBi decoding step, and SDPA's flash kernel for RoPE."""
     assert main(["info", "--position", "alibi"]) == 0
     assert f"attention kernel (CPU, fp32 training)\n  {fused_cpu.KERNEL_NAME}, built" in capsys.readouterr().out
     assert fused_cpu.KERNEL_NAME in kernels.linear_bias_kernel(torch.device("cpu"), torch.float32)
     assert "(1, H, T, T) bias" in kernels.linear_bias_kernel(torch.device("cpu"), torch.float64)
     idx = torch.randint(0, 32, (1, 16))
     assert sdpa_kernels(alibi_model().eval(), idx) == [fused_cpu.KERNEL_NAME]
+    assert sdpa_kernels(alibi_model().eval(), idx, decoding=True) == ["flash (CPU)"]
     rope = Transformer(ModelConfig(vocab_size=32, dim=H * D, n_layers=1, n_heads=H)).eval()
     assert sdpa_kernels(rope, idx) == ["flash (CPU)"]
 

@@ -45,6 +45,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 SDPA_KERNELS = {
     "alibi_flash_forward": fused_cpu.KERNEL_NAME,
     "dcmha_fused_forward": dcmha_cpu.KERNEL_NAME,
+    "dcmha_decode_forward": dcmha_cpu.DECODE_KERNEL_NAME,
     "diff_flash_forward": diff_cpu.KERNEL_NAME,
     "_scaled_dot_product_flash_attention_for_cpu": "flash (CPU)",
     "_scaled_dot_product_flash_attention": "flash",
@@ -139,11 +140,16 @@ class _KernelRecorder(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def sdpa_kernels(model: Transformer, idx: torch.Tensor) -> list[str]:
-    """The fused SDPA kernels one forward pass dispatches to (empty for the math fallback and for mechanisms
-    that compute their scores themselves)."""
-    with torch.no_grad(), _KernelRecorder() as recorder:
-        model(idx)
+def sdpa_kernels(model: Transformer, idx: torch.Tensor, *, decoding: bool = False) -> list[str]:
+    """The fused attention kernels one forward pass over ``idx`` dispatches to, or with ``decoding`` one cached
+    single-token step after ``idx`` is prefilled (empty for SDPA's math path and for mechanisms that compute their
+    scores themselves)."""
+    with torch.no_grad():
+        if decoding:
+            cache = model.new_cache(idx.shape[0], idx.shape[1] + 1)
+            model(idx, cache=cache)
+        with _KernelRecorder() as recorder:
+            model(idx[:, -1:], cache=cache) if decoding else model(idx)
     return sorted(label for kernel, label in SDPA_KERNELS.items() if kernel in recorder.ops)
 
 
@@ -231,7 +237,7 @@ def _run_case(case: BenchCase, repeats: int, warmup: int, threads: int, device: 
             rates.append(tokens / seconds)
     peak = peak_mb() - base
     with autocast:
-        kernels = sdpa_kernels(model.eval(), idx[:, : min(case.seq_len, 256)])
+        kernels = sdpa_kernels(model.eval(), idx[:, : min(case.seq_len, 256)], decoding=case.mode == "decode")
     return BenchResult(
         case=case.label,
         mode=case.mode,

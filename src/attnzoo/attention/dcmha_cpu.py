@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 # False: the layer takes its PyTorch path on CPU too (comparisons, benchmarks).
 USE_KERNEL = True
 KERNEL_NAME = "dcmha-fused (C++, CPU)"
+DECODE_KERNEL_NAME = "dcmha-decode (C++, CPU)"
 MAX_HEADS_PER_GROUP = 32  # the source's kMaxHeads: a row's M head scores are held as M vectors
 # A task keeps up to three (M, rows, T) fp32 tile buffers (S, P and dP in the backward pass), written once and read
 # once per pass, while each key block of K_BLOCK columns is worked on in cache. Rows per tile: as many as keep one
