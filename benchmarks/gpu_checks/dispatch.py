@@ -137,11 +137,11 @@ def _reason(message: str) -> str:
 
 
 def expected_dispatch(cfg: ModelConfig, device: str) -> str:
-    """What attnzoo should run: a mechanism that acts on the scores (``needs_scores``) its own fused kernel (DCMHA's
-    C++ kernel on the CPU, where built) or its chunked eager kernel, and no SDPA; every other one SDPA, and on CUDA a
-    fused SDPA backend, never the math path."""
+    """What attnzoo should run: a mechanism that acts on the scores (``needs_scores``) its own fused kernels (DCMHA's
+    C++ kernels on the CPU, where built: the fresh sequence's and the decoding step's) or its chunked eager kernel,
+    and no SDPA; every other one SDPA, and on CUDA a fused SDPA backend, never the math path."""
     if ATTENTION.get(cfg.attention).needs_scores:
-        return "its own fused kernel or the chunked eager kernel, no SDPA (the mechanism acts on the scores)"
+        return "its own fused kernels or the chunked eager kernel, no SDPA (the mechanism acts on the scores)"
     if torch.device(device).type == "cuda":
         return "SDPA, a fused backend (flash, memory-efficient or cuDNN), never math"
     return "SDPA (any backend: on the CPU only recorded)"
@@ -150,7 +150,8 @@ def expected_dispatch(cfg: ModelConfig, device: str) -> str:
 def dispatch_status(cfg: ModelConfig, device: str, chosen: set[str], train: list[str], decode: list[str]) -> str:
     """PASS or FAIL for what ``attend`` chose and the SDPA backends that ran, against :func:`expected_dispatch`."""
     if ATTENTION.get(cfg.attention).needs_scores:
-        return PASS if "sdpa" not in chosen and set(train + decode) <= {dcmha_cpu.KERNEL_NAME} else FAIL
+        own = {dcmha_cpu.KERNEL_NAME, dcmha_cpu.DECODE_KERNEL_NAME}
+        return PASS if "sdpa" not in chosen and set(train + decode) <= own else FAIL
     if "sdpa" not in chosen or not train or not decode:
         return FAIL  # attend did not pick SDPA, or SDPA never ran
     if torch.device(device).type == "cuda" and "math" in {*train, *decode}:
