@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     for seed in args.seeds:
         for dtype in DTYPES:
             found = results[dtype][seed]
-            rows.append([seed, dtype, *(f"{loss:.4f}" for _, loss in found["curve"]), f"{found['tokens_per_s']:,.0f}"])
+            rows.append([str(seed), dtype, *(f"{loss:.4f}" for _, loss in found["curve"]), f"{found['tokens_per_s']:,.0f}"])
     gaps = [results["bfloat16"][s]["final"] - results["float32"][s]["final"] for s in args.seeds]
     spread = max(r["final"] for r in results["float32"].values()) - min(r["final"] for r in results["float32"].values())
     speed = statistics.median(
