@@ -73,9 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     for seed in args.seeds:
         for dtype in DTYPES:
             found = results[dtype][seed]
-            rows.append([str(seed), dtype, *(f"{loss:.4f}" for _, loss in found["curve"]), f"{found['tokens_per_s']:,.0f}"])
+            losses = [f"{loss:.4f}" for _, loss in found["curve"]]
+            rows.append([str(seed), dtype, *losses, f"{found['tokens_per_s']:,.0f}"])
     gaps = [results["bfloat16"][s]["final"] - results["float32"][s]["final"] for s in args.seeds]
-    spread = max(r["final"] for r in results["float32"].values()) - min(r["final"] for r in results["float32"].values())
+    fp32_finals = [found["final"] for found in results["float32"].values()]
+    spread = max(fp32_finals) - min(fp32_finals)
     speed = statistics.median(
         results["bfloat16"][s]["tokens_per_s"] / results["float32"][s]["tokens_per_s"] for s in args.seeds
     )
