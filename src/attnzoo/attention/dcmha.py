@@ -314,10 +314,9 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
         fresh_k, fresh_v = k, v
         if cache is not None:
             key_positions, k, v, cached_kw = self._extend_cache(cache, ctx, k, v, pre, post)
+        fused = None  # a fused kernel's output, where one computes this call
         if cache is None and (kernel := _fused_kernel()).runs_on(q):  # Triton (CUDA); None where it cannot
             fused = kernel.fused_attention(q, k, v, ctx, pre, post, self)
-            if fused is not None:
-                return self.o_proj(fused.transpose(1, 2).reshape(batch, seq_len, -1))
         elif fresh and dcmha_cpu.unsupported(q, fresh_k, ctx, self) is None:  # the fused C++ kernel
             fused = dcmha_cpu.dcmha_attention(
                 q,
@@ -328,7 +327,6 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
                 groups=self.num_groups,
                 window=self.window,
             )
-            return self.o_proj(fused.transpose(1, 2).reshape(batch, seq_len, -1))
         elif not fresh and dcmha_cpu.unsupported(q, k, ctx, self, decoding=True) is None:  # its decoding step
             fused = dcmha_cpu.decode_attention(
                 q,
@@ -341,6 +339,7 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
                 groups=self.num_groups,
                 window=self.window,
             )
+        if fused is not None:
             return self.o_proj(fused.transpose(1, 2).reshape(batch, seq_len, -1))
         hooks, hook_inputs = self._block_hooks(pre, post, cached_kw)
         out, _ = attend(
