@@ -491,3 +491,9 @@ def test_a_baseline_on_the_tasks_shortcut_has_not_learned_it():
     gated = judge(CLAIMS["diff.multi_needle"], CompareResults.from_dict(data))
     assert gated.outcome == "not measurable" and gated.gate.levels["gate"] == 0.7
     assert gated.gate.levels["shortcut"] == 0.7
+
+
+def test_training_flops_per_token_refuses_a_bad_length_by_name():
+    cfg = ModelConfig(vocab_size=64, dim=32, n_layers=1, n_heads=4, max_seq_len=16)
+    with pytest.raises(ValueError, match="seq_len=0 is invalid"):
+        training_flops_per_token(cfg, 0)

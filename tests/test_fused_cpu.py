@@ -230,3 +230,8 @@ def test_torch_compile_keeps_the_sdpa_path_whole():
     assert explained.graph_break_count == 0
     compiled = torch.compile(model, backend="eager", fullgraph=True)
     torch.testing.assert_close(compiled(tokens), model(tokens), rtol=1e-5, atol=1e-5)
+
+
+def test_use_blas_refuses_a_non_bool_by_name():
+    with pytest.raises(ValueError, match="enabled=1 is invalid"):
+        fused_cpu.use_blas(1)

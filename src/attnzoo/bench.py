@@ -149,7 +149,10 @@ def sdpa_kernels(model: Transformer, idx: torch.Tensor, *, decoding: bool = Fals
             cache = model.new_cache(idx.shape[0], idx.shape[1] + 1)
             model(idx, cache=cache)
         with _KernelRecorder() as recorder:
-            model(idx[:, -1:], cache=cache) if decoding else model(idx)
+            if decoding:
+                model(idx[:, -1:], cache=cache)
+            else:
+                model(idx)
     return sorted(label for kernel, label in SDPA_KERNELS.items() if kernel in recorder.ops)
 
 

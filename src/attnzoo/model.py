@@ -67,6 +67,7 @@ def training_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     scores of every key, masked ones too, for every mechanism alike."""
     from torch.utils.flop_counter import FlopCounterMode  # here: it imports Triton, a third of a second
 
+    require(is_int(seq_len) and seq_len >= 1, "seq_len", seq_len, "must be an integer >= 1")
     model = Transformer(dataclasses.replace(cfg, attn_backend="eager", max_seq_len=max(cfg.max_seq_len, seq_len)))
     idx = torch.zeros(1, seq_len, dtype=torch.long)
     with FlopCounterMode(display=False) as counter:

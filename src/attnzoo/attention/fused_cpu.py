@@ -153,6 +153,8 @@ def use_blas(enabled: bool) -> bool:
     dispatch, which a tile's product at head size 32 does not amortise) or ATen's matmul; returns whether they now
     call BLAS, False where the BLAS PyTorch links exports no ``sgemm_``. Both give the same numbers to fp32
     rounding; the tests run each kernel both ways. Builds the library if needed."""
+    if not isinstance(enabled, bool):
+        raise ValueError(f"enabled={enabled!r} is invalid: must be true or false")
     if not available():
         raise RuntimeError(f"the fused CPU kernels are {status()}")
     return bool(torch.ops.attnzoo.fused_use_blas(enabled))

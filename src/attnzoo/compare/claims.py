@@ -21,6 +21,8 @@ where that figure is printed (``source``), and fixes, before any run, everything
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -330,7 +332,7 @@ def compute_to_match(references: dict[float, str]) -> Measure:
         if found is None:
             return None
         flops = [
-            training_flops_per_token(ModelConfig.from_dict(variant.config), results.budget.seq_len)
+            _flops_per_token(json.dumps(variant.config, sort_keys=True), results.budget.seq_len)
             for variant in (found, runs[1.0])
         ]
         by_seed = {m: {run.seed: run.val.loss for run in runs[m].runs} for m in multiples}  # type: ignore[union-attr]
@@ -349,6 +351,13 @@ def compute_to_match(references: dict[float, str]) -> Measure:
         read,
         trains=tuple(references.values()),
     )
+
+
+@functools.cache
+def _flops_per_token(config_json: str, seq_len: int) -> float:
+    """:func:`training_flops_per_token` of a stored variant's config, counted once per process: a report reads the
+    measure for every view of it, and a count builds and runs the model."""
+    return training_flops_per_token(ModelConfig.from_dict(json.loads(config_json)), seq_len)
 
 
 def matching_multiple(multiples: list[float], losses: list[float], target: float) -> float:

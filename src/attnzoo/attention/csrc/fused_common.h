@@ -93,14 +93,7 @@ inline void gemm(at::Tensor out, const at::Tensor& a, const at::Tensor& b, float
   const bool blas = blas_in_use() && m > 0 && n > 0 && k > 0 && out.stride(1) == 1 &&
                     (m == 1 || out.stride(0) >= n) && blas_operand(a, &op_a, &ld_a) && blas_operand(b, &op_b, &ld_b);
   if (!blas) {
-    if (beta == 0.f) {
-      at::mm_out(out, a, b);
-      if (alpha != 1.f) {
-        out.mul_(alpha);
-      }
-    } else {
-      out.addmm_(a, b, beta, alpha);
-    }
+    out.addmm_(a, b, beta, alpha);  // beta = 0 ignores out, NaN included, as BLAS does
     return;
   }
   // Row-major out = a·b is column-major outᵀ = bᵀ·aᵀ.
