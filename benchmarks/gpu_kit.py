@@ -10,8 +10,9 @@ run on a later resume without it), and ``--variants`` / ``--seeds`` narrow the c
 
 The stages, in order, each writing under ``OUT``:
 
-1. ``corpus``: pystdlib prepared offline (the Python standard library's ``.py`` files in sorted path order, bytes
-   as tokens, the last 10% the validation split); its files, tokens and sha256 → ``corpus.json``;
+1. ``corpus``: the preset's corpus prepared offline (gpu-lm's pysource: the ``.py`` files of the standard library
+   and the installed packages, each in path order, bytes as tokens, the last 10% the validation split); its files,
+   tokens, sha256 and the passes a run makes over its training split → ``corpus.json``;
 2. ``gpu_check``: ``benchmarks/gpu_check.py --quick`` → ``gpu-check/``;
 3. ``tests``: ``pytest -m "cuda or triton"``, the CUDA and compiled-Triton tests → ``tests/junit.xml``;
 4. ``dcmha_triton``: ``benchmarks/bench_dcmha_triton.py`` → ``dcmha-triton.md`` and ``.json``;
@@ -354,13 +355,18 @@ def corpus_stage(kit: Kit) -> Outcome:
     data = kit.plan.spec.train.data
     corpus = prepare_corpus(data.corpus, data.tokenizer, data.val_fraction)
     info = {key: value for key, value in corpus.info.items() if key not in ("cache", "self_sha256")}
-    record = {**info, "train_tokens": len(corpus.train), "val_tokens": len(corpus.val)}
+    train = kit.plan.spec.train
+    passes = train.steps * train.tokens_per_step / len(corpus.train)  # at the preset's steps, before the scaling
+    record = {**info, "train_tokens": len(corpus.train), "val_tokens": len(corpus.val), "passes_per_run": passes}
     atomic_write_text(kit.out / "corpus.json", json.dumps(record, indent=2) + "\n")
     note = (
         f"{corpus.name}: {len(corpus.tokens):,} tokens ({len(corpus.train):,} train, {len(corpus.val):,} val) "
         f"from {info.get('files', 0):,} files, Python {info.get('python_version', '?')}, tokens sha256 "
-        f"{info['files_sha256']['tokens.bin'][:12]}"
+        f"{info['files_sha256']['tokens.bin'][:12]}; a run of {train.steps:,} steps reads the training split "
+        f"{passes:.2f} times"
     )
+    if passes > 1:  # the validation loss then rises as the models memorise it (gpu-2026-11-26b), no verdict reads
+        return Outcome(FAILED, f"{note}: more than once, so the models would overfit it", ("corpus.json",))
     return Outcome(PASSED, note, ("corpus.json",))
 
 
@@ -497,7 +503,7 @@ def compare_stage(kit: Kit) -> Outcome:
 
 
 STAGES = (
-    Stage("corpus", "pystdlib prepared offline", corpus_stage),
+    Stage("corpus", "the preset's corpus prepared offline", corpus_stage),
     Stage("gpu_check", "benchmarks/gpu_check.py", gpu_check_stage),
     Stage("tests", 'pytest -m "cuda or triton"', tests_stage),
     Stage("dcmha_triton", "benchmarks/bench_dcmha_triton.py", dcmha_triton_stage),

@@ -177,7 +177,7 @@ def test_the_task_gate_refuses_a_baseline_at_chance_or_a_variant_below_it(result
     assert learned.gate.passed and learned.outcome == "inconclusive"  # judged, but 2 seeds
 
 
-def test_the_language_model_gate_passes_a_flat_loss_and_refuses_a_falling_one(results):
+def test_the_language_model_gate_passes_a_flat_loss_and_refuses_a_falling_or_rising_one(results):
     data = json.loads((FIXTURE / "results.json").read_text())
 
     def with_curves(fall):
@@ -192,6 +192,12 @@ def test_the_language_model_gate_passes_a_flat_loss_and_refuses_a_falling_one(re
     falling = judge(claim, with_curves(0.05))  # 0.05 per 100 steps: 0.05 over the last quarter, above 0.02
     assert falling.outcome == "not measurable" and "the loss had not flattened" in falling.reason
     assert "fell 0.050 nats" in falling.reason and falling.p_raw is None
+    rising = judge(claim, with_curves(-0.05))  # an overfitting run: the loss rose 0.05 over the last quarter
+    assert rising.outcome == "not measurable" and "rose 0.050 nats" in rising.reason and "overfit" in rising.reason
+    assert rising.gate.levels["mha+rope: fall over the last 25% (nats)"] == pytest.approx(-0.05)
+    assert rising.would_change.startswith("a training split larger than a run's tokens")
+    slightly_rising = judge(claim, with_curves(-0.001))
+    assert slightly_rising.gate.passed and slightly_rising.outcome == "supported"
 
 
 def test_a_claim_no_comparison_ran_says_what_would_run_it(results):

@@ -656,6 +656,21 @@ def test_the_report_redraws_from_a_stored_results_file_without_training(tmp_path
     assert (out / "report.html").read_text().count("<table>") >= 4
 
 
+def test_a_compare_that_lists_no_bench_cases_reports_without_them(tmp_path):
+    """``EvalSpec(bench_cases=())`` is valid (a GPU lease spends its minutes on training): the report says the
+    throughput was not measured and draws no plot of it, where it divided by zero before (2026-11-26, on an H100)."""
+    out = tmp_path / "out"
+    shutil.copytree(FIXTURE, out)
+    data = json.loads((out / "results.json").read_text())
+    data["bench"]["measurements"] = []
+    (out / "results.json").write_text(json.dumps(data))
+    paths = write_report(CompareResults.load(out / "results.json"), out)
+    markdown = paths["markdown"].read_text()
+    assert "Not measured: this comparison's evaluations list no bench cases." in markdown
+    assert "throughput_memory.png" not in markdown and not (out / "plots" / "throughput_memory.png").exists()
+    assert json.loads(paths["verdicts"].read_text())["claims"]
+
+
 class _Payload:
     def __init__(self, marker):
         self.marker = marker

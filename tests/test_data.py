@@ -7,6 +7,7 @@ import json
 import os
 import re
 import sys
+import sysconfig
 import tarfile
 import threading
 from dataclasses import replace
@@ -205,6 +206,19 @@ def test_pystdlib_lists_the_standard_library_in_a_fixed_order_and_records_the_py
     assert source.fingerprint == corpora.text_source("pystdlib").fingerprint
     first = next(source.read())
     assert "import" in first or '"""' in first
+
+
+def test_pysource_reads_the_standard_library_then_the_installed_packages():
+    import torch
+
+    stdlib, source = corpora.text_source("pystdlib"), corpora.text_source("pysource")
+    roots = [Path(root) for root in source.info["roots"]]
+    assert roots[0] == Path(sysconfig.get_paths()["stdlib"]) and len(roots) in (2, 3)
+    assert any(Path(torch.__file__).resolve().is_relative_to(root) for root in roots[1:])
+    assert source.info["files"] > stdlib.info["files"] + 1000  # torch alone ships over 2,000 .py files
+    assert source.fingerprint == corpora.text_source("pysource").fingerprint
+    assert source.fingerprint.startswith(stdlib.fingerprint + ":")  # the same files first, in the same order
+    assert next(source.read()) == next(stdlib.read())
 
 
 # --------------------------------------------------------------------------------------------- shakespeare

@@ -1,5 +1,6 @@
 """benchmarks/gpu_kit.py: its dry run end to end, the step arithmetic, and resuming where it stopped."""
 
+import dataclasses
 import json
 import math
 from types import SimpleNamespace
@@ -75,9 +76,9 @@ def test_the_gpu_plan_runs_the_preset_as_it_is_and_the_dry_run_a_cpu_toy():
 
 def test_the_gpu_lm_preset_scores_the_whole_validation_split_at_its_own_scale():
     spec = PRESETS["gpu-lm"]
-    assert spec.train.data.corpus == "pystdlib" and spec.train.seq_len == 512 and len(spec.seeds) == 5
+    assert spec.train.data.corpus == "pysource" and spec.train.seq_len == 512 and len(spec.seeds) == 5
     assert spec.train.steps * spec.train.tokens_per_step == 65_536_000
-    # 16384 windows of 512 cover a validation split of 8.4M tokens; pystdlib's is about 3M on Python 3.11.
+    # 16384 windows of 512 cover a validation split of 8.4M tokens, which pysource's exceeds wherever torch is.
     assert spec.train.eval_windows * spec.train.seq_len > 8_000_000
     assert PRESETS["gpu"].model == spec.model and PRESETS["gpu"].train.data == spec.train.data
 
@@ -115,6 +116,22 @@ def killed():
 
 def new_kit(out, budget_min=2):
     return gpu_kit.Kit(gpu_kit.make_plan(dry_run=True, budget_min=budget_min), out)
+
+
+def test_the_corpus_stage_fails_a_corpus_a_run_would_read_more_than_once(tmp_path):
+    """A gpu-lm run read pystdlib's 9.6M training tokens 6.8 times on an H100 and overfit (gpu-2026-11-26b)."""
+    text = tmp_path / "small.txt"
+    text.write_text("def f(x):\n    return x + 1\n" * 200)
+    kit = new_kit(tmp_path / "kit")
+    small = dataclasses.replace(kit.plan.spec.train.data, corpus=str(text))
+    spec = dataclasses.replace(kit.plan.spec, train=dataclasses.replace(kit.plan.spec.train, data=small))
+    kit.plan = dataclasses.replace(kit.plan, spec=spec)
+    outcome = gpu_kit.corpus_stage(kit)
+    record = json.loads((kit.out / "corpus.json").read_text())
+    assert record["passes_per_run"] == pytest.approx(
+        spec.train.steps * spec.train.tokens_per_step / record["train_tokens"]
+    )
+    assert record["passes_per_run"] > 1 and outcome.status == gpu_kit.FAILED and "overfit" in outcome.note
 
 
 def test_a_crashed_stage_is_recorded_incomplete_the_rest_run_and_a_resume_runs_only_it(tmp_path, capsys):
@@ -260,7 +277,8 @@ def test_the_dry_run_runs_every_stage_and_a_second_run_resumes_with_nothing_left
     for record in state.values():
         assert all((out / path).is_file() for path in record["outputs"])
     assert state["corpus"]["outputs"] == ["corpus.json"]
-    assert json.loads((out / "corpus.json").read_text())["name"] == "pystdlib"
+    corpus = json.loads((out / "corpus.json").read_text())
+    assert corpus["name"] == "pysource" and 0 < corpus["passes_per_run"] < 1
     assert any(path.endswith(".md") for path in state["gpu_check"]["outputs"])
     assert state["gpu_check"]["status"] == state["tests"]["status"] == gpu_kit.PASSED
     assert (out / "tests" / "junit.xml").is_file()

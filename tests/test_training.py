@@ -127,6 +127,23 @@ def test_a_tiny_run_learns_and_leaves_a_complete_run_directory(text, tmp_path):
     assert [c.name for c in complete_checkpoints(run)] == ["step-0000010", "step-0000020", "step-0000030"]
 
 
+def test_the_run_says_when_it_reads_its_training_split_more_than_once(text, tmp_path):
+    """An H100 run of 2026-11-26 read a 9.6M-token split 6.8 times and overfit; the header now says so."""
+    corpus = prepare_corpus(str(text), "byte")
+
+    def train_line(steps):
+        cfg = tiny_train_config(text, steps=steps)
+        header = Trainer(tiny_model_config(), cfg, corpus, tmp_path / f"run{steps}", progress=False).describe()
+        return cfg.steps * cfg.tokens_per_step / len(corpus.train), next(
+            line for line in header.splitlines() if line.startswith("train  ")
+        )
+
+    passes, line = train_line(1)
+    assert passes < 1 and "passes" not in line
+    passes, line = train_line(400)
+    assert passes > 2 and f"({passes:.1f} passes over the training split)" in line
+
+
 def test_resumed_run_is_bitwise_identical_to_the_uninterrupted_one(text, tmp_path):
     # Dropout makes the RNG state part of what must be restored.
     model_config = tiny_model_config(dropout=0.1)

@@ -104,7 +104,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="training steps per run (default: the preset's); warmup, evaluations and checkpoints keep their share",
     )
     parser.add_argument(
-        "--data", metavar="CORPUS", help="'shakespeare' (default), 'pystdlib', or a path to a text file or directory"
+        "--data",
+        metavar="CORPUS",
+        help="'shakespeare' (default), 'pystdlib', 'pysource', or a path to a text file or directory",
     )
     parser.add_argument(
         "--tasks",

@@ -73,23 +73,29 @@ class Gate:
     passed: bool
     reason: str
     levels: dict[str, float]
+    remedy: str | None = None  # what would make a failed gate pass, where the claim's default advice is wrong
 
 
 @dataclass(frozen=True)
 class LossFlattened:
-    """Judged only where the validation loss of both models fell by less than ``max_fall`` nats over the last
-    ``window`` of training (a least-squares line through each seed's curve, or its last two points when the window
-    holds fewer; the mean over seeds). A model still improving faster than the effect sought is measured mid-descent,
-    where a difference in speed of learning passes for a difference in the end state."""
+    """Judged only where the validation loss of both models moved by less than ``max_fall`` nats, down or up, over
+    the last ``window`` of training (a least-squares line through each seed's curve, or its last two points when the
+    window holds fewer; the mean over seeds). A model still improving faster than the effect sought is measured
+    mid-descent, where a difference in speed of learning passes for a difference in the end state; one whose loss
+    rises as fast is overfitting a training split it has seen more than once, where the end state measures how the
+    models memorise rather than how they model the text."""
 
     max_fall: float
     window: float = 0.25
 
     def describe(self) -> str:
-        return f"validation loss fell by less than {self.max_fall:g} nats over the last {self.window:.0%} of training"
+        return (
+            f"validation loss fell or rose by less than {self.max_fall:g} nats over the last {self.window:.0%} of "
+            "training"
+        )
 
     def check(self, results: CompareResults, claim: Claim) -> Gate:
-        levels, falling = {}, []
+        levels, falling, rising = {}, [], []
         for label in (claim.baseline, claim.variant):
             found = results.variants.get(label)
             fall = _last_fall(found.runs, self.window) if found else None
@@ -100,12 +106,18 @@ class LossFlattened:
             levels[f"{label}: fall over the last {self.window:.0%} (nats)"] = fall
             if fall >= self.max_fall:
                 falling.append(f"{label} still fell {fall:.3f} nats")
+            elif -fall >= self.max_fall:
+                rising.append(f"{label} rose {-fall:.3f} nats")
+        window = f"over the last {self.window:.0%} of training, against the {self.max_fall:g} allowed"
         if falling:
+            return Gate(False, f"{' and '.join(falling)} {window}: the loss had not flattened", levels)
+        if rising:
             return Gate(
                 False,
-                f"{' and '.join(falling)} over the last {self.window:.0%} of training, against the "
-                f"{self.max_fall:g} allowed: the loss had not flattened",
+                f"{' and '.join(rising)} {window}: the models overfit their training split (a compare repeats it "
+                "when a run's tokens exceed it), so the end state measures memorising, not modelling the text",
                 levels,
+                remedy="a training split larger than a run's tokens (a bigger corpus, or fewer tokens a run)",
             )
         return Gate(True, self.describe(), levels)
 

@@ -293,16 +293,23 @@ def build_report(results: CompareResults, plots: dict[str, str]) -> Report:
     report.add(
         Image(plots["extrapolation"], "Validation loss against evaluation length (mean ± std over seeds)."),
         Heading(2, "Throughput and memory"),
-        Paragraph(
-            f"Every case in a fresh process, {_bench_order(results.bench)}; medians over "
-            f"{evals.bench_repeats} repeats, with the spread. Speed is tokens/s ÷ the baseline's (above 1 is faster); "
-            "memory is peak ÷ the baseline's (above 1 is more). On the CPU, peak memory is the rise of the process's "
-            "resident high-water mark, reset for the case, over its resident size before the first step "
-            "(attnzoo.bench); a case whose ratio is N/A had no measurable rise. "
-            f"Machine: {results.bench.machine}."
-        ),
-        _bench_table(results),
-        Image(plots["throughput_memory"], "Training speed and peak memory relative to the baseline."),
+    )
+    if "throughput_memory" in plots:
+        report.add(
+            Paragraph(
+                f"Every case in a fresh process, {_bench_order(results.bench)}; medians over "
+                f"{evals.bench_repeats} repeats, with the spread. Speed is tokens/s ÷ the baseline's (above 1 is "
+                "faster); memory is peak ÷ the baseline's (above 1 is more). On the CPU, peak memory is the rise of "
+                "the process's resident high-water mark, reset for the case, over its resident size before the first "
+                "step (attnzoo.bench); a case whose ratio is N/A had no measurable rise. "
+                f"Machine: {results.bench.machine}."
+            ),
+            _bench_table(results),
+            Image(plots["throughput_memory"], "Training speed and peak memory relative to the baseline."),
+        )
+    else:
+        report.add(Paragraph("Not measured: this comparison's evaluations list no bench cases."))
+    report.add(
         Heading(2, "Attention maps"),
         Paragraph(
             f"Each layer's effective attention map of the seed-{seeds[0]} model, averaged over heads, on the first "
@@ -411,16 +418,18 @@ def write_report(results: CompareResults, out_dir: Path) -> dict[str, Path]:
     plots = {
         "loss_curves": f"{PLOTS}/loss_curves.png",
         "extrapolation": f"{PLOTS}/extrapolation.png",
-        "throughput_memory": f"{PLOTS}/throughput_memory.png",
         **{f"task_{name}": f"{PLOTS}/task_{name}.png" for name in results.tasks},
     }
+    if results.bench.measurements:
+        plots["throughput_memory"] = f"{PLOTS}/throughput_memory.png"
     if all((out_dir / variant.runs[0].run_dir / ATTENTION_MAPS).is_file() for variant in results.variants.values()):
         plots["attention_maps"] = f"{PLOTS}/attention_maps.png"
         plots |= {f"attention_heads_{label}": f"{PLOTS}/attention_heads_{label}.png" for label in results.variants}
     (out_dir / PLOTS).mkdir(parents=True, exist_ok=True)
     plot_loss_curves(results, out_dir / plots["loss_curves"])
     plot_extrapolation(results, out_dir / plots["extrapolation"])
-    plot_throughput_memory(results, out_dir / plots["throughput_memory"])
+    if "throughput_memory" in plots:
+        plot_throughput_memory(results, out_dir / plots["throughput_memory"])
     if "attention_maps" in plots:
         plot_attention_maps(results, out_dir, out_dir / plots["attention_maps"])
         for label in results.variants:

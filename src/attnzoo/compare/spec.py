@@ -187,10 +187,14 @@ _TRAIN_DEFAULTS = {"lr": 2e-3, "keep_checkpoints": 1}
 # 6 heads of 64) and about 6N + 6·L·T·d ≈ 71 MFLOP per trained token at T = 512, so a gpu-lm run of 65.5M tokens
 # (6 tokens per parameter, past the CPU presets' 0.4 but short of compute-optimal) is 4.6 PFLOP and its 20 runs
 # 93 PFLOP: 6 minutes at 250 TFLOP/s (a quarter of an H100's bf16 peak), 25 minutes at 60 TFLOP/s for the
-# mechanisms without a fused kernel. pystdlib (31.5M bytes on Python 3.11) is read offline on the GPU machine;
-# a run sees its 28M training tokens 2.3 times, where Shakespeare's 5M would repeat 13 times.
+# mechanisms without a fused kernel. The text is pysource, read offline on the GPU machine: the standard library's
+# and the installed packages' .py files. pystdlib alone is 10.7M bytes on the GPU image's Python 3.12 (no test
+# suite), and a gpu-lm run read its 9.6M training tokens 6.8 times: on an H100 (2026-11-26) the validation loss
+# bottomed at step 1,250-1,500 and rose 0.03 nats by 2,000 while the training loss fell to 0.40. The torch and
+# transformers sources alone (90M bytes there) gave mha+rope a loss still falling 0.026 nats over its last quarter
+# at 2,000 steps, read once.
 _GPU_MODEL = {"dim": 384, "n_layers": 6, "n_heads": 6}
-_GPU_DATA = DataConfig(corpus="pystdlib")
+_GPU_DATA = DataConfig(corpus="pysource")
 _GPU_TRAIN = {"lr": 1e-3, "keep_checkpoints": 1, "device": "cuda"}
 # More windows of T = 512 than a validation split of 8.4M tokens holds: evaluation scores the whole split.
 _WHOLE_SPLIT_WINDOWS = 16384
@@ -285,7 +289,7 @@ PRESETS: dict[str, CompareSpec] = {
         description=(
             "every claim on one CUDA GPU (sized from its token budget when it had 8 variants; not yet timed on a "
             "GPU): the claims' 12 language-model variants × 3 seeds × 2,000 steps × 64 × 256 tokens of gpu-lm's "
-            "10.7M-parameter model on pystdlib in bf16 autocast, and the claims' tasks at their standard and full "
+            "10.7M-parameter model on pysource in bf16 autocast, and the claims' tasks at their standard and full "
             "budgets"
         ),
         model=_GPU_MODEL,
@@ -310,7 +314,7 @@ PRESETS: dict[str, CompareSpec] = {
         description=(
             "the LM-loss claims on one CUDA GPU, what scripts/gpu_kit.sh runs (sized by the estimate in spec.py; "
             "the kit scales its steps to the time measured): mha, diff, selective and dcmha × 5 seeds × 2,000 "
-            "steps × 64 × 512 tokens (65.5M per run) of a 10.7M-parameter model on pystdlib in bf16 autocast, "
+            "steps × 64 × 512 tokens (65.5M per run) of a 10.7M-parameter model on pysource in bf16 autocast, "
             "the whole validation split scored"
         ),
         model=_GPU_MODEL,

@@ -120,7 +120,8 @@ def _measure(claim: Claim, results: CompareResults) -> Verdict:
         )
 
     if not gate.passed:
-        return final("not measurable", gate.reason, _what_would_measure(claim, gate.reason.endswith(DIVERGED)))
+        remedy = gate.remedy or _what_would_measure(claim, gate.reason.endswith(DIVERGED))
+        return final("not measurable", gate.reason, remedy)
     non_finite = [
         label
         for label, values in ((claim.variant, ours), (claim.baseline, theirs))

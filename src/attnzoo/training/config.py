@@ -76,7 +76,7 @@ def _from_dict(cls: type, data: dict[str, Any], section: str) -> Any:
 
 @dataclass(frozen=True)
 class DataConfig:
-    corpus: str = option("shakespeare", "'shakespeare', 'pystdlib', or a path to a text file or directory")
+    corpus: str = option("shakespeare", "'shakespeare', 'pystdlib', 'pysource', or a path to a text file or directory")
     tokenizer: str = option(
         "byte",
         "'byte' (256 ids, any text), 'char' (the corpus's characters) or 'hf:PATH' (a Hugging Face tokenizer.json, "

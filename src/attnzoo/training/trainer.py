@@ -354,8 +354,9 @@ class Trainer:
                 *init,
                 f"data   {self.corpus.name} ({self.corpus.tokenizer.kind} tokenizer, vocab {m.vocab_size}): "
                 f"{len(self.corpus.train):,} train / {len(self.corpus.val):,} val tokens",
-                f"train  {c.steps} steps × {c.batch_size} sequences × {c.seq_len} tokens = {total_tokens:,} tokens, "
-                f"AdamW lr {c.lr:g} (warmup {c.warmup_steps}, cosine to {c.lr * c.min_lr_ratio:g})",
+                f"train  {c.steps} steps × {c.batch_size} sequences × {c.seq_len} tokens = {total_tokens:,} tokens"
+                f"{_passes(total_tokens, len(self.corpus.train))}, AdamW lr {c.lr:g} (warmup {c.warmup_steps}, "
+                f"cosine to {c.lr * c.min_lr_ratio:g})",
                 f"device {self.env.device.type} × {self.env.world_size} process(es), "
                 f"{torch.get_num_threads()} torch thread(s), {str(self.dtype).removeprefix('torch.')}",
             ]
@@ -620,6 +621,11 @@ class _Throughput:
 
     def total_rate(self) -> float:
         return self.steps * self.tokens_per_step / self.seconds if self.seconds else math.nan
+
+
+def _passes(tokens: int, train_tokens: int) -> str:
+    """Said where a run reads its training split more than once: past one pass a model starts to memorise it."""
+    return f" ({tokens / train_tokens:.1f} passes over the training split)" if tokens > train_tokens else ""
 
 
 def _prefixed(prefix: str, values: dict) -> dict:
