@@ -40,9 +40,12 @@
 namespace {
 
 using attnzoo_cpu::balanced_tile;
+using attnzoo_cpu::dense;
 using attnzoo_cpu::FlushSubnormals;
 using attnzoo_cpu::gemm;
 using attnzoo_cpu::kLanes;
+using attnzoo_cpu::Mat;
+using attnzoo_cpu::matrix_of;
 using attnzoo_cpu::online_softmax_row;
 using attnzoo_cpu::probability_row;
 using attnzoo_cpu::scale_row;
@@ -77,32 +80,30 @@ std::tuple<at::Tensor, at::Tensor> alibi_flash_forward(
 
   at::parallel_for(0, batch * heads * q_tiles, 1, [&](int64_t begin, int64_t end) {
     // Scratch for one task at a time, O(q_tile·k_tile): a score tile, the running output and row statistics.
-    at::Tensor scores = at::empty({q_tile * k_tile}, q.options());
-    at::Tensor acc = at::empty({q_tile * dv}, q.options());
-    std::vector<float> row_max(q_tile), row_sum(q_tile);
+    std::vector<float> scores(q_tile * k_tile), acc(q_tile * dv), row_max(q_tile), row_sum(q_tile);
     const FlushSubnormals flush;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t bh = task / q_tiles, i0 = balanced_tile(task % q_tiles, q_tiles) * q_tile;
       const int64_t rows = std::min(q_tile, len - i0);
       const int64_t b = bh / heads, h = bh % heads, g = h / n_rep;
       const float slope = slope_of[h];
-      at::Tensor q_i = q[b][h].narrow(0, i0, rows), k_bg = k[b][g], v_bg = v[b][g];
-      at::Tensor acc_i = acc.narrow(0, 0, rows * dv).view({rows, dv});
-      acc_i.zero_();
-      float* acc_ptr = acc_i.data_ptr<float>();
+      const Mat q_i = matrix_of(q, bh).rows_at(i0, rows), k_bg = matrix_of(k, b * kv_heads + g);
+      const Mat v_bg = matrix_of(v, b * kv_heads + g), acc_i = dense(acc.data(), rows, dv);
+      float* acc_ptr = acc.data();
+      std::fill(acc_ptr, acc_ptr + rows * dv, 0.f);
       std::fill(row_max.begin(), row_max.end(), -std::numeric_limits<float>::infinity());
       std::fill(row_sum.begin(), row_sum.end(), 0.f);
       // Causal tile skipping: key tiles that start after the tile's last query hold only masked scores.
       for (int64_t j0 = 0; j0 < i0 + rows; j0 += k_tile) {
         const int64_t cols = std::min(k_tile, len - j0);
-        at::Tensor s = scores.narrow(0, 0, rows * cols).view({rows, cols});
-        gemm(s, q_i, k_bg.narrow(0, j0, cols).t());
-        float* s_ptr = s.data_ptr<float>();
+        const Mat s = dense(scores.data(), rows, cols);
+        gemm(s, q_i, k_bg.rows_at(j0, cols).t());
+        float* s_ptr = s.data;
         for (int64_t r = 0; r < rows; ++r) {
           online_softmax_row(s_ptr + r * cols, cols, fscale, slope, j0, i0 + r, row_max[r], row_sum[r],
                              acc_ptr + r * dv, dv);
         }
-        gemm(acc_i, s, v_bg.narrow(0, j0, cols), 1.f, 1.f);
+        gemm(acc_i, s, v_bg.rows_at(j0, cols), 1.f, 1.f);
       }
       // Every row saw key 0 in the first tile, so its sum is at least exp(0) = 1 of the max: no division by 0.
       float* lse_ptr = lse.data_ptr<float>() + bh * len + i0;
@@ -134,16 +135,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> alibi_flash_backward(
   const float fscale = static_cast<float>(scale);
 
   at::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
-    at::Tensor probs = at::empty({q_tile * k_tile}, q.options());
-    at::Tensor dprobs = at::empty({q_tile * k_tile}, q.options());
+    std::vector<float> probs(q_tile * k_tile), dprobs(q_tile * k_tile);
     const FlushSubnormals flush;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / kv_heads, g = task % kv_heads;
       // Key tiles outside, so that a tile's dK and dV rows stay in cache while every query that sees them adds in.
       for (int64_t j0 = 0; j0 < len; j0 += k_tile) {
         const int64_t cols = std::min(k_tile, len - j0);
-        at::Tensor k_j = k[b][g].narrow(0, j0, cols), v_j = v[b][g].narrow(0, j0, cols);
-        at::Tensor dk_j = grad_k[b][g].narrow(0, j0, cols), dv_j = grad_v[b][g].narrow(0, j0, cols);
+        const Mat k_j = matrix_of(k, task).rows_at(j0, cols), v_j = matrix_of(v, task).rows_at(j0, cols);
+        const Mat dk_j = matrix_of(grad_k, task).rows_at(j0, cols), dv_j = matrix_of(grad_v, task).rows_at(j0, cols);
         for (int64_t h = g * n_rep; h < (g + 1) * n_rep; ++h) {
           const float slope = slope_of[h];
           const float* lse_ptr = lse.data_ptr<float>() + (b * heads + h) * len;
@@ -151,13 +151,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> alibi_flash_backward(
           // Causal tile skipping: only query tiles that reach key j0 see this key tile.
           for (int64_t i0 = (j0 / q_tile) * q_tile; i0 < len; i0 += q_tile) {
             const int64_t rows = std::min(q_tile, len - i0);
-            at::Tensor q_i = q[b][h].narrow(0, i0, rows), do_i = grad_out[b][h].narrow(0, i0, rows);
-            at::Tensor p = probs.narrow(0, 0, rows * cols).view({rows, cols});
-            at::Tensor dp = dprobs.narrow(0, 0, rows * cols).view({rows, cols});
+            const Mat q_i = matrix_of(q, b * heads + h).rows_at(i0, rows);
+            const Mat do_i = matrix_of(grad_out, b * heads + h).rows_at(i0, rows);
+            const Mat p = dense(probs.data(), rows, cols), dp = dense(dprobs.data(), rows, cols);
             gemm(p, q_i, k_j.t());
             gemm(dp, do_i, v_j.t());
-            float* p_ptr = p.data_ptr<float>();
-            float* dp_ptr = dp.data_ptr<float>();
+            float* p_ptr = p.data;
+            float* dp_ptr = dp.data;
             for (int64_t r = 0; r < rows; ++r) {
               const int64_t i = i0 + r;
               float* p_row = p_ptr + r * cols;
@@ -175,7 +175,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> alibi_flash_backward(
             }
             gemm(dv_j, p.t(), do_i, 1.f, 1.f);
             gemm(dk_j, dp.t(), q_i, static_cast<float>(scale), 1.f);
-            gemm(grad_q[b][h].narrow(0, i0, rows), dp, k_j, static_cast<float>(scale), 1.f);
+            gemm(matrix_of(grad_q, b * heads + h).rows_at(i0, rows), dp, k_j, static_cast<float>(scale), 1.f);
           }
         }
       }

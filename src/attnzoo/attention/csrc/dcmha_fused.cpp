@@ -54,9 +54,12 @@
 namespace {
 
 using attnzoo_cpu::balanced_tile;
+using attnzoo_cpu::dense;
 using attnzoo_cpu::FlushSubnormals;
 using attnzoo_cpu::gemm;
 using attnzoo_cpu::kLanes;
+using attnzoo_cpu::Mat;
+using attnzoo_cpu::matrix_of;
 using attnzoo_cpu::Vec;
 
 constexpr int64_t kMaxHeads = 32;  // M: the heads of one row of columns are held as kMaxHeads vectors
@@ -155,6 +158,11 @@ inline float* row_of(float* x, const Tile& t, int64_t n, int64_t r) {
   return x + n * t.head() + r * t.width;
 }
 
+// Head n's block of a (M, rows, width) buffer: the tile's rows × the block's columns.
+inline Mat block_of(const Tile& t, float* x, int64_t n, Cols cols) {
+  return dense(x + n * t.head(), t.rows, t.width).cols_at(cols.begin, cols.size());
+}
+
 // Zeroes the block's columns of every row of the M heads that the row does not see.
 void zero_hidden(const Problem& p, const Tile& t, float* x, Cols cols) {
   for (int64_t n = 0; n < p.m; ++n) {
@@ -173,16 +181,16 @@ void zero_hidden(const Problem& p, const Tile& t, float* x, Cols cols) {
 
 // The block's logits S_n = (scale·q_n)·k_nᵀ (+ m_n·(s − t)) of the M heads into `scores`; `q_scaled` is scale·q,
 // scaled before the product as the eager reference does in fp32.
-void tile_logits(const Problem& p, const Tile& t, const at::Tensor& q_scaled, const at::Tensor& k,
-                 const at::Tensor& scores, Cols cols) {
+void tile_logits(const Problem& p, const Tile& t, const at::Tensor& q_scaled, const at::Tensor& k, float* scores,
+                 Cols cols) {
   for (int64_t n = 0; n < p.m; ++n) {
     const int64_t h = t.g * p.m + n;
-    at::Tensor s = scores.narrow(0, n * t.head(), t.head()).view({t.rows, t.width}).narrow(1, cols.begin, cols.size());
-    gemm(s, q_scaled[t.b][h].narrow(0, t.i0, t.rows), k[t.b][h / p.n_rep].narrow(0, t.lo + cols.begin, cols.size()).t());
+    gemm(block_of(t, scores, n, cols), matrix_of(q_scaled, t.b * p.heads + h).rows_at(t.i0, t.rows),
+         matrix_of(k, t.b * p.kv_heads + h / p.n_rep).rows_at(t.lo + cols.begin, cols.size()).t());
     if (p.slopes != nullptr) {
       const float slope = p.slopes[h];
       for (int64_t r = 0; r < t.rows; ++r) {
-        float* row = row_of(scores.data_ptr<float>(), t, n, r);
+        float* row = row_of(scores, t, n, r);
         const auto [first, last] = visible_in(p, t, r, cols);
         for (int64_t c = first; c < last; ++c) {
           row[c] += slope * static_cast<float>(t.lo + c - (t.i0 + r));
@@ -486,7 +494,7 @@ std::tuple<at::Tensor, at::Tensor> dcmha_fused_forward(
       std::fill(row_sum.begin(), row_sum.end(), 0.f);
       for (size_t kb = 0; kb < blocks.size(); ++kb) {
         const Cols cols = blocks[kb];
-        tile_logits(p, t, q_scaled, k, scores, cols);
+        tile_logits(p, t, q_scaled, k, x, cols);
         if (p.qw[0] != nullptr) {
           compose_block(p, t, 0, x, x, false, cols);
         }
@@ -529,9 +537,8 @@ std::tuple<at::Tensor, at::Tensor> dcmha_fused_forward(
         }
         for (int64_t n = 0; n < p.m; ++n) {
           const int64_t h = t.g * p.m + n;
-          gemm(out[t.b][h].narrow(0, t.i0, t.rows),
-               scores.narrow(0, n * t.head(), t.head()).view({t.rows, t.width}).narrow(1, cols.begin, cols.size()),
-               v[t.b][h / p.n_rep].narrow(0, t.lo + cols.begin, cols.size()), 1.f, 1.f);
+          gemm(matrix_of(out, t.b * p.heads + h).rows_at(t.i0, t.rows), block_of(t, x, n, cols),
+               matrix_of(v, t.b * p.kv_heads + h / p.n_rep).rows_at(t.lo + cols.begin, cols.size()), 1.f, 1.f);
         }
       }
     }
@@ -608,12 +615,9 @@ std::vector<at::Tensor> dcmha_fused_backward(
         float* probs = probs_t.data_ptr<float>();
         float* grads = grads_t.data_ptr<float>();
         float* mixed = mixed_t.data_ptr<float>();
-        auto block_view = [&](const at::Tensor& buffer, int64_t n, Cols cols) {
-          return buffer.narrow(0, n * t.head(), t.head()).view({t.rows, t.width}).narrow(1, cols.begin, cols.size());
-        };
         std::fill(row_dot.begin(), row_dot.end(), 0.f);
         for (const Cols cols : blocks) {
-          tile_logits(p, t, q_scaled, k, logits_t, cols);
+          tile_logits(p, t, q_scaled, k, logits, cols);
           if (p.qw[0] != nullptr) {
             compose_block(p, t, 0, logits, probs, false, cols);
           }
@@ -629,11 +633,9 @@ std::vector<at::Tensor> dcmha_fused_backward(
           zero_hidden(p, t, probs, cols);
           for (int64_t n = 0; n < p.m; ++n) {
             const int64_t h = g * p.m + n;
-            at::Tensor grad_mixed = block_view(grads_t, n, cols);
-            gemm(grad_mixed, grad_out[b][h].narrow(0, t.i0, t.rows),
-                 v[b][h / p.n_rep].narrow(0, t.lo + cols.begin, cols.size()).t());
+            gemm(block_of(t, grads, n, cols), matrix_of(grad_out, b * p.heads + h).rows_at(t.i0, t.rows),
+                 matrix_of(v, b * p.kv_heads + h / p.n_rep).rows_at(t.lo + cols.begin, cols.size()).t());
           }
-          at::Tensor mixed_blocks = probs_t;  // dV's P': P itself without post-composition
           if (p.qw[1] != nullptr) {
             query_weight_grads(p, t, probs, grads, dqw[1], cols);
             if (dkw[1] != nullptr) {
@@ -645,11 +647,11 @@ std::vector<at::Tensor> dcmha_fused_backward(
           }
           for (int64_t n = 0; n < p.m; ++n) {
             const int64_t h = g * p.m + n, kv = h / p.n_rep;
-            at::Tensor mixed_n = p.qw[1] != nullptr
-                                     ? mixed_t.narrow(0, n * t.rows * cols.size(), t.rows * cols.size()).view({t.rows, cols.size()})
-                                     : block_view(mixed_blocks, n, cols);
-            gemm(grad_v_part[kv - kv_first].narrow(0, t.lo + cols.begin, cols.size()), mixed_n.t(),
-                 grad_out[b][h].narrow(0, t.i0, t.rows), 1.f, 1.f);
+            // dV's P': P itself without post-composition.
+            const Mat mixed_n = p.qw[1] != nullptr ? dense(mixed + n * t.rows * cols.size(), t.rows, cols.size())
+                                                   : block_of(t, probs, n, cols);
+            gemm(matrix_of(grad_v_part, kv - kv_first).rows_at(t.lo + cols.begin, cols.size()), mixed_n.t(),
+                 matrix_of(grad_out, b * p.heads + h).rows_at(t.i0, t.rows), 1.f, 1.f);
             for (int64_t r = 0; r < t.rows; ++r) {
               const auto [first, last] = visible_in(p, t, r, cols);
               const float* prob = row_of(probs, t, n, r);
@@ -688,11 +690,11 @@ std::vector<at::Tensor> dcmha_fused_backward(
           // dQ = scale·dS K, dK += dSᵀ (scale·Q).
           for (int64_t n = 0; n < p.m; ++n) {
             const int64_t h = g * p.m + n, kv = h / p.n_rep;
-            at::Tensor grad_logits = block_view(grads_t, n, cols);
-            gemm(grad_q[b][h].narrow(0, t.i0, t.rows), grad_logits,
-                 k[b][kv].narrow(0, t.lo + cols.begin, cols.size()), p.scale, 1.f);
-            gemm(grad_k_part[kv - kv_first].narrow(0, t.lo + cols.begin, cols.size()), grad_logits.t(),
-                 q_scaled[b][h].narrow(0, t.i0, t.rows), 1.f, 1.f);
+            const Mat grad_logits = block_of(t, grads, n, cols);
+            gemm(matrix_of(grad_q, b * p.heads + h).rows_at(t.i0, t.rows), grad_logits,
+                 matrix_of(k, b * p.kv_heads + kv).rows_at(t.lo + cols.begin, cols.size()), p.scale, 1.f);
+            gemm(matrix_of(grad_k_part, kv - kv_first).rows_at(t.lo + cols.begin, cols.size()), grad_logits.t(),
+                 matrix_of(q_scaled, b * p.heads + h).rows_at(t.i0, t.rows), 1.f, 1.f);
           }
         }
       }

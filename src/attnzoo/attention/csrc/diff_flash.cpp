@@ -37,9 +37,12 @@
 namespace {
 
 using attnzoo_cpu::balanced_tile;
+using attnzoo_cpu::dense;
 using attnzoo_cpu::FlushSubnormals;
 using attnzoo_cpu::gemm;
 using attnzoo_cpu::kLanes;
+using attnzoo_cpu::Mat;
+using attnzoo_cpu::matrix_of;
 using attnzoo_cpu::online_softmax_row;
 using attnzoo_cpu::probability_row;
 using attnzoo_cpu::Vec;
@@ -76,34 +79,31 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> diff_flash_forward(
 
   at::parallel_for(0, batch * heads * q_tiles, 1, [&](int64_t begin, int64_t end) {
     // Both maps' score tiles stacked, map 1's rows first: one (2·rows, cols) product with V serves both.
-    at::Tensor scores = at::empty({2 * q_tile * k_tile}, q.options());
-    at::Tensor acc = at::empty({2 * q_tile * dv}, q.options());
-    std::vector<float> row_max(2 * q_tile), row_sum(2 * q_tile);
+    std::vector<float> scores(2 * q_tile * k_tile), acc(2 * q_tile * dv), row_max(2 * q_tile), row_sum(2 * q_tile);
     const FlushSubnormals flush;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t bh = task / q_tiles, i0 = balanced_tile(task % q_tiles, q_tiles) * q_tile;
       const int64_t rows = std::min(q_tile, len - i0);
       const int64_t b = bh / heads, h = bh % heads, g = h / n_rep;
       const float slope = slope_of[h];
-      at::Tensor q1 = q[b][2 * h].narrow(0, i0, rows), q2 = q[b][2 * h + 1].narrow(0, i0, rows);
-      at::Tensor k1 = k[b][2 * g], k2 = k[b][2 * g + 1], v_g = v[b][g];
-      at::Tensor acc_i = acc.narrow(0, 0, 2 * rows * dv).view({2 * rows, dv});
-      acc_i.zero_();
-      float* acc_ptr = acc_i.data_ptr<float>();
+      const Mat q1 = matrix_of(q, 2 * bh).rows_at(i0, rows), q2 = matrix_of(q, 2 * bh + 1).rows_at(i0, rows);
+      const Mat k1 = matrix_of(k, 2 * (b * kv_heads + g)), k2 = matrix_of(k, 2 * (b * kv_heads + g) + 1);
+      const Mat v_g = matrix_of(v, b * kv_heads + g), acc_i = dense(acc.data(), 2 * rows, dv);
+      float* acc_ptr = acc.data();
+      std::fill(acc_ptr, acc_ptr + 2 * rows * dv, 0.f);
       std::fill(row_max.begin(), row_max.end(), -std::numeric_limits<float>::infinity());
       std::fill(row_sum.begin(), row_sum.end(), 0.f);
       for (int64_t j0 = 0; j0 < i0 + rows; j0 += k_tile) {  // key tiles past the diagonal are skipped
         const int64_t cols = std::min(k_tile, len - j0);
-        at::Tensor s = scores.narrow(0, 0, 2 * rows * cols).view({2 * rows, cols});
-        at::Tensor s1 = s.narrow(0, 0, rows), s2 = s.narrow(0, rows, rows);
-        gemm(s1, q1, k1.narrow(0, j0, cols).t());
-        gemm(s2, q2, k2.narrow(0, j0, cols).t());
-        float* s_ptr = s.data_ptr<float>();
+        const Mat s = dense(scores.data(), 2 * rows, cols);
+        gemm(s.rows_at(0, rows), q1, k1.rows_at(j0, cols).t());
+        gemm(s.rows_at(rows, rows), q2, k2.rows_at(j0, cols).t());
+        float* s_ptr = s.data;
         for (int64_t r = 0; r < 2 * rows; ++r) {  // stacked row r is query i0 + r mod rows of map 1 + r / rows
           online_softmax_row(s_ptr + r * cols, cols, fscale, slope, j0, i0 + r % rows, row_max[r], row_sum[r],
                              acc_ptr + r * dv, dv);
         }
-        gemm(acc_i, s, v_g.narrow(0, j0, cols), 1.f, 1.f);
+        gemm(acc_i, s, v_g.rows_at(j0, cols), 1.f, 1.f);
       }
       float* lse_ptr = lse.data_ptr<float>() + bh * 2 * len + i0;
       float* out_ptr = out.data_ptr<float>() + (bh * len + i0) * dv;
@@ -152,33 +152,33 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> diff_flash_backward(
   at::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
     // probs: both maps' probabilities stacked; after each row's step it holds the difference map A1 − λA2 in map
     // 1's rows and dS2 in map 2's. dprobs: dP = dO Vᵀ, then dS1.
-    at::Tensor probs = at::empty({2 * q_tile * k_tile}, q.options());
-    at::Tensor dprobs = at::empty({q_tile * k_tile}, q.options());
+    std::vector<float> probs(2 * q_tile * k_tile), dprobs(q_tile * k_tile);
     const FlushSubnormals flush;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / kv_heads, g = task % kv_heads;
       for (int64_t j0 = 0; j0 < len; j0 += k_tile) {
         const int64_t cols = std::min(k_tile, len - j0);
-        at::Tensor k1 = k[b][2 * g].narrow(0, j0, cols), k2 = k[b][2 * g + 1].narrow(0, j0, cols);
-        at::Tensor v_j = v[b][g].narrow(0, j0, cols);
-        at::Tensor dk1 = grad_k[b][2 * g].narrow(0, j0, cols), dk2 = grad_k[b][2 * g + 1].narrow(0, j0, cols);
-        at::Tensor dv_j = grad_v[b][g].narrow(0, j0, cols);
+        const Mat k1 = matrix_of(k, 2 * task).rows_at(j0, cols), k2 = matrix_of(k, 2 * task + 1).rows_at(j0, cols);
+        const Mat v_j = matrix_of(v, task).rows_at(j0, cols);
+        const Mat dk1 = matrix_of(grad_k, 2 * task).rows_at(j0, cols);
+        const Mat dk2 = matrix_of(grad_k, 2 * task + 1).rows_at(j0, cols);
+        const Mat dv_j = matrix_of(grad_v, task).rows_at(j0, cols);
         for (int64_t h = g * n_rep; h < (g + 1) * n_rep; ++h) {
           const float slope = slope_of[h];
           const float* lse_ptr = lse.data_ptr<float>() + (b * heads + h) * 2 * len;
           const float* delta_ptr = delta.data_ptr<float>() + (b * heads + h) * 2 * len;
           for (int64_t i0 = (j0 / q_tile) * q_tile; i0 < len; i0 += q_tile) {
             const int64_t rows = std::min(q_tile, len - i0);
-            at::Tensor q1 = q[b][2 * h].narrow(0, i0, rows), q2 = q[b][2 * h + 1].narrow(0, i0, rows);
-            at::Tensor do_i = grad_out[b][h].narrow(0, i0, rows);
-            at::Tensor p = probs.narrow(0, 0, 2 * rows * cols).view({2 * rows, cols});
-            at::Tensor p1 = p.narrow(0, 0, rows), p2 = p.narrow(0, rows, rows);
-            at::Tensor dp = dprobs.narrow(0, 0, rows * cols).view({rows, cols});
+            const int64_t bh = b * heads + h;
+            const Mat q1 = matrix_of(q, 2 * bh).rows_at(i0, rows), q2 = matrix_of(q, 2 * bh + 1).rows_at(i0, rows);
+            const Mat do_i = matrix_of(grad_out, bh).rows_at(i0, rows);
+            const Mat p = dense(probs.data(), 2 * rows, cols), dp = dense(dprobs.data(), rows, cols);
+            const Mat p1 = p.rows_at(0, rows), p2 = p.rows_at(rows, rows);
             gemm(p1, q1, k1.t());
             gemm(p2, q2, k2.t());
             gemm(dp, do_i, v_j.t());
-            float* p_ptr = p.data_ptr<float>();
-            float* dp_ptr = dp.data_ptr<float>();
+            float* p_ptr = p.data;
+            float* dp_ptr = dp.data;
             for (int64_t r = 0; r < rows; ++r) {
               const int64_t i = i0 + r;
               float* a1 = p_ptr + r * cols;
@@ -205,8 +205,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> diff_flash_backward(
             gemm(dv_j, p1.t(), do_i, 1.f, 1.f);
             gemm(dk1, dp.t(), q1, fscale, 1.f);
             gemm(dk2, p2.t(), q2, fscale, 1.f);
-            gemm(grad_q[b][2 * h].narrow(0, i0, rows), dp, k1, fscale, 1.f);
-            gemm(grad_q[b][2 * h + 1].narrow(0, i0, rows), p2, k2, fscale, 1.f);
+            gemm(matrix_of(grad_q, 2 * bh).rows_at(i0, rows), dp, k1, fscale, 1.f);
+            gemm(matrix_of(grad_q, 2 * bh + 1).rows_at(i0, rows), p2, k2, fscale, 1.f);
           }
         }
       }

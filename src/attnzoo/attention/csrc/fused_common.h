@@ -1,6 +1,7 @@
-// What both fused CPU kernels share: the fp32 vector type, the subnormal flush each task runs under and the
-// balanced order of query tiles. Included by alibi_flash.cpp and dcmha_fused.cpp (attnzoo.attention.fused_cpu
-// names the library after the whole csrc/ directory's content, so an edit here rebuilds both).
+// What the fused CPU kernels share: the fp32 vector type, the subnormal flush each task runs under, the balanced
+// order of query tiles, and strided matrices with their BLAS product. Included by alibi_flash.cpp, diff_flash.cpp
+// and dcmha_fused.cpp (attnzoo.attention.fused_cpu names the library after the whole csrc/ directory's content, so
+// an edit here rebuilds all three).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -56,16 +57,43 @@ inline int64_t balanced_tile(int64_t i, int64_t n) {
   return i % 2 == 0 ? i / 2 : n - 1 - i / 2;
 }
 
-// A 2-D fp32 view x (rows × cols) as the column-major operand xᵀ that BLAS reads: 'N' over row-major memory, 'T'
-// over a transposed view; false where its strides fit neither.
-inline bool blas_operand(const at::Tensor& x, char* op, int* ld) {
-  const int64_t rows = x.size(0), cols = x.size(1), s0 = x.stride(0), s1 = x.stride(1);
-  if (s1 == 1 && (rows == 1 || s0 >= cols)) {
-    *op = 'N', *ld = static_cast<int>(std::max<int64_t>({rows == 1 ? cols : s0, cols, 1}));
+// A 2-D fp32 matrix over memory a tensor owns: rows × cols at any strides. A block or a transpose of it is pointer
+// arithmetic, where an at::Tensor view (select, narrow, t) passes through the dispatcher at about 1 µs a view: the
+// tile loops took 200,000 of them, 8% of a DCMHA training step at T = 4096 (profiled 2026-11-26).
+struct Mat {
+  float* data;
+  int64_t rows, cols, row_stride, col_stride;
+
+  Mat t() const { return {data, cols, rows, col_stride, row_stride}; }
+  Mat rows_at(int64_t first, int64_t count) const {
+    return {data + first * row_stride, count, cols, row_stride, col_stride};
+  }
+  Mat cols_at(int64_t first, int64_t count) const {
+    return {data + first * col_stride, rows, count, row_stride, col_stride};
+  }
+};
+
+// The row-major rows × cols matrix at `data`.
+inline Mat dense(float* data, int64_t rows, int64_t cols) {
+  return {data, rows, cols, cols, 1};
+}
+
+// The index-th of a contiguous tensor's trailing (rows × cols) matrices, in memory order: matrix b·H + h of a
+// (B, H, T, d) tensor is its (b, h) head.
+inline Mat matrix_of(const at::Tensor& x, int64_t index) {
+  const int64_t rows = x.size(-2), cols = x.size(-1);
+  return dense(x.data_ptr<float>() + index * rows * cols, rows, cols);
+}
+
+// x as the column-major operand xᵀ that BLAS reads: 'N' over row-major memory, 'T' over a transposed view; false
+// where its strides fit neither.
+inline bool blas_operand(const Mat& x, char* op, int* ld) {
+  if (x.col_stride == 1 && (x.rows == 1 || x.row_stride >= x.cols)) {
+    *op = 'N', *ld = static_cast<int>(std::max<int64_t>({x.rows == 1 ? x.cols : x.row_stride, x.cols, 1}));
     return true;
   }
-  if (s0 == 1 && (cols == 1 || s1 >= rows)) {
-    *op = 'T', *ld = static_cast<int>(std::max<int64_t>({cols == 1 ? rows : s1, rows, 1}));
+  if (x.row_stride == 1 && (x.cols == 1 || x.col_stride >= x.rows)) {
+    *op = 'T', *ld = static_cast<int>(std::max<int64_t>({x.cols == 1 ? x.rows : x.col_stride, x.rows, 1}));
     return true;
   }
   return false;
@@ -82,25 +110,30 @@ inline bool blas_in_use() {
   return sgemm_ != nullptr && blas_enabled().load(std::memory_order_relaxed);
 }
 
-// out ← alpha·a·b + beta·out for 2-D fp32 CPU views, by one BLAS call: ATen's matmul entry points cost a few µs of
-// dispatch and checks per call, which a tile's product at head size 32 does not amortise (the tile-size comment in
+// A tensor over x's memory, for ATen's fallback.
+inline at::Tensor as_tensor(const Mat& x) {
+  return at::from_blob(x.data, {x.rows, x.cols}, {x.row_stride, x.col_stride}, at::TensorOptions(at::kFloat));
+}
+
+// out ← alpha·a·b + beta·out, by one BLAS call: ATen's matmul entry points cost a few µs of dispatch and checks per
+// call, which a tile's product at head size 32 does not amortise (the tile-size comment in
 // attention/fused_cpu.py). beta = 0 leaves out unread, as BLAS defines it. Falls back to at::addmm_ where BLAS is
-// not exported, a view's strides do not fit it, or a size is 0.
-inline void gemm(at::Tensor out, const at::Tensor& a, const at::Tensor& b, float alpha = 1.f, float beta = 0.f) {
-  const int64_t m = out.size(0), n = out.size(1), k = a.size(1);
+// not exported, a matrix's strides do not fit it, or a size is 0.
+inline void gemm(const Mat& out, const Mat& a, const Mat& b, float alpha = 1.f, float beta = 0.f) {
+  const int64_t m = out.rows, n = out.cols, k = a.cols;
   char op_a = 'N', op_b = 'N';
   int ld_a = 0, ld_b = 0;
-  const bool blas = blas_in_use() && m > 0 && n > 0 && k > 0 && out.stride(1) == 1 &&
-                    (m == 1 || out.stride(0) >= n) && blas_operand(a, &op_a, &ld_a) && blas_operand(b, &op_b, &ld_b);
+  const bool blas = blas_in_use() && m > 0 && n > 0 && k > 0 && out.col_stride == 1 &&
+                    (m == 1 || out.row_stride >= n) && blas_operand(a, &op_a, &ld_a) && blas_operand(b, &op_b, &ld_b);
   if (!blas) {
-    out.addmm_(a, b, beta, alpha);  // beta = 0 ignores out, NaN included, as BLAS does
+    // beta = 0 ignores out, NaN included, as BLAS does.
+    as_tensor(out).addmm_(as_tensor(a), as_tensor(b), beta, alpha);
     return;
   }
   // Row-major out = a·b is column-major outᵀ = bᵀ·aᵀ.
   const int mi = static_cast<int>(n), ni = static_cast<int>(m), ki = static_cast<int>(k);
-  const int ld_out = static_cast<int>(std::max<int64_t>({m == 1 ? n : out.stride(0), n, 1}));
-  sgemm_(&op_b, &op_a, &mi, &ni, &ki, &alpha, b.data_ptr<float>(), &ld_b, a.data_ptr<float>(), &ld_a, &beta,
-         out.data_ptr<float>(), &ld_out);
+  const int ld_out = static_cast<int>(std::max<int64_t>({m == 1 ? n : out.row_stride, n, 1}));
+  sgemm_(&op_b, &op_a, &mi, &ni, &ki, &alpha, b.data, &ld_b, a.data, &ld_a, &beta, out.data, &ld_out);
 }
 
 }  // namespace attnzoo_cpu
