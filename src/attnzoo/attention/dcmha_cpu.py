@@ -44,10 +44,13 @@ DECODE_KERNEL_NAME = "dcmha-decode (C++, CPU)"
 MAX_HEADS_PER_GROUP = 32  # the source's kMaxHeads: a row's M head scores are held as M vectors
 # A task keeps up to three (M, rows, T) fp32 tile buffers (S, P and dP in the backward pass), written once and read
 # once per pass, while each key block of K_BLOCK columns is worked on in cache. Rows per tile: as many as keep one
-# buffer within SCRATCH_BYTES, between MIN_ROWS and MAX_ROWS. Taller tiles and wider blocks give the tile GEMMs
-# better shapes and fewer calls: fwd+bwd of (2, 8, 2048, 32) with both compositions took 471 ms in 64-row tiles and
-# 256-key blocks and 420 ms in 64 × 1024 (1 thread).
-SCRATCH_BYTES = 8 << 20
+# buffer within SCRATCH_BYTES, between MIN_ROWS and MAX_ROWS. Wider blocks give the tile GEMMs better shapes and
+# fewer calls; buffers past about 2 MB fall out of cache between the passes. Fwd+bwd of (4096 / T, 8, T, 32) with
+# both compositions, 1 thread, best of 3 (2026-11-26, after the kernels stopped building tensor views): at T = 2048,
+# 355 ms in 32 × 1024 tiles against 386–398 in 64 × 1024 and 377 in 32 × 512; at T = 4096, 714–739 ms in 16- or
+# 32-row tiles against 826–872 in 64 rows; at T = 1024 and 8192 the rows the budget gives changed nothing beyond
+# the noise (204–214 ms, 3.28–3.44 s).
+SCRATCH_BYTES = 2 << 20
 MIN_ROWS, MAX_ROWS = 16, 64
 K_BLOCK = 1024
 
