@@ -5,8 +5,9 @@
     bash scripts/gpu_kit.sh --dry-run --out DIR        # every stage at toy sizes on a CPU (1-2 min), as CI runs it
 
 A lease shorter than the whole kit (15 minutes, 2026-11-26) runs part of it: ``--skip`` leaves stages out (they
-run on a later resume without it), and ``--variants`` / ``--seeds`` narrow the compare to one claim's runs, e.g.
-``--budget-min 12 --skip gpu_check tests dcmha_triton --variants mha+rope diff+rope --seeds 3``.
+run on a later resume without it), ``--variants`` / ``--seeds`` narrow the compare to one claim's runs, ``--steps``
+fixes their length and ``--no-bench`` leaves out the throughput cases (4 minutes of an H100 on 2026-11-25), e.g.
+``--budget-min 12 --skip gpu_check tests dcmha_triton --variants mha+rope diff+rope --seeds 3 --no-bench``.
 
 The stages, in order, each writing under ``OUT``:
 
@@ -164,19 +165,33 @@ class KitPlan:
             "preset": self.spec.name,
             "variants": list(self.spec.variants),
             "seeds": list(self.spec.seeds),
+            "steps": self.spec.train.steps,
+            "bench": [list(case) for case in self.spec.evals.bench_cases],
         }
 
 
 def make_plan(
-    dry_run: bool, budget_min: float | None = None, variants: Sequence[str] = (), seeds: int | None = None
+    dry_run: bool,
+    budget_min: float | None = None,
+    variants: Sequence[str] = (),
+    seeds: int | None = None,
+    steps: int | None = None,
+    bench: bool = True,
 ) -> KitPlan:
-    """The GPU plan, or the dry run's toy; ``variants`` (the first the baseline) and ``seeds`` narrow the compare."""
+    """The GPU plan, or the dry run's toy; ``variants`` (the first the baseline) and ``seeds`` narrow the compare,
+    ``steps`` fixes its length (the timing stage then only says whether it fits) and ``bench=False`` leaves out its
+    throughput cases: a short lease spends its minutes on the runs a verdict reads."""
     plan = _make_plan(dry_run, budget_min)
-    narrowed = {}
+    narrowed: dict[str, Any] = {}
     if variants:
         narrowed["variants"] = tuple(Variant.parse(v).label for v in variants)
     if seeds is not None:
         narrowed["seeds"] = tuple(range(seeds))
+    if steps is not None:
+        narrowed["train"] = plan.spec.train.with_steps(steps)
+        plan = dataclasses.replace(plan, min_steps=steps)
+    if not bench:
+        narrowed["evals"] = dataclasses.replace(plan.spec.evals, bench_cases=())
     return dataclasses.replace(plan, spec=dataclasses.replace(plan.spec, **narrowed)) if narrowed else plan
 
 
@@ -581,17 +596,23 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--variants", nargs="+", default=[], metavar="SPEC", help=f"default: {PRESET}'s own")
     parser.add_argument("--seeds", type=int, help=f"train seeds 0..N-1 (default: {PRESET}'s)")
+    parser.add_argument(
+        "--steps", type=int, help="train exactly this many steps a run (default: as many as fit, at most the preset's)"
+    )
+    parser.add_argument("--no-bench", action="store_true", help="the compare measures no throughput cases")
     args = parser.parse_args(argv)
     if args.budget_min is not None and not (math.isfinite(args.budget_min) and args.budget_min > 0):
         parser.error(f"--budget-min={args.budget_min} is invalid: must be a number of minutes > 0")
     if args.seeds is not None and args.seeds < 1:
         parser.error(f"--seeds={args.seeds} is invalid: must be an integer >= 1")
+    if args.steps is not None and args.steps < 1:
+        parser.error(f"--steps={args.steps} is invalid: must be an integer >= 1")
     if overlap := sorted(set(args.skip) & set(args.redo)):
         parser.error(f"--skip and --redo both name {overlap}: a stage is either left out or run again")
     if not args.dry_run and not torch.cuda.is_available():
         parser.error("no CUDA device is visible (torch.cuda.is_available() is False): run it on a GPU, or --dry-run")
     try:
-        plan = make_plan(args.dry_run, args.budget_min, args.variants, args.seeds)
+        plan = make_plan(args.dry_run, args.budget_min, args.variants, args.seeds, args.steps, not args.no_bench)
     except ValueError as err:
         parser.error(str(err))
     out = args.out.resolve()  # the stages' commands run from the repository root

@@ -239,6 +239,20 @@ def test_variants_and_seeds_narrow_the_compare_to_one_claims_runs(tmp_path):
         gpu_kit.Kit(gpu_kit.make_plan(dry_run=False, variants=["mha+rope", "dcmha+rope"], seeds=3), tmp_path)
 
 
+def test_steps_fix_the_compares_length_and_no_bench_leaves_out_its_throughput_cases(tmp_path):
+    plan = gpu_kit.make_plan(dry_run=False, variants=["mha+rope", "selective+rope"], seeds=3, steps=4000, bench=False)
+    preset = PRESETS["gpu-lm"].train
+    assert plan.spec.train == preset.with_steps(4000) and plan.spec.train.warmup_steps == 2 * preset.warmup_steps
+    assert plan.spec.evals.bench_cases == () and plan.min_steps == 4000
+    # The timing stage can then only confirm the length: the most that fits is never fewer steps than asked.
+    fixed = gpu_kit.plan_steps(60.0, {"mha+rope": 0.03}, seeds=3, max_steps=4000, min_steps=4000, eval_steps_per_run=0)
+    assert fixed.steps == 4000 and not fixed.fits
+    gpu_kit.run_stages(gpu_kit.Kit(plan, tmp_path), Recorder().stages(["a"]))
+    for other in ({"steps": 3000, "bench": False}, {"steps": 4000, "bench": True}):
+        with pytest.raises(ValueError, match=r"holds a GPU kit run of another plan"):
+            gpu_kit.Kit(gpu_kit.make_plan(False, None, ["mha+rope", "selective+rope"], 3, **other), tmp_path)
+
+
 def test_bad_flags_are_refused_by_name(tmp_path, capsys, monkeypatch):
     with pytest.raises(SystemExit):
         gpu_kit.main(["--dry-run", "--budget-min", "0", "--out", str(tmp_path)])
@@ -253,6 +267,9 @@ def test_bad_flags_are_refused_by_name(tmp_path, capsys, monkeypatch):
     with pytest.raises(SystemExit):
         gpu_kit.main(["--dry-run", "--seeds", "0", "--out", str(tmp_path)])
     assert "--seeds=0 is invalid: must be an integer >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        gpu_kit.main(["--dry-run", "--steps", "0", "--out", str(tmp_path)])
+    assert "--steps=0 is invalid: must be an integer >= 1" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         gpu_kit.main(["--dry-run", "--skip", "tests", "--redo", "tests", "--out", str(tmp_path)])
     assert "--skip and --redo both name ['tests']" in capsys.readouterr().err
