@@ -213,6 +213,19 @@ def test_cached_decoding_runs_the_kernels_and_equals_the_full_forward(monkeypatc
     torch.testing.assert_close(cached, full, rtol=0, atol=1e-5 * full.abs().max().item())
 
 
+def test_a_prefill_forms_each_tokens_key_side_matrices_once(monkeypatch):
+    """The cache and the fresh-sequence kernel share one KW per composition: 2 layers × 2 compositions × 1 call, where
+    each formed its own before (8)."""
+    from attnzoo.attention import dcmha
+
+    model = dcmha_model().eval()
+    formed = CallCounter(monkeypatch, dcmha, "key_matrices")
+    fresh = kernel_spy(monkeypatch)
+    with torch.no_grad():
+        model(torch.randint(0, 61, (2, 12)), cache=model.new_cache(2, 12))
+    assert fresh.calls == 2 and formed.calls == 2 * 2
+
+
 def test_a_bf16_cache_is_decoded_on_the_pytorch_path(monkeypatch):
     """The step kernel reads fp32 caches only (a bf16 one would be upcast whole at every step): a bf16 model decodes
     on the PyTorch path, and its tokens still follow the full forward's to bf16 rounding (2e-2 of the largest)."""

@@ -309,11 +309,12 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = ctx.rotate(q), ctx.rotate(k)
         pre, post = self._mixings(x)
-        key_positions, cached_kw = None, None
+        new_kw = self._key_matrices(pre, post)
+        key_positions, key_w = None, new_kw  # key_w: KW of every key the queries see
         fresh = cache is None or (ctx.start == 0 and not ctx.static)  # a prefill into an empty cache is fresh
         fresh_k, fresh_v = k, v
         if cache is not None:
-            key_positions, k, v, cached_kw = self._extend_cache(cache, ctx, k, v, pre, post)
+            key_positions, k, v, key_w = self._extend_cache(cache, ctx, k, v, new_kw)
         fused = None  # a fused kernel's output, where one computes this call
         if cache is None and (kernel := _fused_kernel()).runs_on(q):  # Triton (CUDA); None where it cannot
             fused = kernel.fused_attention(q, k, v, ctx, pre, post, self)
@@ -322,7 +323,7 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
                 q,
                 fresh_k,
                 fresh_v,
-                self._composition_matrices(pre, post, None),
+                self._composition_matrices(pre, post, new_kw),
                 slopes=ctx.bias_slopes(self.n_heads),
                 groups=self.num_groups,
                 window=self.window,
@@ -332,7 +333,7 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
                 q,
                 k,
                 v,
-                self._composition_matrices(pre, post, cached_kw),
+                self._composition_matrices(pre, post, key_w),
                 slopes=ctx.bias_slopes(self.n_heads),
                 key_positions=key_positions,
                 query_position=ctx.start,
@@ -341,7 +342,7 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
             )
         if fused is not None:
             return self.o_proj(fused.transpose(1, 2).reshape(batch, seq_len, -1))
-        hooks, hook_inputs = self._block_hooks(pre, post, cached_kw)
+        hooks, hook_inputs = self._block_hooks(pre, post, key_w, cached=cache is not None)
         out, _ = attend(
             q,
             k,
@@ -374,7 +375,7 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
         )
 
     def _block_hooks(
-        self, pre: Mixing | None, post: Mixing | None, cached_kw: dict[int, Tensor] | None
+        self, pre: Mixing | None, post: Mixing | None, key_w: dict[int, Tensor], *, cached: bool
     ) -> tuple[BlockHooks, list[Tensor | None]]:
         """The kernel hooks of a block of queries ``rows`` × keys ``cols`` (pre-compose the scores, post-compose
         the probabilities: ``compose_merged``, or ``compiled_compose`` with ``compile_composition``), and the
@@ -386,12 +387,12 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
         fewer layout copies) than the rank-R factors: fwd+bwd of one (8, 8, 128, 256) block took 61 ms against
         105 ms for the rank-R form (CPU, 1 thread), and the 4-layer training step 1.3–1.6× less time. Compiled,
         the two forms ran equally fast, so the merged one serves both. QW and KW are formed once for all tokens and
-        sliced per block, so neither is recomputed for each block; on a cached call KW comes from ``cached_kw``
-        (absent when query-wise).
+        sliced per block, so neither is recomputed for each block; ``key_w`` holds KW of every key the queries see,
+        the cache's on a ``cached`` call (empty when query-wise).
         """
         # Compiled on fresh sequences only: a cached call's blocks are single tokens or short prompts.
-        compose = compiled_compose if self.options.compile_composition and cached_kw is None else compose_merged
-        inputs = self._composition_matrices(pre, post, cached_kw)
+        compose = compiled_compose if self.options.compile_composition and not cached else compose_merged
+        inputs = self._composition_matrices(pre, post, key_w)
 
         def hooks(rows: slice, cols: slice, inputs: HookInputs) -> Hooks:
             def block(which: int) -> ScoreHook | None:
@@ -406,40 +407,42 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
         return hooks, inputs
 
     def _composition_matrices(
-        self, pre: Mixing | None, post: Mixing | None, cached_kw: dict[int, Tensor] | None
+        self, pre: Mixing | None, post: Mixing | None, key_w: dict[int, Tensor]
     ) -> list[Tensor | None]:
         """[QW, KW] of the pre- and of the post-composition, None where one is off (KW also where query-wise): QW
-        (B, G, T, M, M) with the identity and W_b, KW (B, G, M, M, S), from ``cached_kw`` on a cached call."""
+        (B, G, T, M, M) with the identity and W_b, KW (B, G, M, M, S) from ``key_w``, {composition: KW}."""
         matrices: list[Tensor | None] = []
         for which, mixing in enumerate((pre, post)):
             if mixing is None:
                 matrices += [None, None]
                 continue
             static_w = None if self.static_w is None else self.static_w[which].to(compute_dtype(self.static_w.dtype))
-            if cached_kw is not None:  # the cache holds every visible key's KW; the mixing only the new ones
-                key_w = cached_kw.get(which)
-            else:
-                key_w = None if mixing.kw1 is None else key_matrices(mixing)
-            matrices += [query_matrices(mixing, static_w), key_w]
+            matrices += [query_matrices(mixing, static_w), key_w.get(which)]
         return matrices
 
+    @staticmethod
+    def _key_matrices(pre: Mixing | None, post: Mixing | None) -> dict[int, Tensor]:
+        """{composition: KW (B, G, M, M, T)} of this call's tokens, formed once for the attention and the cache;
+        empty where query-wise."""
+        mixings = enumerate((pre, post))
+        return {which: key_matrices(m) for which, m in mixings if m is not None and m.kw1 is not None}
+
     def _extend_cache(
-        self, cache: WindowCache, ctx: AttentionContext, k: Tensor, v: Tensor, pre: Mixing | None, post: Mixing | None
+        self, cache: WindowCache, ctx: AttentionContext, k: Tensor, v: Tensor, new_kw: dict[int, Tensor]
     ) -> tuple[Tensor, Tensor, Tensor, dict[int, Tensor]]:
         """Store keys, values and each key's merged KW; return the key positions, keys, values and
         {composition: KW (B, G, M, M, S)} the new queries may see."""
-        composed = [which for which, mixing in enumerate((pre, post)) if mixing is not None]
         new = {"k": k, "v": v}
-        if composed and not self.options.query_wise:
+        if new_kw:
             # One buffer for both compositions: (B, C, G, M, M, T) → (B, C·G·M·M, T), key positions last.
-            new["kw"] = torch.stack([key_matrices(m) for m in (pre, post) if m is not None], dim=1).flatten(1, -2)
+            new["kw"] = torch.stack(list(new_kw.values()), dim=1).flatten(1, -2)
         key_positions, k, v, *kw = cache.extend(ctx, **new)
         if not kw:
             return key_positions, k, v, {}
         heads_per_group = self.n_heads // self.num_groups
-        shape = (len(composed), self.num_groups, heads_per_group, heads_per_group)
+        shape = (len(new_kw), self.num_groups, heads_per_group, heads_per_group)
         merged = kw[0].to(compute_dtype(kw[0].dtype)).unflatten(1, shape).unbind(1)
-        return key_positions, k, v, dict(zip(composed, merged, strict=True))
+        return key_positions, k, v, dict(zip(new_kw, merged, strict=True))
 
     @classmethod
     def cache_layout(cls, cfg: ModelConfig) -> list[CacheBuffer]:
