@@ -70,7 +70,7 @@ from attnzoo.variants import Variant, matched_configs
 
 REPO = Path(__file__).resolve().parents[1]
 STATE, SUMMARY = "kit_state.json", "summary.md"
-STATE_VERSION = 2
+STATE_VERSION = 3  # 3: the plan identity holds the steps and bench cases
 PRESET = "gpu-lm"
 
 # The quick GPU check is the gpu_check stage's own run; the tests stage leaves out the test that repeats it (3 min).
@@ -218,7 +218,7 @@ def _make_plan(dry_run: bool, budget_min: float | None) -> KitPlan:
             device="cpu",
         ),
         seeds=(0, 1),
-        # The toy scores 64 validation windows, not the whole 3M-token split the GPU preset scores.
+        # The toy scores 64 validation windows, not the whole split the GPU preset scores.
         evals=dataclasses.replace(micro.evals, val_windows=64),
     )
     bench_args = ("--seq-lens", "64", "--tokens", "128", "--window-types", "L", "--repeats", "1", "--warmup", "1")
@@ -507,6 +507,9 @@ def timing_stage(kit: Kit) -> Outcome:
 def compare_stage(kit: Kit) -> Outcome:
     if not kit.completed("timing"):
         return Outcome(NOT_RUN, "the timing stage has not completed: nothing says how many steps fit", completed=False)
+    if kit.stages.get("corpus", {}).get("status") == FAILED:  # its runs would overfit: no verdict would read them
+        note = "the corpus stage failed (a run would read its training split more than once): fewer --steps"
+        return Outcome(NOT_RUN, note, completed=False)
     spec = scaled_spec(kit.plan.spec, kit.stages["timing"]["data"]["steps"], kit.plan.budget_s)
     out = kit.out / "compare"
     result = run_compare(spec, out, progress=sys.stderr.isatty())

@@ -213,7 +213,7 @@ def test_pysource_reads_the_standard_library_then_the_installed_packages():
 
     stdlib, source = corpora.text_source("pystdlib"), corpora.text_source("pysource")
     roots = [Path(root) for root in source.info["roots"]]
-    assert roots[0] == Path(sysconfig.get_paths()["stdlib"]) and len(roots) in (2, 3)
+    assert roots[0] == Path(sysconfig.get_paths()["stdlib"]) and len(roots) >= 2
     assert any(Path(torch.__file__).resolve().is_relative_to(root) for root in roots[1:])
     assert source.info["files"] > stdlib.info["files"] + 1000  # torch alone ships over 2,000 .py files
     assert source.fingerprint == corpora.text_source("pysource").fingerprint

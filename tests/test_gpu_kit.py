@@ -78,8 +78,8 @@ def test_the_gpu_lm_preset_scores_the_whole_validation_split_at_its_own_scale():
     spec = PRESETS["gpu-lm"]
     assert spec.train.data.corpus == "pysource" and spec.train.seq_len == 512 and len(spec.seeds) == 5
     assert spec.train.steps * spec.train.tokens_per_step == 65_536_000
-    # 16384 windows of 512 cover a validation split of 8.4M tokens, which pysource's exceeds wherever torch is.
-    assert spec.train.eval_windows * spec.train.seq_len > 8_000_000
+    # Each evaluation during training scores 8.4M tokens of the split; the final one scores all of it.
+    assert spec.train.eval_windows * spec.train.seq_len > 8_000_000 and spec.evals.val_windows is None
     assert PRESETS["gpu"].model == spec.model and PRESETS["gpu"].train.data == spec.train.data
 
 
@@ -132,6 +132,15 @@ def test_the_corpus_stage_fails_a_corpus_a_run_would_read_more_than_once(tmp_pat
         spec.train.steps * spec.train.tokens_per_step / record["train_tokens"]
     )
     assert record["passes_per_run"] > 1 and outcome.status == gpu_kit.FAILED and "overfit" in outcome.note
+
+
+def test_the_compare_trains_nothing_after_the_corpus_stage_failed(tmp_path):
+    kit = new_kit(tmp_path)
+    kit.stages["timing"] = {"completed": True, "status": gpu_kit.PASSED, "data": {"steps": 4}}
+    kit.stages["corpus"] = {"completed": True, "status": gpu_kit.FAILED}
+    outcome = gpu_kit.compare_stage(kit)
+    assert outcome.status == gpu_kit.NOT_RUN and not outcome.completed and "corpus stage failed" in outcome.note
+    assert not (tmp_path / "compare").exists()
 
 
 def test_a_crashed_stage_is_recorded_incomplete_the_rest_run_and_a_resume_runs_only_it(tmp_path, capsys):

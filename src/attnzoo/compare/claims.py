@@ -82,8 +82,8 @@ class LossFlattened:
     the last ``window`` of training (a least-squares line through each seed's curve, or its last two points when the
     window holds fewer; the mean over seeds). A model still improving faster than the effect sought is measured
     mid-descent, where a difference in speed of learning passes for a difference in the end state; one whose loss
-    rises as fast is overfitting a training split it has seen more than once, where the end state measures how the
-    models memorise rather than how they model the text."""
+    rises as fast has passed its minimum: overfitting where the runs read their training split more than once (the
+    end state then measures how the models memorise rather than how they model the text)."""
 
     max_fall: float
     window: float = 0.25
@@ -112,12 +112,23 @@ class LossFlattened:
         if falling:
             return Gate(False, f"{' and '.join(falling)} {window}: the loss had not flattened", levels)
         if rising:
+            rose = f"{' and '.join(rising)} {window}"
+            runs = [run for label in (claim.baseline, claim.variant) for run in results.variants[label].runs]
+            passes = max(run.tokens for run in runs) / results.corpus.train_tokens
+            if passes > 1:
+                return Gate(
+                    False,
+                    f"{rose}: the models overfit a training split they read {passes:.1f} times, so the end state "
+                    "measures memorising, not modelling the text",
+                    levels,
+                    remedy="a training split larger than a run's tokens (a bigger corpus, or fewer tokens a run)",
+                )
             return Gate(
                 False,
-                f"{' and '.join(rising)} {window}: the models overfit their training split (a compare repeats it "
-                "when a run's tokens exceed it), so the end state measures memorising, not modelling the text",
+                f"{rose}, within one pass over the training split: the loss passed its minimum before the end",
                 levels,
-                remedy="a training split larger than a run's tokens (a bigger corpus, or fewer tokens a run)",
+                remedy="a schedule under which the validation loss settles (a lower learning rate or a check of why "
+                "it rose)",
             )
         return Gate(True, self.describe(), levels)
 

@@ -21,7 +21,7 @@ HOW_A_VERDICT_IS_REACHED = (
     "a validity gate. A claim is **not run** when this comparison lacks its experiment (a GPU preset, or one no "
     "preset runs yet), and **not measurable** when its gate fails: on a task, the baseline did not close half the "
     "gap from chance to solved (for a probe of the mechanism, the variant too), or the variant ended at chance; on "
-    "a language model, the validation loss still fell, or rose (overfitting), by more than the smallest effect "
+    "a language model, the validation loss still fell, or rose past its minimum, by more than the smallest effect "
     "over the last quarter of training. Otherwise the paired difference "
     "(variant − baseline) gets an interval that counts the seeds and, for the validation loss, the sampling of the "
     "validation text (blocks of the whole split, crossed with the seeds). It is **negligible** when its 90% "

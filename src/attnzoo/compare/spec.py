@@ -196,7 +196,8 @@ _TRAIN_DEFAULTS = {"lr": 2e-3, "keep_checkpoints": 1}
 _GPU_MODEL = {"dim": 384, "n_layers": 6, "n_heads": 6}
 _GPU_DATA = DataConfig(corpus="pysource")
 _GPU_TRAIN = {"lr": 1e-3, "keep_checkpoints": 1, "device": "cuda"}
-# More windows of T = 512 than a validation split of 8.4M tokens holds: evaluation scores the whole split.
+# Each evaluation during training scores 16,384 windows of T = 512 (8.4M tokens, spread over the split); the final
+# one scores the whole split (EvalSpec.val_windows None), pysource's tens of millions of tokens.
 _WHOLE_SPLIT_WINDOWS = 16384
 # One bench round: a GPU's speed does not follow the host's load average, and every case's fresh process pays a
 # CUDA start-up (the gpu-lm bench took 4 minutes of an H100's 30, 2026-11-25).

@@ -10,8 +10,11 @@
 * ``pystdlib``: the ``.py`` sources of the running Python's standard library; always offline.
 * ``pysource``: pystdlib followed by the ``.py`` sources of the environment's installed packages (its
   site-packages), each part in path order; always offline. Wherever attnzoo runs, torch's own sources alone are
-  about 46 MB: enough text for a GPU run that never repeats its training split, where pystdlib is 10.7 MB on
-  a Python without the standard library's test suite (Debian's and Ubuntu's, 2026-11-26).
+  about 46 MB (293 MB in all on the development machine, 2026-11-26): enough text for a GPU run that never
+  repeats its training split, where pystdlib is 10.7 MB on a Python without the standard library's test suite
+  (Debian's and Ubuntu's). Its validation split is the tail of the last packages in path order, so it depends on
+  what is installed, and a package straddling the split (transformers, whose model files copy each other, on
+  the GPU image) shares near-duplicate code between the splits.
 * any other value: a text file, or a directory whose files are read in sorted path order.
 
 Prepared tokens live in ``$ATTNZOO_CACHE_DIR`` (default ``$XDG_CACHE_HOME/attnzoo`` or ``~/.cache/attnzoo``),
@@ -29,6 +32,7 @@ import json
 import logging
 import os
 import re
+import site
 import ssl
 import subprocess
 import sys
@@ -348,9 +352,10 @@ def _pystdlib_source() -> TextSource:
 
 
 def _pysource_source() -> TextSource:
-    paths = sysconfig.get_paths()
-    packages = dict.fromkeys(Path(paths[key]).resolve() for key in ("purelib", "platlib"))  # often one folder
-    return _python_sources("pysource", [Path(paths["stdlib"]), *(p for p in packages if p.is_dir())])
+    # site's list, not sysconfig's purelib alone: Debian's system Python keeps its packages in dist-packages folders
+    # that only site names. Resolved, since the list may name one folder twice (a symlinked lib64).
+    packages = dict.fromkeys(Path(folder).resolve() for folder in site.getsitepackages())
+    return _python_sources("pysource", [Path(sysconfig.get_paths()["stdlib"]), *(p for p in packages if p.is_dir())])
 
 
 def _visible_files(directory: Path) -> list[Path]:
