@@ -479,12 +479,15 @@ def timing_stage(kit: Kit) -> Outcome:
     ]
     table = Table(["variant", "ms/step", "tokens/s", "time vs baseline"], rows).to_markdown()
     tokens = steps.steps * train.tokens_per_step
+    fixed = plan.min_steps == train.steps  # --steps: the length is given, not chosen
+    of = "(--steps)" if fixed else f"of the preset's {train.steps:,}"
     verdict = (
-        f"{steps.steps:,} steps of the preset's {train.steps:,} ({tokens:,} tokens per run), estimated "
-        f"{steps.estimated_s / 60:.1f} min of the {left / 60:.1f} min left"
+        f"{steps.steps:,} steps {of} ({tokens:,} tokens per run), estimated {steps.estimated_s / 60:.1f} min of the "
+        f"{left / 60:.1f} min left"
     )
     if not steps.fits:
-        verdict += f": over the budget, which affords {steps.affordable:,} steps, below the floor of {plan.min_steps}"
+        floor = "" if fixed else f", below the floor of {plan.min_steps}"
+        verdict += f": over the budget, which affords {steps.affordable:,} steps{floor}"
     text = (
         f"# GPU kit: step timing ({plan.name})\n\n{plan.timing_steps} training steps of each {spec.name} variant "
         f"({train.batch_size} × {train.seq_len} tokens a step, {env.device.type}); the median of the logged "

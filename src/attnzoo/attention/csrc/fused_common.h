@@ -81,6 +81,7 @@ inline Mat dense(float* data, int64_t rows, int64_t cols) {
 // The index-th of a contiguous tensor's trailing (rows × cols) matrices, in memory order: matrix b·H + h of a
 // (B, H, T, d) tensor is its (b, h) head.
 inline Mat matrix_of(const at::Tensor& x, int64_t index) {
+  TORCH_INTERNAL_ASSERT_DEBUG_ONLY(x.is_contiguous() && x.scalar_type() == at::kFloat);
   const int64_t rows = x.size(-2), cols = x.size(-1);
   return dense(x.data_ptr<float>() + index * rows * cols, rows, cols);
 }
