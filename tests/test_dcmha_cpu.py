@@ -7,11 +7,12 @@ bf16 2e-2 (operands rounded to bf16 on input and output; the math is fp32).
 """
 
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 import torch
 from dcmha_cases import CASES, Case, RecordShapes, make_inputs, reference, split
-from kernel_checks import CallCounter
+from kernel_checks import CallCounter, assert_close
 
 from attnzoo import ModelConfig, Transformer
 from attnzoo.attention import dcmha_cpu, fused_cpu
@@ -196,13 +197,17 @@ def step_spy(monkeypatch) -> CallCounter:
 
 @pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "pytorch-path"])
 def test_cached_decoding_runs_the_kernels_and_equals_the_full_forward(monkeypatch, kernel):
-    """A prefill into an empty cache takes the fresh-sequence kernel and each later token the decoding step, in
-    both layers (the local one's ring of 5 wraps many times); the logits equal the full forward's to 1e-5 of the
-    largest, with the kernels or without them."""
+    """A prefill into an empty cache takes the fresh-sequence kernel and each later token the decoding step, its
+    composition matrices formed by ``dcmha_step_weights``, in both layers (the local one's ring of 5 wraps many
+    times); the logits equal the full forward's to 1e-5 of the largest, with the kernels or without them."""
     monkeypatch.setattr(dcmha_cpu, "USE_KERNEL", kernel)
     model = dcmha_model().eval()
     idx = torch.randint(0, 61, (2, 40))
     fresh, steps = kernel_spy(monkeypatch), step_spy(monkeypatch)
+    formed, step_weights = [], dcmha_cpu.step_weights  # each call's matrices: from the op, or None
+    monkeypatch.setattr(
+        dcmha_cpu, "step_weights", lambda x, ctx, layer: formed.append(step_weights(x, ctx, layer)) or formed[-1]
+    )
     with torch.no_grad():
         full = model(idx)
         cache = model.new_cache(2, 40)
@@ -210,6 +215,7 @@ def test_cached_decoding_runs_the_kernels_and_equals_the_full_forward(monkeypatc
             [model(idx[:, :12], cache=cache)] + [model(idx[:, t : t + 1], cache=cache) for t in range(12, 40)], 1
         )
     assert (fresh.calls, steps.calls) == ((2 + 2, 2 * 28) if kernel else (0, 0))
+    assert sum(matrices is not None for matrices in formed) == (2 * 28 if kernel else 0)
     torch.testing.assert_close(cached, full, rtol=0, atol=1e-5 * full.abs().max().item())
 
 
@@ -224,6 +230,52 @@ def test_a_prefill_forms_each_tokens_key_side_matrices_once(monkeypatch):
     with torch.no_grad():
         model(torch.randint(0, 61, (2, 12)), cache=model.new_cache(2, 12))
     assert fresh.calls == 2 and formed.calls == 2 * 2
+
+
+# What step_weights reads of a call's AttentionContext: a dynamic (not static) step on the default backend.
+DECODING = SimpleNamespace(static=False, backend="auto")
+STEP_OPTIONS = {
+    "both": {},
+    "post-only": {"pre_compose": False},
+    "pre-only": {"post_compose": False},
+    "query-wise": {"query_wise": True},
+    "static": {"static_proj": True},
+    "two-groups": {"num_groups": 2},
+    "rank-3": {"rank": 3},
+}
+
+
+@pytest.mark.parametrize("options", STEP_OPTIONS.values(), ids=STEP_OPTIONS.keys())
+def test_a_tokens_composition_matrices_from_one_call_equal_the_pytorch_paths(options):
+    """``dcmha_step_weights`` against the layer's projection, ``query_matrices`` and ``key_matrices``, within 1e-6
+    of the largest entry, with dynamic weights (and W_b) large enough that every term counts."""
+    layer = dcmha_model(**options).eval().layers[1].self_attn
+    with torch.no_grad():
+        if layer.static_w is not None:
+            layer.static_w.normal_(std=0.5)
+        x = torch.randn(3, 1, 32)
+        queries, keys = dcmha_cpu.step_weights(x, DECODING, layer)
+        pre, post = layer._mixings(x)
+        expected_queries, expected_keys = layer._query_matrices(pre, post), layer._key_matrices(pre, post)
+    assert queries.keys() == expected_queries.keys() and keys.keys() == expected_keys.keys()
+    for which, expected in expected_queries.items():
+        assert_close(queries[which], expected, 1e-6)
+    for which, expected in expected_keys.items():
+        assert_close(keys[which], expected, 1e-6)
+
+
+def test_decoding_forms_each_tokens_matrices_in_one_call_and_leaves_the_rest_to_pytorch():
+    """A cached one-token fp32 step without autograd takes the op; several tokens, autograd or bf16 take the PyTorch
+    path, which stays the reference."""
+    layer = dcmha_model().eval().layers[1].self_attn
+    x = torch.randn(2, 1, 32)
+    with torch.no_grad():
+        assert dcmha_cpu.step_weights(x, DECODING, layer) is not None
+        assert dcmha_cpu.step_weights(torch.randn(2, 2, 32), DECODING, layer) is None
+        for ctx in (SimpleNamespace(static=True, backend="auto"), SimpleNamespace(static=False, backend="eager")):
+            assert dcmha_cpu.step_weights(x, ctx, layer) is None  # compiled decoding's step; the eager reference
+        assert dcmha_cpu.step_weights(x.bfloat16(), DECODING, layer.bfloat16()) is None
+    assert dcmha_cpu.step_weights(x, DECODING, layer.float()) is None  # autograd on: the weights want gradients
 
 
 def test_a_bf16_cache_is_decoded_on_the_pytorch_path(monkeypatch):

@@ -308,8 +308,12 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
         if self.options.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = ctx.rotate(q), ctx.rotate(k)
-        pre, post = self._mixings(x)
-        new_kw = self._key_matrices(pre, post)
+        pre = post = None
+        if cache is not None and (step := dcmha_cpu.step_weights(x, ctx, self)) is not None:
+            query_w, new_kw = step  # one token on the CPU: its matrices from one fused call
+        else:
+            pre, post = self._mixings(x)
+            query_w, new_kw = self._query_matrices(pre, post), self._key_matrices(pre, post)
         key_positions, key_w = None, new_kw  # key_w: KW of every key the queries see
         fresh = cache is None or (ctx.start == 0 and not ctx.static)  # a prefill into an empty cache is fresh
         fresh_k, fresh_v = k, v
@@ -323,7 +327,7 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
                 q,
                 fresh_k,
                 fresh_v,
-                self._composition_matrices(pre, post, new_kw),
+                self._composition_matrices(query_w, new_kw),
                 slopes=ctx.bias_slopes(self.n_heads),
                 groups=self.num_groups,
                 window=self.window,
@@ -333,7 +337,7 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
                 q,
                 k,
                 v,
-                self._composition_matrices(pre, post, key_w),
+                self._composition_matrices(query_w, key_w),
                 slopes=ctx.bias_slopes(self.n_heads),
                 key_positions=key_positions,
                 query_position=ctx.start,
@@ -342,7 +346,7 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
             )
         if fused is not None:
             return self.o_proj(fused.transpose(1, 2).reshape(batch, seq_len, -1))
-        hooks, hook_inputs = self._block_hooks(pre, post, key_w, cached=cache is not None)
+        hooks, hook_inputs = self._block_hooks(query_w, key_w, cached=cache is not None)
         out, _ = attend(
             q,
             k,
@@ -375,7 +379,7 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
         )
 
     def _block_hooks(
-        self, pre: Mixing | None, post: Mixing | None, key_w: dict[int, Tensor], *, cached: bool
+        self, query_w: dict[int, Tensor], key_w: dict[int, Tensor], *, cached: bool
     ) -> tuple[BlockHooks, list[Tensor | None]]:
         """The kernel hooks of a block of queries ``rows`` × keys ``cols`` (pre-compose the scores, post-compose
         the probabilities: ``compose_merged``, or ``compiled_compose`` with ``compile_composition``), and the
@@ -392,7 +396,7 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
         """
         # Compiled on fresh sequences only: a cached call's blocks are single tokens or short prompts.
         compose = compiled_compose if self.options.compile_composition and not cached else compose_merged
-        inputs = self._composition_matrices(pre, post, key_w)
+        inputs = self._composition_matrices(query_w, key_w)
 
         def hooks(rows: slice, cols: slice, inputs: HookInputs) -> Hooks:
             def block(which: int) -> ScoreHook | None:
@@ -406,18 +410,20 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
 
         return hooks, inputs
 
-    def _composition_matrices(
-        self, pre: Mixing | None, post: Mixing | None, key_w: dict[int, Tensor]
-    ) -> list[Tensor | None]:
-        """[QW, KW] of the pre- and of the post-composition, None where one is off (KW also where query-wise): QW
-        (B, G, T, M, M) with the identity and W_b, KW (B, G, M, M, S) from ``key_w``, {composition: KW}."""
-        matrices: list[Tensor | None] = []
+    @staticmethod
+    def _composition_matrices(query_w: dict[int, Tensor], key_w: dict[int, Tensor]) -> list[Tensor | None]:
+        """[QW, KW] of the pre- and of the post-composition, None where one is off (KW also where query-wise), from
+        {composition: QW (B, G, T, M, M)} and {composition: KW (B, G, M, M, S)}."""
+        return [matrix for which in (0, 1) for matrix in (query_w.get(which), key_w.get(which))]
+
+    def _query_matrices(self, pre: Mixing | None, post: Mixing | None) -> dict[int, Tensor]:
+        """{composition: QW (B, G, T, M, M)}, the identity and W_b included."""
+        matrices = {}
         for which, mixing in enumerate((pre, post)):
-            if mixing is None:
-                matrices += [None, None]
-                continue
-            static_w = None if self.static_w is None else self.static_w[which].to(compute_dtype(self.static_w.dtype))
-            matrices += [query_matrices(mixing, static_w), key_w.get(which)]
+            if mixing is not None:
+                static_w = self.static_w
+                static_w = None if static_w is None else static_w[which].to(compute_dtype(static_w.dtype))
+                matrices[which] = query_matrices(mixing, static_w)
         return matrices
 
     @staticmethod

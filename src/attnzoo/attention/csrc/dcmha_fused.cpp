@@ -903,6 +903,99 @@ at::Tensor dcmha_decode_forward(const at::Tensor& q, const at::Tensor& k, const 
   return out;
 }
 
+// The composition matrices of one token per sequence, for a decoding step: DynamicWeightProjection (DCFormer
+// Eq. 6–7) and query_matrices / key_matrices of attnzoo.attention.dcmha in one call, where the PyTorch path runs
+// about 85 small operators a layer (a decoding step's cost at this size is their dispatch, not their arithmetic).
+//
+//   h = GELU(x·dw1) (exact GELU);  [w1 | w2] = h·qkw per (group, slot);  w1 ← w1 / √(mean_m w1² + 1e−6);
+//   d = tanh(x·dd);  W_slot[i, o] = Σ_r w1[r, i]·w2[r, o] + δ_io·d[i]  (+ δ_io + W_b[i, o] on a query slot)
+//
+// x (B, D) fp32; dw1 (D, G, 4, K), qkw (G, 4, K, 2R, M), dd (D, G, 4M) as the module holds them; static_w (2, G, M,
+// M) or none; `compositions` the enabled ones of {0: pre, 1: post} in order. Slots [pre_q, pre_k, post_q, post_k].
+// Returns QW (C, B, G, 1, M, M) and, unless query-wise, KW (B, C, G, M, M): the cache's layout for one token.
+std::tuple<at::Tensor, at::Tensor> dcmha_step_weights(const at::Tensor& x, const at::Tensor& dw1,
+                                                      const at::Tensor& qkw, const at::Tensor& dd,
+                                                      const OptTensor& static_w, std::vector<int64_t> compositions,
+                                                      bool query_wise) {
+  for (const at::Tensor* t : {&x, &dw1, &qkw, &dd}) {
+    TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == at::kFloat && t->is_contiguous(),
+                "dcmha_step_weights: x and the weights must be contiguous fp32 CPU tensors");
+  }
+  TORCH_CHECK(x.dim() == 2 && dw1.dim() == 4 && qkw.dim() == 5 && dd.dim() == 3 && dw1.size(2) == 4,
+              "dcmha_step_weights: x (B, D), dw1 (D, G, 4, K), qkw (G, 4, K, 2R, M), dd (D, G, 4M)");
+  const int64_t batch = x.size(0), dim = x.size(1), groups = qkw.size(0), hidden = qkw.size(2);
+  const int64_t rank = qkw.size(3) / 2, m = qkw.size(4), count = static_cast<int64_t>(compositions.size());
+  TORCH_CHECK(dw1.size(0) == dim && dw1.size(1) == groups && dw1.size(3) == hidden && dd.size(0) == dim &&
+                  dd.size(1) == groups && dd.size(2) == 4 * m && qkw.size(1) == 4 && qkw.size(3) == 2 * rank,
+              "dcmha_step_weights: the weights' shapes disagree");
+  TORCH_CHECK(count >= 1 && count <= 2, "dcmha_step_weights: one or two compositions");
+  const float* static_ptr = nullptr;
+  if (static_w.has_value()) {
+    TORCH_CHECK(static_w->scalar_type() == at::kFloat && static_w->is_contiguous() &&
+                    static_w->sizes() == at::IntArrayRef({2, groups, m, m}),
+                "dcmha_step_weights: static_w must be contiguous fp32 (2, G, M, M)");
+    static_ptr = static_w->data_ptr<float>();
+  }
+  const at::TensorOptions options = x.options();
+  at::Tensor h = at::empty({batch, groups * 4 * hidden}, options), d = at::empty({batch, groups * 4 * m}, options);
+  gemm(matrix_of(h, 0), matrix_of(x, 0), dense(dw1.data_ptr<float>(), dim, groups * 4 * hidden));
+  gemm(matrix_of(d, 0), matrix_of(x, 0), dense(dd.data_ptr<float>(), dim, groups * 4 * m));
+  at::Tensor query_w = at::empty({count, batch, groups, 1, m, m}, options);
+  at::Tensor key_w = at::empty({query_wise ? 0 : batch, count, groups, m, m}, options);
+  float* hs = h.data_ptr<float>();
+  float* ds = d.data_ptr<float>();
+  const float* qkw_ptr = qkw.data_ptr<float>();
+  std::vector<float> w(2 * rank * m);
+  constexpr float kSqrtHalf = 0.70710678118654752f;
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t j = 0; j < groups * 4 * hidden; ++j) {
+      const float v = hs[b * groups * 4 * hidden + j];
+      hs[b * groups * 4 * hidden + j] = 0.5f * v * (1.f + std::erf(v * kSqrtHalf));
+    }
+    for (int64_t c = 0; c < count; ++c) {
+      const int64_t which = compositions[c];
+      TORCH_CHECK(which == 0 || which == 1, "dcmha_step_weights: compositions are 0 (pre) and 1 (post)");
+      for (int64_t g = 0; g < groups; ++g) {
+        for (int64_t key_side = 0; key_side < (query_wise ? 1 : 2); ++key_side) {
+          const int64_t slot = 2 * which + key_side;
+          const float* hg = hs + b * groups * 4 * hidden + (g * 4 + slot) * hidden;
+          const float* proj = qkw_ptr + (g * 4 + slot) * hidden * 2 * rank * m;
+          std::fill(w.begin(), w.end(), 0.f);
+          for (int64_t k = 0; k < hidden; ++k) {
+            axpy(hg[k], proj + k * 2 * rank * m, w.data(), 2 * rank * m);
+          }
+          for (int64_t r = 0; r < rank; ++r) {  // RMSNorm of w1 over the heads, no scale
+            float* w1 = w.data() + r * m;
+            const float inverse = 1.f / std::sqrt(dot(w1, w1, m) / static_cast<float>(m) + 1e-6f);
+            for (int64_t i = 0; i < m; ++i) {
+              w1[i] *= inverse;
+            }
+          }
+          const float* diag = ds + b * groups * 4 * m + g * 4 * m + slot * m;
+          float* out = key_side == 0 ? query_w.data_ptr<float>() + ((c * batch + b) * groups + g) * m * m
+                                     : key_w.data_ptr<float>() + ((b * count + c) * groups + g) * m * m;
+          for (int64_t i = 0; i < m; ++i) {
+            for (int64_t o = 0; o < m; ++o) {
+              float sum = 0.f;
+              for (int64_t r = 0; r < rank; ++r) {
+                sum += w[r * m + i] * w[(rank + r) * m + o];
+              }
+              if (i == o) {
+                sum += std::tanh(diag[i]) + (key_side == 0 ? 1.f : 0.f);
+              }
+              if (key_side == 0 && static_ptr != nullptr) {
+                sum += static_ptr[((which * groups + g) * m + i) * m + o];
+              }
+              out[i * m + o] = sum;
+            }
+          }
+        }
+      }
+    }
+  }
+  return {query_w, key_w};
+}
+
 TORCH_LIBRARY_FRAGMENT(attnzoo, m) {
   m.def("dcmha_fused_forward(Tensor q, Tensor k, Tensor v, Tensor? pre_qw, Tensor? pre_kw, Tensor? post_qw,"
         " Tensor? post_kw, Tensor? slopes, int groups, int window, float scale, int q_tile, int k_block)"
@@ -913,10 +1006,13 @@ TORCH_LIBRARY_FRAGMENT(attnzoo, m) {
   m.def("dcmha_decode_forward(Tensor q, Tensor k, Tensor v, Tensor? pre_qw, Tensor? pre_kw, Tensor? post_qw,"
         " Tensor? post_kw, Tensor? slopes, Tensor key_positions, int query_position, int groups, int window,"
         " float scale) -> Tensor");
+  m.def("dcmha_step_weights(Tensor x, Tensor dw1, Tensor qkw, Tensor dd, Tensor? static_w, int[] compositions,"
+        " bool query_wise) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(attnzoo, CPU, m) {
   m.impl("dcmha_fused_forward", &dcmha_fused_forward);
   m.impl("dcmha_fused_backward", &dcmha_fused_backward);
   m.impl("dcmha_decode_forward", &dcmha_decode_forward);
+  m.impl("dcmha_step_weights", &dcmha_step_weights);
 }
