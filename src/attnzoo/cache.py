@@ -105,7 +105,8 @@ class WindowCache(LayerCache):
             self._write(start, new)
             filled = min(end, self.capacity)
             slots = torch.arange(filled, device=device)
-            positions = end - 1 - (end - 1 - slots) % self.capacity
+            # Until the ring wraps (always, in a global layer), slot s holds position s.
+            positions = slots if end <= self.capacity else end - 1 - (end - 1 - slots) % self.capacity
             return positions, *(self.buffers[name][:, :, :filled] for name in new)
         # A chunk longer than the ring: read the cached part of the window before the write overwrites it.
         cached = torch.arange(first, start, device=device)
@@ -117,10 +118,11 @@ class WindowCache(LayerCache):
         return torch.arange(first, end, device=device), *entries
 
     def _write(self, start: int, new: dict[str, Tensor]) -> None:
+        first = next(iter(new.values()))  # every entry holds the same positions: one set of slots serves all
+        end = start + first.shape[SEQ_DIM]
+        kept = min(first.shape[SEQ_DIM], self.capacity)
+        slots = torch.arange(end - kept, end, device=first.device) % self.capacity
         for name, value in new.items():
-            kept = min(value.shape[SEQ_DIM], self.capacity)
-            end = start + value.shape[SEQ_DIM]
-            slots = torch.arange(end - kept, end, device=value.device) % self.capacity
             buffer = self.buffers[name]
             buffer.index_copy_(SEQ_DIM, slots, value[:, :, -kept:].to(buffer.dtype))
 
