@@ -17,7 +17,8 @@ slower than the merged form, see ``_block_hooks``):
   query-side matrix once.
 
 On the CPU the fused C++ kernels (``dcmha_cpu``) replace the second and third: a fresh sequence (a prefill into an
-empty cache too) runs ``dcmha_fused_forward``, a cached step of one token ``dcmha_decode_forward``.
+empty cache too) runs ``dcmha_fused_forward``, a cached step of one token ``dcmha_decode_forward``, with that
+token's composition matrices from one ``dcmha_step_weights`` call.
 """
 
 from __future__ import annotations

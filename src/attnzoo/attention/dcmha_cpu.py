@@ -17,7 +17,9 @@ ALiBi kernel): inductor gave no gain on these loops' shape on CPU and Triton has
 Cached decoding uses the same library. A prefill into an empty cache is a fresh sequence, so it runs this kernel (a
 1,024-token prompt of a 4-layer model about 10× faster than on the chunked path); each later token runs
 ``dcmha_decode_forward`` (:func:`decode_attention`), one task per (batch, group) that composes, normalises and
-multiplies the new query's row over the cache's slots in place, reading the cached key-side matrices where they lie.
+multiplies the new query's row over the cache's slots in place, reading the cached key-side matrices where they lie;
+the token's own matrices come from ``dcmha_step_weights`` (:func:`step_weights`), one call for what the PyTorch
+path does in about 85 operators a layer.
 
 It runs where :func:`unsupported` finds no reason not to; the layer otherwise takes its PyTorch path, which is
 also the reference the tests hold the kernel to.
