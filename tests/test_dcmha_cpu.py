@@ -265,8 +265,8 @@ def test_a_tokens_composition_matrices_from_one_call_equal_the_pytorch_paths(opt
 
 
 def test_decoding_forms_each_tokens_matrices_in_one_call_and_leaves_the_rest_to_pytorch():
-    """A cached one-token fp32 step without autograd takes the op; several tokens, autograd or bf16 take the PyTorch
-    path, which stays the reference."""
+    """A cached one-token fp32 step without autograd takes the op; several tokens, a static step, the eager backend,
+    autocast, bf16 or autograd take the PyTorch path, which stays the reference."""
     layer = dcmha_model().eval().layers[1].self_attn
     x = torch.randn(2, 1, 32)
     with torch.no_grad():
@@ -274,6 +274,8 @@ def test_decoding_forms_each_tokens_matrices_in_one_call_and_leaves_the_rest_to_
         assert dcmha_cpu.step_weights(torch.randn(2, 2, 32), DECODING, layer) is None
         for ctx in (SimpleNamespace(static=True, backend="auto"), SimpleNamespace(static=False, backend="eager")):
             assert dcmha_cpu.step_weights(x, ctx, layer) is None  # compiled decoding's step; the eager reference
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert dcmha_cpu.step_weights(x, DECODING, layer) is None
         assert dcmha_cpu.step_weights(x.bfloat16(), DECODING, layer.bfloat16()) is None
     assert dcmha_cpu.step_weights(x, DECODING, layer.float()) is None  # autograd on: the weights want gradients
 

@@ -197,9 +197,9 @@ def step_weights(
     """The composition matrices of one token per sequence by ``dcmha_step_weights``: ({composition: QW (B, G, 1, M,
     M)}, {composition: KW (B, G, M, M, 1)}), the values ``query_matrices`` and ``key_matrices`` give after the
     layer's dynamic-weight projection of ``x`` (B, 1, D). None where the PyTorch path must form them: several
-    tokens, autograd wanted, a dtype other than fp32, no composition, a static or traced step, the eager backend,
-    the library not built. The PyTorch path runs about 85 operators a layer here, whose dispatch took about 1.2 ms of
-    a 4.1 ms step of a 4-layer model (1,024-token context, 1 thread)."""
+    tokens, autograd wanted, a dtype other than fp32 or autocast, no composition, a static or traced step, the eager
+    backend, the library not built. The PyTorch path runs about 85 operators a layer here, whose dispatch took about
+    1.2 ms of a 4.1 ms step of a 4-layer model (1,024-token context, 1 thread)."""
     opts, projection = layer.options, layer.dyn_w_proj
     weights = [projection.dw1, projection.qkw, projection.dd] + ([] if layer.static_w is None else [layer.static_w])
     compositions = [which for which, on in enumerate((opts.pre_compose, opts.post_compose)) if on]
@@ -211,6 +211,7 @@ def step_weights(
         or ctx.static
         or ctx.backend != "auto"
         or torch.compiler.is_compiling()
+        or torch.is_autocast_enabled(x.device.type)  # the PyTorch path's matmuls would run in the autocast dtype
         or any(t.dtype != torch.float32 for t in (x, *weights))
         or (torch.is_grad_enabled() and any(t.requires_grad for t in (x, *weights)))
         or not fused_cpu.available()
