@@ -178,10 +178,15 @@ def run(args: argparse.Namespace) -> int:
 def _report_only(out: Path) -> int:
     from attnzoo.compare.report import write_report
     from attnzoo.compare.results import CompareResults
+    from attnzoo.compare.runner import with_ngram_level
 
     results_file = out / "results.json"
     if not results_file.is_file():
         raise ValueError(f"--report-only: {results_file} does not exist; run the compare first (or name its --out)")
-    paths = write_report(CompareResults.load(results_file), out)
+    results = CompareResults.load(results_file)
+    counted = with_ngram_level(results)
+    if counted is not results:  # a file written before the level was kept: it gains the level, once
+        counted.save(results_file)
+    paths = write_report(counted, out)
     print("report: " + ", ".join(str(path) for path in paths.values()))
     return 0

@@ -8,8 +8,8 @@ where that figure is printed (``source``), and fixes, before any run, everything
 * the **smallest effect of interest** and where that number comes from: an effect whose interval lies inside
   it is *negligible*, whatever its sign;
 * the **validity gate**: a claim on a task is judged only where the baseline learned the task
-  (:class:`TaskLearned`), a language-model claim only where the validation loss has flattened
-  (:class:`LossFlattened`);
+  (:class:`TaskLearned`), a language-model claim only at the papers' own protocol (:class:`LanguageModelGate`: a
+  compute-optimal budget, a stable gap, models better than a trigram count model);
 * whether it is its paper's **primary** claim: the primaries are corrected together for multiplicity (Holm),
   every other claim is exploratory;
 * the preset that runs it: a claim whose experiment needs a GPU, or that no preset runs yet, is registered all
@@ -33,8 +33,10 @@ from scipy import stats
 
 from attnzoo.config import ModelConfig
 from attnzoo.model import training_flops_per_token
+from attnzoo.variants import Variant
 
 if TYPE_CHECKING:
+    from attnzoo.compare.ladder import Ladder
     from attnzoo.compare.results import CompareResults
 
 LOWER, HIGHER, NONINFERIOR = "lower", "higher", "noninferior"
@@ -61,9 +63,21 @@ class Measure:
     task: str | None = None  # the synthetic task it is read from; None: the language model
     blocks: Callable[[CompareResults, str], Blocks | None] | None = None
     trains: tuple[str, ...] = ()  # language-model variants it reads besides the claim's variant and baseline
+    # A measure read across model sizes (a compute multiple off the baseline's scaling curve): given every size and
+    # the one to read; ``read`` then answers None for a size on its own.
+    across: Callable[[Ladder, CompareResults, str], Values | None] | None = None
 
 
 # ------------------------------------------------------------------------------------------------- the gates
+
+
+@dataclass(frozen=True)
+class GatePart:
+    """One condition of a gate, with the level it was checked at (in words, for the report)."""
+
+    name: str
+    passed: bool
+    detail: str
 
 
 @dataclass(frozen=True)
@@ -74,63 +88,220 @@ class Gate:
     reason: str
     levels: dict[str, float]
     remedy: str | None = None  # what would make a failed gate pass, where the claim's default advice is wrong
+    parts: tuple[GatePart, ...] = ()  # every condition checked, passed or not
+
+    @classmethod
+    def of(cls, parts: list[GatePart], levels: dict[str, float], remedies: dict[str, str], summary: str) -> Gate:
+        """Passed when every part passed; else the reason is every failed part's detail, the remedy the first's."""
+        failed = [part for part in parts if not part.passed]
+        if not failed:
+            return cls(True, summary, levels, parts=tuple(parts))
+        reason = "; ".join(f"{part.name}: {part.detail}" for part in failed)
+        return cls(False, reason, levels, remedies.get(failed[0].name), tuple(parts))
 
 
 @dataclass(frozen=True)
-class LossFlattened:
-    """Judged only where the validation loss of both models moved by less than ``max_fall`` nats, down or up, over
-    the last ``window`` of training (a least-squares line through each seed's curve, or its last two points when the
-    window holds fewer; the mean over seeds). A model still improving faster than the effect sought is measured
-    mid-descent, where a difference in speed of learning passes for a difference in the end state; one whose loss
-    rises as fast has passed its minimum: overfitting where the runs read their training split more than once (the
-    end state then measures how the models memorise rather than how they model the text)."""
+class LanguageModelGate:
+    """The papers' own protocol for a language-model comparison: judged only where all of these hold.
 
-    max_fall: float
+    (a) **budget**: every model trained on at least ``min_tokens_per_parameter`` tokens per parameter (an uptrained
+        model counts its source's pre-training), read its training split at most ``max_passes`` times, and ended
+        at its schedule's floor learning rate (a run cut short did not);
+    (b) **end state**: finite, and no model's validation loss *rose* by ``loss_effect``/2 or more over the last
+        quarter (a least-squares line through each seed's curve, the mean over seeds): overfitting stays caught;
+    (c) **gap stability**: the mean paired gap ``variant − baseline`` at 75% and at 100% of training differs by
+        less than ``loss_effect``/2, with one sign at 50%, 75% and 100%, each point scored on at least
+        ``min_windows`` windows or the whole split: a model that merely learns faster early is not an end state;
+    (d) **competent models**: every model beats a count-based trigram model (interpolated Kneser–Ney) fitted on
+        the same training split and scored on the same validation split.
+
+    A loss still falling is no reason to refuse: no paper trains to a flat loss, and what a falling loss could
+    hide (a gap that is still moving) is measured directly by (c). ``loss_effect`` is the smallest validation-loss
+    difference of interest in nats (the claim's own for a loss claim)."""
+
+    loss_effect: float
+    min_tokens_per_parameter: float = 20.0
+    max_passes: float = 4.0
+    min_windows: int = 1024
+    gap_points: tuple[float, ...] = (0.5, 0.75, 1.0)
     window: float = 0.25
 
     def describe(self) -> str:
         return (
-            f"validation loss fell or rose by less than {self.max_fall:g} nats over the last {self.window:.0%} of "
-            "training"
+            f"(a) ≥ {self.min_tokens_per_parameter:g} tokens per parameter, ≤ {self.max_passes:g} passes, the floor "
+            f"learning rate at the last step; (b) no validation loss rose by {self.loss_effect / 2:g} nats or more "
+            f"over the last {self.window:.0%}; (c) the gap at 75% and 100% of training within "
+            f"{self.loss_effect / 2:g} nats, one sign at 50/75/100%, each on ≥ {self.min_windows:,} windows or the "
+            "whole split; (d) every model below the trigram level"
         )
 
     def check(self, results: CompareResults, claim: Claim) -> Gate:
-        levels, falling, rising = {}, [], []
-        for label in (claim.baseline, claim.variant):
-            found = results.variants.get(label)
-            fall = _last_fall(found.runs, self.window) if found else None
-            if fall is None:
-                return Gate(False, f"{label} logged fewer than two validation points: the slope cannot be read", {})
-            if not math.isfinite(fall):
-                return Gate(False, f"{label}'s validation loss is non-finite near the end: {DIVERGED}", {})
-            levels[f"{label}: fall over the last {self.window:.0%} (nats)"] = fall
-            if fall >= self.max_fall:
-                falling.append(f"{label} still fell {fall:.3f} nats")
-            elif -fall >= self.max_fall:
-                rising.append(f"{label} rose {-fall:.3f} nats")
-        window = f"over the last {self.window:.0%} of training, against the {self.max_fall:g} allowed"
-        if falling:
-            return Gate(False, f"{' and '.join(falling)} {window}: the loss had not flattened", levels)
-        if rising:
-            rose = f"{' and '.join(rising)} {window}"
-            runs = [run for label in (claim.baseline, claim.variant) for run in results.variants[label].runs]
-            passes = max(run.tokens for run in runs) / results.corpus.train_tokens
-            if passes > 1:
-                return Gate(
-                    False,
-                    f"{rose}: the models overfit a training split they read {passes:.1f} times, so the end state "
-                    "measures memorising, not modelling the text",
-                    levels,
-                    remedy="a training split larger than a run's tokens (a bigger corpus, or fewer tokens a run)",
+        models = list(dict.fromkeys((claim.baseline, claim.variant, *claim.measure.trains)))
+        missing = [label for label in models if label not in results.variants]
+        if missing:
+            return Gate(False, f"{' and '.join(missing)} did not train here", {})
+        levels: dict[str, float] = {}
+        parts = [
+            self._budget(results, models, levels),
+            self._end_state(results, models, levels),
+            self._gap(results, claim, levels),
+            _competent(results, models, levels),
+        ]
+        remedies = {
+            "(a) budget": "a budget of at least 20 tokens per parameter read at most 4 times (a smaller model, more "
+            "tokens, or a larger corpus), trained to the end of its schedule",
+            "(b) end state": "a training split larger than a run's tokens, or a schedule under which the validation "
+            "loss settles",
+            "(c) gap stability": "a longer run at the same size (more tokens per parameter), with evaluations on at "
+            "least 1,024 windows at 50, 75 and 100% of training",
+            "(d) competent models": "a size and budget at which every model beats the n-gram model (for absolute "
+            "positions, a larger model or more tokens)",
+        }
+        diverged = [p for p in parts if not p.passed and p.detail.endswith(DIVERGED)]
+        if diverged:
+            return Gate(False, diverged[0].detail, levels, parts=tuple(parts))
+        return Gate.of(parts, levels, remedies, self.describe())
+
+    def _budget(self, results: CompareResults, models: list[str], levels: dict[str, float]) -> GatePart:
+        problems = []
+        for label in models:
+            found = results.variants[label]
+            run = found.runs[0]
+            variant = Variant.parse(label)
+            source = results.variants.get(variant.source.label) if variant.uptrain is not None else None
+            tokens = run.tokens + (source.runs[0].tokens if source else 0)
+            per_parameter, passes = tokens / found.parameters, tokens / results.corpus.train_tokens
+            levels[f"{label}: tokens per parameter"] = per_parameter
+            levels[f"{label}: passes over the training split"] = passes
+            if per_parameter < self.min_tokens_per_parameter:
+                problems.append(f"{label} trained on {per_parameter:.1f} tokens per parameter")
+            if passes > self.max_passes:
+                problems.append(f"{label} read its training split {passes:.1f} times")
+            planned = variant.steps(results.budget.steps)
+            short = [r.seed for r in found.runs if r.steps < planned]
+            if short:
+                problems.append(
+                    f"{label} stopped before its schedule's floor learning rate (seed(s) {short}: fewer than "
+                    f"{planned} steps)"
                 )
-            return Gate(
-                False,
-                f"{rose}, within one pass over the training split: the loss passed its minimum before the end",
-                levels,
-                remedy="a schedule under which the validation loss settles (a lower learning rate or a check of why "
-                "it rose)",
+        if problems:
+            limits = (
+                f"the protocol asks ≥ {self.min_tokens_per_parameter:g} tokens per parameter and ≤ "
+                f"{self.max_passes:g} passes"
             )
-        return Gate(True, self.describe(), levels)
+            return GatePart("(a) budget", False, f"{'; '.join(problems)} ({limits})")
+        return GatePart("(a) budget", True, "every model at its floor learning rate, within the tokens and passes")
+
+    def _end_state(self, results: CompareResults, models: list[str], levels: dict[str, float]) -> GatePart:
+        rising = []
+        for label in models:
+            fall = _last_fall(results.variants[label].runs, self.window)
+            if fall is None:
+                return GatePart("(b) end state", False, f"{label} logged fewer than two validation points")
+            if not math.isfinite(fall) or not all(math.isfinite(r.val.loss) for r in results.variants[label].runs):
+                return GatePart("(b) end state", False, f"{label}'s validation loss is non-finite: {DIVERGED}")
+            levels[f"{label}: fall over the last {self.window:.0%} (nats)"] = fall
+            if -fall >= self.loss_effect / 2:
+                rising.append(f"{label} rose {-fall:.3f} nats")
+        if rising:
+            passes = max(run.tokens for label in models for run in results.variants[label].runs)
+            passes /= results.corpus.train_tokens
+            why = (
+                f"the models overfit a training split they read {passes:.1f} times"
+                if passes > 1
+                else "within one pass over the training split: the loss passed its minimum before the end"
+            )
+            return GatePart(
+                "(b) end state",
+                False,
+                f"{' and '.join(rising)} over the last {self.window:.0%} of training (the limit is "
+                f"{self.loss_effect / 2:g}): {why}",
+            )
+        return GatePart("(b) end state", True, f"no validation loss rose by {self.loss_effect / 2:g} nats or more")
+
+    def _gap(self, results: CompareResults, claim: Claim, levels: dict[str, float]) -> GatePart:
+        gaps = {}
+        for point in self.gap_points:
+            gap = _mean_gap(results, claim, point)
+            if isinstance(gap, str):
+                return GatePart("(c) gap stability", False, gap)
+            gaps[point] = gap
+            levels[f"gap at {point:.0%} (nats)"] = gap
+        shown = ", ".join(f"{gap:+.4f} at {point:.0%}" for point, gap in gaps.items())
+        windows = results.spec.get("train", {}).get("eval_windows")
+        whole = results.corpus.val_tokens // results.budget.seq_len
+        if windows is not None and windows < min(self.min_windows, whole):
+            return GatePart(
+                "(c) gap stability",
+                False,
+                f"the gap ({shown}) was scored on {windows:,} windows, fewer than {self.min_windows:,} and than the "
+                f"whole split ({whole:,})",
+            )
+        signs = {math.copysign(1.0, gap) for gap in gaps.values()}
+        moved = abs(gaps[self.gap_points[-1]] - gaps[self.gap_points[-2]])
+        if len(signs) > 1:
+            return GatePart("(c) gap stability", False, f"the gap changed sign ({shown}): the curves cross")
+        if moved >= self.loss_effect / 2:
+            return GatePart(
+                "(c) gap stability",
+                False,
+                f"the gap moved {moved:.4f} nats over the last quarter ({shown}), against the {self.loss_effect / 2:g} "
+                "allowed: one model is still catching up",
+            )
+        return GatePart("(c) gap stability", True, f"the gap held ({shown})")
+
+
+def _mean_gap(results: CompareResults, claim: Claim, fraction: float) -> float | str:
+    """The mean over paired seeds of ``variant − baseline`` on the training curves at ``fraction`` of each one's
+    planned training; an uptrained variant is set against its baseline's end, which it continues from. A string says
+    why it cannot be read."""
+    ours, theirs = results.variants[claim.variant], results.variants[claim.baseline]
+    variant = Variant.parse(claim.variant)
+    planned = variant.steps(results.budget.steps), Variant.parse(claim.baseline).steps(results.budget.steps)
+    gaps = []
+    for run in ours.runs:
+        base = next((r for r in theirs.runs if r.seed == run.seed), None)
+        if base is None:
+            continue
+        mine = _curve_at(run, fraction, planned[0])
+        other = _curve_at(base, 1.0 if variant.uptrain is not None else fraction, planned[1])
+        if mine is None or other is None:
+            return f"no evaluation at {fraction:.0%} of training in {claim.variant if mine is None else claim.baseline}"
+        gaps.append(mine - other)
+    if not gaps:
+        return "no seed that both models ran"
+    return float(np.mean(gaps))
+
+
+def _curve_at(run, fraction: float, steps: int) -> float | None:
+    step = round(fraction * steps)
+    return next((loss for s, loss in run.val_curve if s == step), None)
+
+
+def _competent(results: CompareResults, models: list[str], levels: dict[str, float]) -> GatePart:
+    ngram = results.corpus.ngram
+    if ngram is None:
+        return GatePart(
+            "(d) competent models",
+            False,
+            "this results file records no n-gram level of its corpus (`attnzoo compare --report-only` adds it)",
+        )
+    levels[f"{ngram.order}-gram level (nats/token)"] = ngram.val_loss
+    worse = []
+    for label in models:
+        loss = float(np.mean([run.val.loss for run in results.variants[label].runs]))
+        if not loss < ngram.val_loss:
+            worse.append(f"{label} {loss:.3f}")
+    if worse:
+        return GatePart(
+            "(d) competent models",
+            False,
+            f"{', '.join(worse)} nats/token, no better than a {ngram.order}-gram count model ({ngram.val_loss:.3f}): "
+            "a model that has not learned to use its context",
+        )
+    return GatePart(
+        "(d) competent models", True, f"every model below the {ngram.order}-gram level {ngram.val_loss:.3f}"
+    )
 
 
 def _last_fall(runs, window: float) -> float | None:
@@ -155,19 +326,26 @@ def _run_fall(val_curve, window: float) -> float | None:
 
 @dataclass(frozen=True)
 class TaskLearned:
-    """Judged only where the baseline closed at least ``share`` of the gap from chance to the solved level
-    (mean over seeds), and beat the task's shortcut (the score of skipping the step it tests, e.g. answering with a
-    random needle) where the task declares one; and no seed of the variant ended at or beyond chance: a model worse
-    than a uniform guess failed to train, and says nothing about its mechanism. ``variant_too``, for a claim read off
-    a probe of the mechanism (attention shares) rather than the task's metric: the variant must pass the same gate,
-    since a model that did not learn the task says nothing about how its mechanism solves it."""
+    """Judged only where the baseline learned the task on at least ``seed_share`` of its seeds (4 of 5, 3 of 3),
+    each seed closing at least ``share`` of the gap from chance to the solved level and beating the task's shortcut
+    (the score of skipping the step it tests, e.g. answering with a random needle) where the task declares one; and
+    no seed of the variant ended at or beyond chance: a model worse than a uniform guess failed to train, and says
+    nothing about its mechanism. ``variant_too``, for a claim read off a probe of the mechanism (attention shares)
+    rather than the task's metric: the variant must pass the same gate, since a model that did not learn the task
+    says nothing about how its mechanism solves it. Per seed, not on the mean: a mean can pass with most seeds below
+    the shortcut. The levels also count the seeds that learned it on each side, with Fisher's exact test of the two
+    counts (``scipy.stats.fisher_exact``), since a task is often solved or not rather than by degrees."""
 
     share: float = 0.5
     variant_too: bool = False
+    seed_share: float = 0.8
 
     def describe(self) -> str:
         who = "the baseline and the variant each" if self.variant_too else "the baseline"
-        return f"{who} closed ≥ {self.share:.0%} of the gap from chance to solved, and beat any shortcut"
+        return (
+            f"{who} closed ≥ {self.share:.0%} of the gap from chance to solved and beat any shortcut on ≥ "
+            f"{self.seed_share:.0%} of its seeds"
+        )
 
     def check(self, results: CompareResults, claim: Claim) -> Gate:
         task = results.tasks[claim.measure.task]  # type: ignore[index]
@@ -178,33 +356,41 @@ class TaskLearned:
         if task.shortcut is not None:  # a model on the shortcut has not learned the step the task tests
             threshold = max(threshold, task.shortcut) if sign > 0 else min(threshold, task.shortcut)
         finals = {label: [run.final[task.metric] for run in task.runs[label]] for label in task.runs}
-        baseline, variant = np.mean(finals[claim.baseline]), np.mean(finals[claim.variant])
         diverged = [label for label in (claim.baseline, claim.variant) if not np.all(np.isfinite(finals[label]))]
         if diverged:
             return Gate(False, f"{' and '.join(diverged)} ended with a non-finite {task.metric}: {DIVERGED}", {})
+
+        def learned(value: float) -> bool:
+            return sign * (value - threshold) >= 0 and value != task.shortcut
+
+        solved = {label: sum(learned(v) for v in finals[label]) for label in (claim.baseline, claim.variant)}
+        n = {label: len(finals[label]) for label in solved}
+        table = [[solved[label], n[label] - solved[label]] for label in (claim.variant, claim.baseline)]
         levels = {
-            f"{claim.baseline} (baseline)": float(baseline),
-            f"{claim.variant}": float(variant),
+            f"{claim.baseline} (baseline)": float(np.mean(finals[claim.baseline])),
+            f"{claim.variant}": float(np.mean(finals[claim.variant])),
             "chance": task.chance,
             "gate": threshold,
             "solved": task.solved,
+            f"{claim.baseline}: seeds past the gate": solved[claim.baseline],
+            f"{claim.variant}: seeds past the gate": solved[claim.variant],
+            "Fisher's exact p of the counts": float(stats.fisher_exact(table).pvalue),
         }
         if task.shortcut is not None:
             levels["shortcut"] = task.shortcut
-        if sign * (baseline - threshold) < 0 or (task.shortcut is not None and baseline == task.shortcut):
-            return Gate(
-                False,
-                f"the baseline reached {task.metric} {baseline:.3g}, short of the gate {threshold:.3g} (chance "
-                f"{task.chance:.3g}, solved {task.solved:g}): it did not learn the task",
-                levels,
-            )
-        if self.variant_too and sign * (variant - threshold) < 0:
-            return Gate(
-                False,
-                f"{claim.variant} reached {task.metric} {variant:.3g}, short of the gate {threshold:.3g} (chance "
-                f"{task.chance:.3g}, solved {task.solved:g}): a probe of a model that did not learn the task",
-                levels,
-            )
+        needed = {label: math.ceil(self.seed_share * n[label] - 1e-9) for label in n}
+        who = [claim.baseline] + ([claim.variant] if self.variant_too else [])
+        for label in who:
+            if solved[label] < needed[label]:
+                role = "the baseline" if label == claim.baseline else claim.variant
+                why = "it did not learn the task" if label == claim.baseline else "a probe of a model that did not"
+                return Gate(
+                    False,
+                    f"{role} reached the gate ({task.metric} {threshold:.3g}; chance {task.chance:.3g}, solved "
+                    f"{task.solved:g}) on {solved[label]} of {n[label]} seeds, fewer than {needed[label]}: {why}"
+                    + (" learn the task" if label != claim.baseline else ""),
+                    levels,
+                )
         failed = [run.seed for run in task.runs[claim.variant] if sign * (run.final[task.metric] - task.chance) <= 0]
         if failed:
             return Gate(
@@ -230,7 +416,7 @@ class Claim:
     rule: Rule
     smallest_effect: float  # the smallest |variant − baseline| of interest, in the measure's unit (the margin, for
     smallest_effect_source: str  # NONINFERIOR), and where that number comes from
-    gate: LossFlattened | TaskLearned
+    gate: LanguageModelGate | TaskLearned
     primary: bool = False  # the paper's one primary claim; at most one per paper
     paper_scale: str = ""  # where the paper measured it
     checks: tuple[str, ...] = ()  # what was checked to rule out a setup error, shown with every verdict
@@ -242,7 +428,9 @@ class Claim:
         if self.smallest_effect <= 0:
             raise ValueError(f"claim {self.id!r}: smallest_effect must be > 0, got {self.smallest_effect}")
         if isinstance(self.gate, TaskLearned) != (self.measure.task is not None):
-            raise ValueError(f"claim {self.id!r}: a task's measure takes TaskLearned, a language model's LossFlattened")
+            raise ValueError(
+                f"claim {self.id!r}: a task's measure takes TaskLearned, a language model's LanguageModelGate"
+            )
 
     @property
     def is_run(self) -> bool:
@@ -284,22 +472,35 @@ def lm_metric(name: str, label: str) -> Measure:
 
 
 def loss_rise(multiple: int) -> Measure:
-    """How much the validation loss rises from the training length to ``multiple`` times it."""
+    """How much the validation loss rises from the training length to ``multiple`` times it. Every length scores the
+    same tokens, so where the runs stored each extrapolation block's loss the rise is also read block by block, and
+    the interval counts the sampling of the text as the in-distribution loss does."""
 
-    def read(results: CompareResults, variant: str) -> Values | None:
+    def points(results: CompareResults, variant: str):
         found = results.variants.get(variant)
         if found is None:
             return None
-        rises = {}
+        pairs = {}
         for run in found.runs:
-            at_1 = run.extrapolation_loss(1)
-            at_m = run.extrapolation_loss(multiple) if any(p.multiple == multiple for p in run.extrapolation) else None
-            if at_1 is None or at_m is None:
+            at = {p.multiple: p.score for p in run.extrapolation}
+            if at.get(1) is None or at.get(multiple) is None:
                 return None
-            rises[run.seed] = at_m - at_1
-        return rises
+            pairs[run.seed] = (at[1], at[multiple])
+        return pairs
 
-    return Measure(f"loss at {multiple}× − loss at 1× (nats/token)", f"extrapolation to {multiple}×", read)
+    def read(results: CompareResults, variant: str) -> Values | None:
+        pairs = points(results, variant)
+        return {seed: long.loss - short.loss for seed, (short, long) in pairs.items()} if pairs else None
+
+    def blocks(results: CompareResults, variant: str) -> Blocks | None:
+        pairs = points(results, variant)
+        if not pairs or any(short.block_losses is None or long.block_losses is None for short, long in pairs.values()):
+            return None
+        return {seed: np.subtract(long.block_losses, short.block_losses) for seed, (short, long) in pairs.items()}
+
+    return Measure(
+        f"loss at {multiple}× − loss at 1× (nats/token)", f"extrapolation to {multiple}×", read, blocks=blocks
+    )
 
 
 def lm_probe(key: str, label: str) -> Measure:
@@ -336,43 +537,50 @@ def task_probe(task: str, key: str, label: str) -> Measure:
     return Measure(label, f"task {task!r} with its probe", read, task)
 
 
-def compute_to_match(references: dict[float, str]) -> Measure:
-    """The compute multiple at which the baseline's validation loss matches the variant's: per seed, the baseline
-    trained with each multiple of the tokens in ``references`` (multiple → variant label, 1 the baseline itself),
-    interpolated linearly in log-tokens, and extrapolated from the nearest two beyond them; that tokens multiple
-    divided by the variant's training FLOPs per token over the baseline's (:func:`training_flops_per_token`), since
-    the variant trained on 1× the tokens spent that much more compute. The baseline's own value is 1 by definition,
-    so variant − baseline is the multiple's excess over 1."""
-    multiples = sorted(references)
+def compute_multiple(baseline: str) -> Measure:
+    """The compute multiple at which ``baseline``'s scaling curve reaches the variant's loss, in natural log: the
+    papers' unit (DCFormer's "performs like a Transformer with 1.7–2× the compute", Diff's "65% of the model size or
+    training tokens"), read as they read it, off the baseline's loss against training compute fitted across model
+    sizes trained at one tokens-per-parameter (never more tokens at one size).
 
-    def read(results: CompareResults, label: str) -> Values | None:
-        runs = {m: results.variants.get(references[m]) for m in multiples}
-        if any(found is None for found in runs.values()):
-            return None
-        if label == references[1.0]:
-            return {run.seed: 1.0 for run in runs[1.0].runs}  # type: ignore[union-attr]
-        found = results.variants.get(label)
-        if found is None:
-            return None
-        flops = [
-            _flops_per_token(json.dumps(variant.config, sort_keys=True), results.budget.seq_len)
-            for variant in (found, runs[1.0])
-        ]
-        by_seed = {m: {run.seed: run.val.loss for run in runs[m].runs} for m in multiples}  # type: ignore[union-attr]
-        return {
-            run.seed: matching_multiple(multiples, [by_seed[m][run.seed] for m in multiples], run.val.loss)
-            * flops[1]
-            / flops[0]
-            for run in found.runs
-            if all(run.seed in by_seed[m] for m in multiples)
-        }
+    Per seed, ``ln L = ln A − α·ln C`` is fitted by least squares through that seed's baseline at every size of the
+    ladder (C: training FLOPs, :func:`training_flops_per_token` times the tokens), and a variant at one size, with
+    loss ``L_v`` after ``C_v`` FLOPs, matches the baseline at ``ln C* = (ln A − ln L_v)/α``; its value is
+    ``ln(C*/C_v)``, so a variant that costs more per token is charged for it. The baseline's own value is 0 (a
+    multiple of 1) by definition. Needs the baseline at two sizes or more with the seed."""
 
-    trained = ", ".join(f"{m:g}×" for m in multiples)
+    def across(ladder: Ladder, rung: CompareResults, label: str) -> Values | None:
+        if baseline not in rung.variants or label not in rung.variants:
+            return None
+        if label == baseline:
+            return {run.seed: 0.0 for run in rung.variants[label].runs}
+        curve: dict[int, list[tuple[float, float]]] = {}
+        for size in ladder.rungs:
+            found = size.variants.get(baseline)
+            if found is None:
+                continue
+            per_token = _flops_per_token(json.dumps(found.config, sort_keys=True), size.budget.seq_len)
+            for run in found.runs:
+                curve.setdefault(run.seed, []).append((math.log(per_token * run.tokens), math.log(run.val.loss)))
+        found = rung.variants[label]
+        per_token = _flops_per_token(json.dumps(found.config, sort_keys=True), rung.budget.seq_len)
+        values = {}
+        for run in found.runs:
+            points = curve.get(run.seed, [])
+            if len(points) < 2 or not math.isfinite(run.val.loss) or run.val.loss <= 0:
+                continue
+            x, y = np.array(points).T
+            if np.ptp(x) == 0:
+                continue
+            slope, intercept = np.polyfit(x, y, 1)  # ln L = intercept + slope · ln C, slope = −α
+            values[run.seed] = (math.log(run.val.loss) - intercept) / slope - math.log(per_token * run.tokens)
+        return values or None
+
     return Measure(
-        "compute multiple at which the baseline matches (×)",
-        f"the baseline trained at {trained} the tokens",
-        read,
-        trains=tuple(references.values()),
+        "ln of the compute multiple at which the baseline's scaling curve matches",
+        f"{baseline} at two model sizes or more",
+        lambda results, label: None,
+        across=across,
     )
 
 
@@ -381,18 +589,6 @@ def _flops_per_token(config_json: str, seq_len: int) -> float:
     """:func:`training_flops_per_token` of a stored variant's config, counted once per process: a report reads the
     measure for every view of it, and a count builds and runs the model."""
     return training_flops_per_token(ModelConfig.from_dict(json.loads(config_json)), seq_len)
-
-
-def matching_multiple(multiples: list[float], losses: list[float], target: float) -> float:
-    """Where the loss-against-log-compute line through ``(multiples, losses)`` reaches ``target``: between the two
-    points that bracket it, else along the end segment nearest to it, bounded to [1/16, 16]."""
-    log_m, loss = np.log(np.asarray(multiples, dtype=float)), np.asarray(losses, dtype=float)
-    inside = [i for i in range(len(loss) - 1) if min(loss[i], loss[i + 1]) <= target <= max(loss[i], loss[i + 1])]
-    i = inside[0] if inside else (0 if target > loss[0] else len(loss) - 2)
-    if loss[i + 1] == loss[i]:
-        return float(np.exp(log_m[i]))
-    fraction = (target - loss[i]) / (loss[i + 1] - loss[i])
-    return float(np.clip(np.exp(log_m[i] + fraction * (log_m[i + 1] - log_m[i])), 1 / 16, 16))
 
 
 def not_built(label: str, needs: str, task: str | None = None) -> Measure:

@@ -92,6 +92,7 @@ VERDICT_COLOURS = {
     "supported": "#1a7f37",
     "contradicted": "#b42318",
     "negligible": "#8250df",
+    "scale-dependent": "#0969da",
     "inconclusive": "#9a6700",
     "not measurable": "#57606a",
     "not run": "#57606a",

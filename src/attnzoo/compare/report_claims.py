@@ -17,20 +17,29 @@ from attnzoo.tables import Table
 
 HOW_A_VERDICT_IS_REACHED = (
     "**How a verdict is reached.** Each claim fixes, before any run, its experiment (a variant against a baseline "
-    "under the same seeds and data order), its smallest effect of interest with where that number comes from, and "
-    "a validity gate. A claim is **not run** when this comparison lacks its experiment (a GPU preset, or one no "
-    "preset runs yet), and **not measurable** when its gate fails: on a task, the baseline did not close half the "
-    "gap from chance to solved (for a probe of the mechanism, the variant too), or the variant ended at chance; on "
-    "a language model, the validation loss still fell, or rose past its minimum, by more than the smallest effect "
-    "over the last quarter of training. Otherwise the paired difference "
-    "(variant − baseline) gets an interval that counts the seeds and, for the validation loss, the sampling of the "
-    "validation text (blocks of the whole split, crossed with the seeds). It is **negligible** when its 90% "
-    "interval lies inside ± the smallest effect; **supported** or **contradicted** when the test of zero rejects "
-    "at 5% in the claimed or the opposite direction and the estimate is at least the smallest effect, with each "
-    "paper's one primary claim Holm-corrected across papers and every other claim labelled exploratory; "
-    "**inconclusive** otherwise (a nonzero difference smaller than the smallest effect included), or with fewer than "
-    f"{MIN_SEEDS} seeds. A non-inferiority claim is supported when the 90% interval's upper end lies below its "
-    "margin. Implementation checks (the KV cache's size) are arithmetic and never count as a paper's support."
+    "under the same seeds and data order), its smallest effect of interest δ with where that number comes from, and "
+    "a validity gate; it is measured at every model size the comparison ran, and the largest decides. A claim is "
+    "**not run** when no size has its experiment, and **not measurable** when its gate fails at the largest size. "
+    "On a task, the gate asks the baseline to close half the gap from chance to solved and beat any shortcut on at "
+    "least 4 of 5 seeds (for a probe of the mechanism, the variant too), and no variant seed to end at chance; the "
+    "counts of seeds that learned it are compared by Fisher's exact test. On a language model it is the papers' "
+    "protocol: (a) at least 20 training tokens per parameter, at most 4 passes over the training split and the "
+    "learning rate at its floor at the last step; (b) no validation loss rising by δ/2 or more over the last "
+    "quarter; (c) the paired gap at 75% and 100% of training within δ/2 of each other, with one sign at 50, 75 and "
+    "100%, each scored on at least 1,024 windows or the whole split; (d) every model below a trigram count model "
+    "(interpolated Kneser–Ney) fitted on the same training split; and for a paper's primary claim, (e) at least "
+    "two sizes, the largest at least 2× the smallest. A claim stated as a compute multiple (DCFormer's 1.7–2×, "
+    "Diff's 65% of size or tokens) is judged in that unit, in log-compute, read off MHA's loss against training "
+    "compute fitted across the sizes. The paired difference (variant − baseline) gets an interval that counts "
+    "the seeds and, for the validation loss and the extrapolation rise, the sampling of the text (blocks crossed "
+    "with seeds, never more degrees of freedom than seeds − 1). It is **supported** or **contradicted** when its "
+    "90% interval lies beyond ±δ on the claimed or the opposite side (the one-sided minimum-effect test at 5%), "
+    "with the five primaries, one per paper, always Holm-corrected together (a primary not judged enters with "
+    "p = 1) and every other claim labelled exploratory; **negligible** when the 90% interval lies inside ±δ; "
+    "**scale-dependent** when two sizes each decide it, in opposite directions; **inconclusive** otherwise (a "
+    f"difference shown nonzero but not beyond δ included), or with fewer than {MIN_SEEDS} seeds. A non-inferiority "
+    "claim is supported when the 90% interval's upper end lies below its margin. Implementation checks (the KV "
+    "cache's size) are arithmetic and never count as a paper's support."
 )
 
 
@@ -51,6 +60,19 @@ def _levels(verdict: Verdict) -> str:
     if not verdict.levels:
         return "—"
     return "; ".join(f"{name} {_number(value)}" for name, value in verdict.levels.items())
+
+
+def _gate(verdict: Verdict) -> str:
+    gate = verdict.gate
+    if gate is None:
+        return "—"
+    if not gate.parts:
+        return ("passed: " if gate.passed else "failed: ") + gate.reason
+    return "; ".join(f"{part.name} {'passed' if part.passed else 'FAILED'}: {part.detail}" for part in gate.parts)
+
+
+def _sizes(verdict: Verdict) -> str:
+    return "; ".join(size.describe() for size in verdict.sizes) or "—"
 
 
 def _test_cell(verdict: Verdict) -> str:
@@ -84,6 +106,8 @@ def verdict_table(verdicts: list[Verdict]) -> Table:
                 _test_cell(v),
                 f"{v.claim.smallest_effect:g}: {v.claim.smallest_effect_source}",
                 f"**{v.outcome}**: {v.reason}",
+                _gate(v),
+                _sizes(v),
                 v.conditions or "—",
                 v.claim.paper_scale or "—",
                 _levels(v),
@@ -100,6 +124,8 @@ def verdict_table(verdicts: list[Verdict]) -> Table:
         "the test",
         "smallest effect of interest",
         "verdict",
+        "gate at the deciding size",
+        "each size",
         "this test",
         "the paper's scale",
         "levels reached (mean over seeds)",

@@ -21,6 +21,7 @@ from attnzoo.compare.spec import EvalSpec
 from attnzoo.compare.stats import PairedDifference, Summary, paired_over_seeds, paired_over_seeds_and_blocks
 from attnzoo.evals.base import LengthDepthSweep, largest_passing_length
 from attnzoo.evals.lm import LMScore
+from attnzoo.evals.ngram import NGramLevel
 from attnzoo.evals.task import TaskBudget
 from attnzoo.io import atomic_write_text
 from attnzoo.machine import is_busy
@@ -28,9 +29,10 @@ from attnzoo.records import from_dict, to_dict
 
 ATTENTION_MAPS = "attention_maps.npy"  # beside each first-seed run: (layers, heads, T, T)
 # 1: the implicit nested dicts of attnzoo 0.1.0, which carried no version; 2: these records; 3: the validation
-# loss over the whole split with its per-block losses (a version-2 file reads as one without them).
-SCHEMA_VERSION = 3
-READABLE_VERSIONS = (2, 3)
+# loss over the whole split with its per-block losses (a version-2 file reads as one without them); 4: the corpus's
+# n-gram level (an older file reads as one without it, which `compare --report-only` adds).
+SCHEMA_VERSION = 4
+READABLE_VERSIONS = (2, 3, 4)
 
 
 # ---------------------------------------------------------------------------------------------- language model
@@ -295,6 +297,9 @@ class CorpusInfo:
     tokenizer: str
     train_tokens: int
     val_tokens: int
+    # A trigram count model fitted on the training split and scored on the validation split: the level every
+    # language model of a judged comparison must beat (attnzoo.compare.claims.LanguageModelGate, part d).
+    ngram: NGramLevel | None = None
 
 
 @dataclass(frozen=True)

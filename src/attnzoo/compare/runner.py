@@ -62,9 +62,10 @@ from attnzoo.compare.spec import CompareSpec, resolve_spec
 from attnzoo.compare.tasks import context_len, step_seconds, task_configs, train_task
 from attnzoo.config import ModelConfig
 from attnzoo.convert.directory import group_kv_heads
-from attnzoo.data.corpora import Corpus
+from attnzoo.data.corpora import Corpus, prepare_corpus
 from attnzoo.distributed import Distributed, resolve_device
 from attnzoo.evals.lm import LMEvalConfig, evaluate_lm, length_extrapolation, window_plan
+from attnzoo.evals.ngram import NGramLevel, kneser_ney_level
 from attnzoo.evals.probes import probe_model
 from attnzoo.evals.task import TaskSpec
 from attnzoo.io import atomic_write_text, locked_directory
@@ -77,7 +78,7 @@ from attnzoo.training.checkpoint import (
     load_pretrained,
     read_checkpoint,
 )
-from attnzoo.training.config import TrainConfig
+from attnzoo.training.config import DataConfig, TrainConfig
 from attnzoo.training.metrics import MetricsLog
 from attnzoo.training.trainer import METRICS, Trainer, check_resumable, load_corpus
 from attnzoo.variants import Variant, matched_configs
@@ -87,6 +88,7 @@ RUN_RECORD = "compare_run.json"
 BENCH = "bench.json"
 BENCH_PARTIAL = "bench.partial.json"  # the cases measured so far, while the bench is unfinished
 RESULTS = "results.json"
+NGRAM = "ngram.json"  # the corpus's trigram level, counted once
 
 
 @dataclass(frozen=True)
@@ -346,6 +348,7 @@ class Comparison:
             token_bytes,
             extrapolation_config,
             spec.evals.extrapolation_multiples,
+            blocks=spec.evals.extrapolation_blocks,
         )
         windows = np.asarray(corpus.val[: spec.evals.probe_windows * train_config.seq_len], dtype=np.int64)
         probes = lm_probes(model, torch.from_numpy(windows).view(-1, train_config.seq_len))
@@ -524,6 +527,16 @@ class Comparison:
 
     # ------------------------------------------------------------------------------------------ results
 
+    def ngram_level(self, corpus: Corpus) -> NGramLevel:
+        """The corpus's trigram level, kept beside the runs: counting a large corpus takes a while, once."""
+        path = self.out_dir / NGRAM
+        stored = _read_record(NGramLevel, path)
+        if stored is not None and (stored.train_tokens, stored.val_tokens) == (len(corpus.train), len(corpus.val)):
+            return stored
+        level = corpus_ngram_level(corpus)
+        _write_record(level, path)
+        return level
+
     def assemble(
         self,
         configs: dict[str, ModelConfig],
@@ -556,7 +569,9 @@ class Comparison:
                 wall_seconds_this_invocation=time.perf_counter() - self.started,
             ),
             evals=spec.evals,
-            corpus=CorpusInfo(corpus.name, corpus.tokenizer.kind, len(corpus.train), len(corpus.val)),
+            corpus=CorpusInfo(
+                corpus.name, corpus.tokenizer.kind, len(corpus.train), len(corpus.val), self.ngram_level(corpus)
+            ),
             machine=MachineInfo(
                 description=self.machine_at_start,
                 platform=platform.platform(),
@@ -618,6 +633,27 @@ def kv_cache_bytes_per_token(config: ModelConfig) -> int:
         cache = Transformer(config).new_cache(1, config.max_seq_len)
     total = sum(b.numel() * b.element_size() for layer in cache.layers for b in layer.buffers.values())
     return total // config.max_seq_len
+
+
+def corpus_ngram_level(corpus: Corpus) -> NGramLevel:
+    """The level every judged language model must beat: a trigram count model (attnzoo.evals.ngram)."""
+    return kneser_ney_level(corpus.train, corpus.val, corpus.tokenizer.vocab_size, order=3)
+
+
+def with_ngram_level(results: CompareResults) -> CompareResults:
+    """``results`` with its corpus's trigram level, counted from the corpus its spec names where the file (written
+    before the level was kept) lacks it; refused where that corpus no longer tokenizes to the same splits."""
+    if results.corpus.ngram is not None:
+        return results
+    data = DataConfig(**results.spec["train"]["data"])
+    corpus = prepare_corpus(data.corpus, data.tokenizer, data.val_fraction)
+    found, stored = (len(corpus.train), len(corpus.val)), (results.corpus.train_tokens, results.corpus.val_tokens)
+    if found != stored:
+        raise ValueError(
+            f"the corpus {data.corpus!r} now gives {found[0]:,} training and {found[1]:,} validation tokens, where "
+            f"the results were trained on {stored[0]:,} and {stored[1]:,}: its n-gram level cannot be counted here"
+        )
+    return dataclasses.replace(results, corpus=dataclasses.replace(results.corpus, ngram=corpus_ngram_level(corpus)))
 
 
 def uptraining_config(train: TrainConfig) -> TrainConfig:

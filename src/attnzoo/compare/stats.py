@@ -8,7 +8,9 @@ Seed k gives every variant the same data order, and every variant is scored on t
 
 so the grand mean generalises to new seeds *and* new text: Var(mean) = σ_a²/S + σ_c²/B + σ_e²/(SB). The
 components are estimated by the method of moments from the two-way ANOVA mean squares (negative estimates set
-to zero), with Satterthwaite's degrees of freedom; quantiles and p-values are Student t (``scipy.stats.t``).
+to zero), with Satterthwaite's degrees of freedom capped at seeds − 1; quantiles and p-values are Student t
+(``scipy.stats.t``). The cap matters: with 3 seeds and 64 blocks Satterthwaite can reach 60 degrees of freedom
+when the block term dominates, yet how much the seed term varies is still known from 3 values only.
 With one value per seed (B = 1) this is exactly the paired t-test over seeds, ``scipy.stats.ttest_rel``.
 
 Without the block term, a difference measured on one fixed validation set can look certain and then vanish on
@@ -30,7 +32,7 @@ ALPHA = 1 - CONFIDENCE
 SEEDS_ONLY = "paired t over seeds (scipy.stats.ttest_rel)"
 SEEDS_AND_BLOCKS = (
     "seeds × validation blocks, crossed random effects: Var(mean) = σ²_seed/S + σ²_block/B + σ²_resid/(SB) from the "
-    "two-way ANOVA mean squares, Satterthwaite degrees of freedom, Student t (scipy.stats.t)"
+    "two-way ANOVA mean squares, Satterthwaite degrees of freedom capped at seeds − 1, Student t (scipy.stats.t)"
 )
 
 
@@ -89,6 +91,14 @@ class PairedDifference:
         if alternative == "greater":
             return float(stats.t.sf(t, self.df))
         return float(2 * stats.t.sf(abs(t), self.df))
+
+    def p_beyond(self, effect: float) -> float:
+        """The minimum-effect test on the estimate's side: of H0 "the true difference lies within ±``effect``"
+        against "it lies beyond ``effect`` on the side the mean is on". Below 5% exactly when the 90% interval lies
+        beyond ±``effect``."""
+        if self.mean < 0:
+            return self.p_value(null=-effect, alternative="less")
+        return self.p_value(null=effect, alternative="greater")
 
     def seeds_needed(self, half_width: float, confidence: float = CONFIDENCE, most: int = 1000) -> int | None:
         """The fewest seeds whose interval's half-width falls below ``half_width`` at this spread, each n at its
@@ -151,7 +161,7 @@ def paired_over_seeds_and_blocks(variant: np.ndarray, baseline: np.ndarray) -> P
     ]
     total = sum(weight * ms for weight, ms, _ in terms)
     spread = sum((weight * ms) ** 2 / df for weight, ms, df in terms if weight)
-    df = total**2 / spread if spread > 0 else 0.0
+    df = min(total**2 / spread, n_seeds - 1) if spread > 0 else 0.0
     fixed = (ms_block - ms_resid) / (n_seeds * n_blocks) if use_block else 0.0  # σ²_block / B
     se = math.sqrt(total / (n_seeds * n_blocks))
     return PairedDifference(per_seed, mean, se, df, n_blocks, SEEDS_AND_BLOCKS, fixed)

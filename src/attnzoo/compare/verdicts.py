@@ -1,23 +1,28 @@
-"""One verdict per registered claim, reached by rules fixed before the run.
+"""One verdict per registered claim, reached by rules fixed before the run: the papers' own protocol.
 
-In order, the first that applies:
+A claim is measured at every model size of the ladder that ran it (:class:`~attnzoo.compare.ladder.Ladder`; one
+comparison is a ladder of one size). In order, the first that applies:
 
-1. **not run**: the comparison did not train what the claim needs (a variant, a task, a GPU preset).
-2. **not measurable**: the validity gate failed: the baseline did not learn the task, or the loss had not
-   flattened; or a run diverged (a NaN or infinite value). The levels reached are reported beside it.
+1. **not run**: no size trained what the claim needs (a variant, a task, a GPU preset).
+2. **not measurable**: the largest size that ran it fails the claim's gate (for a language model: the budget, the
+   end state, the gap's stability or the models' competence, :class:`~attnzoo.compare.claims.LanguageModelGate`;
+   for a task: the baseline did not learn it), or a run diverged; or, for a paper's primary language-model claim,
+   fewer than two sizes 2× apart passed their gates. The levels reached are reported beside it.
 3. **inconclusive**: fewer than :data:`MIN_SEEDS` seeds, or no spread to form an interval from.
-4. For a directional claim, with the paired difference ``variant − baseline`` (:mod:`attnzoo.compare.stats`):
-   **negligible** when its 90% interval lies inside ± the smallest effect of interest (two one-sided tests at
-   5%); else **supported** or **contradicted** when the test of zero rejects at 5% in the claimed or the
-   opposite direction and the estimate is at least the smallest effect, using the Holm-adjusted p for a primary
-   claim and the raw p for an exploratory one; else **inconclusive** (a nonzero difference smaller than the
-   smallest effect included: it is neither shown to matter nor shown negligible).
-5. For a non-inferiority claim (the variant no worse than the baseline by more than the margin): **supported**
-   when the one-sided test of "worse by the margin or more" rejects at 5% (the 90% interval's upper end is below
-   the margin); **contradicted** when its lower end is above the margin; else **inconclusive**.
+4. **scale-dependent**: two sizes each decide the claim on their own, in opposite directions (each size's effect is
+   shown).
+5. At the largest size, with the paired difference ``variant − baseline`` (:mod:`attnzoo.compare.stats`) and its
+   90% interval, for a directional claim: **supported** or **contradicted** when the interval lies beyond ± the
+   smallest effect of interest δ on the claimed or the opposite side (the one-sided minimum-effect test at 5%, its
+   p Holm-adjusted for a primary claim); **negligible** when it lies inside ±δ (two one-sided tests at 5%);
+   **inconclusive** otherwise, including a difference shown to be nonzero but not shown to exceed δ. For a
+   non-inferiority claim (the variant no worse than the baseline by more than the margin δ): **supported** when
+   the interval's upper end is below the margin (the one-sided test at 5%, Holm-adjusted for a primary);
+   **contradicted** when its lower end is above it; else **inconclusive**.
 
-The primaries, one per paper, form the family that Holm's procedure corrects: those judged on this run (past
-their gates, with an interval). Every other claim is exploratory and says so.
+The primaries, one per paper, always form the family that Holm's procedure corrects: a primary not judged on this
+run enters it with p = 1, so the correction never depends on which claims happened to be measurable. Every other
+claim is exploratory and says so.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from attnzoo.compare.claims import CLAIMS, DIVERGED, LOWER, NONINFERIOR, Claim
+from attnzoo.compare.ladder import Ladder, as_ladder, head_dim, parameters
 from attnzoo.compare.stats import (
     ALPHA,
     CONFIDENCE,
@@ -40,13 +46,48 @@ from attnzoo.compare.stats import (
 )
 
 if TYPE_CHECKING:
-    from attnzoo.compare.claims import Gate
+    from attnzoo.compare.claims import Gate, Values
     from attnzoo.compare.results import CompareResults
 
-Outcome = Literal["supported", "contradicted", "negligible", "inconclusive", "not measurable", "not run"]
-OUTCOMES: tuple[Outcome, ...] = ("supported", "contradicted", "negligible", "inconclusive", "not measurable", "not run")
+Outcome = Literal[
+    "supported", "contradicted", "negligible", "scale-dependent", "inconclusive", "not measurable", "not run"
+]
+OUTCOMES: tuple[Outcome, ...] = (
+    "supported",
+    "contradicted",
+    "negligible",
+    "scale-dependent",
+    "inconclusive",
+    "not measurable",
+    "not run",
+)
 MIN_SEEDS = 3
-EQUIVALENCE_CONFIDENCE = 1 - 2 * ALPHA  # two one-sided tests at 5% each: the 90% interval
+MIN_SIZES = 2  # a primary language-model claim is judged across at least this many sizes
+MIN_SIZE_RATIO = 2.0  # the largest of them at least this many times the smallest
+EQUIVALENCE_CONFIDENCE = 1 - 2 * ALPHA  # one-sided tests at 5% each: the 90% interval
+
+
+@dataclass(frozen=True)
+class SizeVerdict:
+    """The claim at one model size, decided by that size alone at the raw 5% level."""
+
+    parameters: int
+    head_dim: int
+    outcome: Outcome
+    reason: str
+    gate: Gate | None = None
+    difference: PairedDifference | None = None
+    p_raw: float | None = None  # of the claim's decisive test at this size
+    conditions: str = ""
+    levels: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    @property
+    def judged(self) -> bool:
+        return self.p_raw is not None
+
+    def describe(self) -> str:
+        effect = self.difference.format(4) if self.difference is not None else "—"
+        return f"{self.parameters / 1e6:.2f}M (head {self.head_dim}): {effect}, {self.outcome}"
 
 
 @dataclass(frozen=True)
@@ -54,13 +95,14 @@ class Verdict:
     claim: Claim
     outcome: Outcome
     reason: str
-    gate: Gate | None = None
-    difference: PairedDifference | None = None
-    p_raw: float | None = None  # of the claim's test: zero difference, or the margin for non-inferiority
-    p_adjusted: float | None = None  # Holm over the primaries judged; None for an exploratory claim
+    gate: Gate | None = None  # at the deciding (largest) size
+    difference: PairedDifference | None = None  # at the deciding size
+    p_raw: float | None = None  # of the claim's test at the deciding size: beyond δ, or within the margin
+    p_adjusted: float | None = None  # Holm over the primaries; None for an exploratory claim
     would_change: str = ""
-    conditions: str = ""  # this test's scale: seeds, tokens or steps per run, parameters
+    conditions: str = ""  # the deciding size's scale: seeds, tokens per run, parameters
     levels: dict[str, float] = dataclasses.field(default_factory=dict)  # means reached, and chance where defined
+    sizes: tuple[SizeVerdict, ...] = ()  # every size that ran the claim, smallest first
 
     @property
     def interval(self) -> tuple[float, float] | None:
@@ -71,57 +113,116 @@ class Verdict:
         return "primary" if self.claim.primary else "exploratory"
 
 
-def judge_all(results: CompareResults) -> list[Verdict]:
-    """Every registered claim's verdict on ``results``, in registration order, the primaries Holm-corrected."""
-    verdicts = [_measure(claim, results) for claim in CLAIMS.values()]
-    family = [i for i, v in enumerate(verdicts) if v.claim.primary and v.p_raw is not None]
-    adjusted = holm([verdicts[i].p_raw for i in family])  # type: ignore[misc]
-    for i, p in zip(family, adjusted, strict=True):
-        verdicts[i] = dataclasses.replace(verdicts[i], p_adjusted=p)
-    return [_decide(v) if v.p_raw is not None else v for v in verdicts]
+def judge_all(results: CompareResults | Ladder) -> list[Verdict]:
+    """Every registered claim's verdict, in registration order, the primaries Holm-corrected together."""
+    ladder = as_ladder(results)
+    verdicts = [_measure(claim, ladder) for claim in CLAIMS.values()]
+    family = [i for i, v in enumerate(verdicts) if v.claim.primary]
+    p_values = [verdicts[i].p_raw if _pending(verdicts[i]) else 1.0 for i in family]
+    for i, p in zip(family, holm(p_values), strict=True):  # type: ignore[arg-type]
+        if _pending(verdicts[i]):
+            verdicts[i] = dataclasses.replace(verdicts[i], p_adjusted=p)
+    return [_decide(v) if _pending(v) else v for v in verdicts]
 
 
-def judge(claim: Claim, results: CompareResults) -> Verdict:
+def judge(claim: Claim, results: CompareResults | Ladder) -> Verdict:
     """One claim's verdict on its own: a primary is then a family of one (its adjusted p is its raw p)."""
-    verdict = _measure(claim, results)
-    if verdict.p_raw is not None and claim.primary:
+    verdict = _measure(claim, as_ladder(results))
+    if _pending(verdict) and claim.primary:
         verdict = dataclasses.replace(verdict, p_adjusted=verdict.p_raw)
-    return _decide(verdict) if verdict.p_raw is not None else verdict
+    return _decide(verdict) if _pending(verdict) else verdict
 
 
-def _measure(claim: Claim, results: CompareResults) -> Verdict:
-    """Everything but the final decision, which waits for the family's adjusted p-values: a verdict with a raw p is
-    still to be decided; any other is final."""
+def _pending(verdict: Verdict) -> bool:
+    """Measured and waiting for the family's adjusted p: every other verdict is final."""
+    return verdict.p_raw is not None and verdict.outcome == "inconclusive" and not verdict.reason
+
+
+def _measure(claim: Claim, ladder: Ladder) -> Verdict:
     if not claim.is_run:
         return Verdict(
             claim, "not run", f"no preset runs it yet: it needs {claim.experiment}", would_change="that experiment"
         )
-    ours, theirs = claim.measure.read(results, claim.variant), claim.measure.read(results, claim.baseline)
-    missing = [label for label, values in ((claim.variant, ours), (claim.baseline, theirs)) if values is None]
-    missing = [label for label in claim.measure.trains if label not in results.variants] or missing
-    if missing:
+    sizes = [_at_size(claim, ladder, rung) for rung in ladder.rungs]
+    ran = [size for size in sizes if not isinstance(size, str)]
+    if not ran:
         gpu = " (a CUDA GPU)" if claim.needs_gpu else ""
         return Verdict(
             claim,
             "not run",
-            f"needs {claim.measure.needs} for {' and '.join(missing)}, which this comparison did not run"
-            + (f"; the {claim.preset} preset runs them on a GPU" if claim.needs_gpu else ""),
+            str(sizes[-1]) + (f"; the {claim.preset} preset runs them on a GPU" if claim.needs_gpu else ""),
             would_change=f"run the {claim.preset} preset{gpu}",
         )
+    deciding = ran[-1]
+    verdict = Verdict(
+        claim,
+        deciding.outcome,
+        deciding.reason,
+        deciding.gate,
+        deciding.difference,
+        conditions=deciding.conditions,
+        levels=deciding.levels,
+        sizes=tuple(ran),
+    )
+    if not deciding.judged:  # not measurable, or inconclusive for want of seeds or spread, at the largest size
+        return dataclasses.replace(verdict, would_change=_remedy(claim, deciding))
+    judged = [size for size in ran if size.judged]
+    if claim.primary and claim.measure.task is None:
+        spread = judged[-1].parameters / judged[0].parameters
+        if len(judged) < MIN_SIZES or spread < MIN_SIZE_RATIO:
+            shown = "; ".join(size.describe() for size in judged)
+            return dataclasses.replace(
+                verdict,
+                outcome="not measurable",
+                reason=f"(e) sizes: judged at {len(judged)} size(s) ({shown}); a "
+                f"paper's primary language-model claim is judged across at least {MIN_SIZES} sizes, the largest "
+                f"≥ {MIN_SIZE_RATIO:g}× the smallest, as the papers judge it",
+                would_change=f"the same comparison at a second model size {MIN_SIZE_RATIO:g}× apart (a ladder of "
+                "comparisons, or a GPU rung)",
+            )
+    directions = {size.outcome for size in judged} & {"supported", "contradicted"}
+    if len(directions) > 1:
+        return dataclasses.replace(
+            verdict,
+            outcome="scale-dependent",
+            reason="sizes decide it in opposite directions: " + "; ".join(size.describe() for size in judged),
+            p_raw=deciding.p_raw,
+            would_change="a larger size, to see which way the effect goes as the model grows",
+        )
+    return dataclasses.replace(verdict, outcome="inconclusive", reason="", p_raw=deciding.p_raw)
+
+
+def _at_size(claim: Claim, ladder: Ladder, rung: CompareResults) -> SizeVerdict | str:
+    """The claim measured at one size and decided there at the raw 5% level; a string says why it did not run."""
+    across = sum(claim.baseline in other.variants for other in ladder.rungs)
+    if claim.measure.across is not None and across < MIN_SIZES and claim.variant in rung.variants:
+        return SizeVerdict(
+            parameters(rung),
+            head_dim(rung),
+            "not measurable",
+            f"(e) sizes: {claim.measure.label} is read off {claim.baseline}'s loss against compute across at least "
+            f"{MIN_SIZES} model sizes, and this ladder has {claim.baseline} at {across}",
+            claim.gate.check(rung, claim),
+            conditions=_conditions(claim, rung, []),
+        )
+    ours, theirs = _read(claim, ladder, rung, claim.variant), _read(claim, ladder, rung, claim.baseline)
+    missing = [label for label, values in ((claim.variant, ours), (claim.baseline, theirs)) if values is None]
+    missing = [label for label in claim.measure.trains if label not in rung.variants] or missing
+    if missing:
+        return f"needs {claim.measure.needs} for {' and '.join(missing)}, which this comparison did not run"
     assert ours is not None and theirs is not None
     seeds = sorted(ours.keys() & theirs.keys())  # paired by the seed's number: only the seeds both ran
-    conditions = _conditions(claim, results, seeds)
-    levels = _levels(claim, results, ours, theirs)
-    gate = claim.gate.check(results, claim)
-
-    def final(outcome: Outcome, reason: str, would_change: str, difference: PairedDifference | None = None) -> Verdict:
-        return Verdict(
-            claim, outcome, reason, gate, difference, would_change=would_change, conditions=conditions, levels=levels
-        )
-
-    if not gate.passed:
-        remedy = gate.remedy or _what_would_measure(claim, gate.reason.endswith(DIVERGED))
-        return final("not measurable", gate.reason, remedy)
+    size = SizeVerdict(
+        parameters(rung),
+        head_dim(rung),
+        "inconclusive",
+        "",
+        claim.gate.check(rung, claim),
+        conditions=_conditions(claim, rung, seeds),
+        levels=_levels(claim, rung, ours, theirs),
+    )
+    if not size.gate.passed:  # type: ignore[union-attr]
+        return dataclasses.replace(size, outcome="not measurable", reason=size.gate.reason)  # type: ignore[union-attr]
     non_finite = [
         label
         for label, values in ((claim.variant, ours), (claim.baseline, theirs))
@@ -129,24 +230,25 @@ def _measure(claim: Claim, results: CompareResults) -> Verdict:
     ]
     if non_finite:
         reason = f"{' and '.join(non_finite)} gave a non-finite {claim.measure.label} on some seed: {DIVERGED}"
-        return final("not measurable", reason, _what_would_measure(claim, diverged=True))
-    difference = _difference(claim, results, ours, theirs, seeds) if seeds else None
+        return dataclasses.replace(size, outcome="not measurable", reason=reason)
+    difference = _difference(claim, rung, ours, theirs, seeds) if seeds else None
+    size = dataclasses.replace(size, difference=difference)
     if len(seeds) < MIN_SEEDS:
-        reason = f"{len(seeds)} seed(s): an interval needs at least {MIN_SEEDS}"
-        return final("inconclusive", reason, f"run at least {MIN_SEEDS} seeds (--seeds)", difference)
+        return dataclasses.replace(size, reason=f"{len(seeds)} seed(s): an interval needs at least {MIN_SEEDS}")
     assert difference is not None
     if not difference.has_spread:
         reason = (
             f"every seed gives the same difference ({difference.mean:+.4g}): with no spread no interval can be formed"
         )
-        return final(
-            "inconclusive", reason, "a measure that varies with the seed, or a check of why it does not", difference
-        )
-    if claim.rule == NONINFERIOR:
-        p_raw = difference.p_value(null=claim.smallest_effect, alternative="less")
-    else:
-        p_raw = difference.p_value()
-    return Verdict(claim, "inconclusive", "", gate, difference, p_raw, conditions=conditions, levels=levels)
+        return dataclasses.replace(size, reason=reason)
+    p_raw = _p_value(claim, difference)
+    outcome, reason = _outcome(claim, difference, p_raw, p_raw)
+    return dataclasses.replace(size, outcome=outcome, reason=reason, p_raw=p_raw)
+
+
+def _read(claim: Claim, ladder: Ladder, rung: CompareResults, label: str) -> Values | None:
+    measure = claim.measure
+    return measure.across(ladder, rung, label) if measure.across is not None else measure.read(rung, label)
 
 
 def _difference(
@@ -162,48 +264,57 @@ def _difference(
     return paired_over_seeds([ours[s] for s in seeds], [theirs[s] for s in seeds])
 
 
+def _p_value(claim: Claim, difference: PairedDifference) -> float:
+    """Of the test that decides the claim: "worse by the margin or more" for non-inferiority, else the minimum-effect
+    test "within ±δ" against "beyond δ on the estimate's side"."""
+    if claim.rule == NONINFERIOR:
+        return difference.p_value(null=claim.smallest_effect, alternative="less")
+    return difference.p_beyond(claim.smallest_effect)
+
+
+def _outcome(claim: Claim, difference: PairedDifference, p_raw: float, p: float) -> tuple[Outcome, str]:
+    """The decision at one size: ``p`` is ``p_raw`` Holm-adjusted where the claim is a primary judged as a family."""
+    delta = claim.smallest_effect
+    low90, high90 = difference.interval(EQUIVALENCE_CONFIDENCE)
+    interval90 = f"the 90% interval [{low90:+.4g}, {high90:+.4g}]"
+    held_back = p_raw < ALPHA <= p
+    if claim.rule == NONINFERIOR:
+        if p < ALPHA:
+            return "supported", f"{interval90}'s upper end is below the margin {delta:g}"
+        if low90 > delta:
+            return "contradicted", f"{interval90}'s lower end is above the margin {delta:g}"
+        if held_back:
+            return (
+                "inconclusive",
+                f"{interval90}'s upper end is below the margin {delta:g}, but not after Holm's adjustment",
+            )
+        return "inconclusive", f"{interval90} crosses the margin {delta:g}"
+    if p < ALPHA:
+        claimed = (difference.mean < 0) == (claim.rule == LOWER)
+        side = f"below −{delta:g}" if difference.mean < 0 else f"above +{delta:g}"
+        verdict: Outcome = "supported" if claimed else "contradicted"
+        return verdict, f"{interval90} lies {side}, " + ("the claimed side" if claimed else "opposite to the claim")
+    if -delta < low90 and high90 < delta:
+        return "negligible", f"{interval90} lies inside ±{delta:g}, the smallest effect of interest"
+    if held_back:
+        return "inconclusive", f"{interval90} lies beyond ±{delta:g}, but not after Holm's adjustment"
+    if difference.p_value() < ALPHA:
+        return "inconclusive", (
+            f"the difference {difference.mean:+.4g} is nonzero at 5%, but {interval90} is not shown to lie beyond "
+            f"±{delta:g}, the smallest effect of interest"
+        )
+    return "inconclusive", f"{interval90} includes zero and reaches past ±{delta:g}"
+
+
 def _decide(verdict: Verdict) -> Verdict:
     claim, difference = verdict.claim, verdict.difference
     assert difference is not None and verdict.p_raw is not None
     p = verdict.p_adjusted if claim.primary else verdict.p_raw
     assert p is not None
-    delta = claim.smallest_effect
-    low90, high90 = difference.interval(EQUIVALENCE_CONFIDENCE)
-    interval90 = f"the 90% interval [{low90:+.4g}, {high90:+.4g}]"
+    outcome, reason = _outcome(claim, difference, verdict.p_raw, p)
     p_text = f"p {verdict.p_raw:.3g}" + (f", Holm-adjusted {p:.3g}" if claim.primary else " (exploratory)")
-    if claim.rule == NONINFERIOR:
-        if p < ALPHA:
-            outcome, reason = "supported", f"the 90% interval's upper end {high90:+.4g} is below the margin {delta:g}"
-        elif low90 > delta:
-            outcome, reason = "contradicted", f"the 90% interval's lower end {low90:+.4g} is above the margin {delta:g}"
-        elif high90 < delta:  # the raw test rejects; the Holm-adjusted one does not
-            outcome, reason = (
-                "inconclusive",
-                f"the 90% interval's upper end {high90:+.4g} is below the margin {delta:g}, but not after Holm's "
-                "adjustment",
-            )
-        else:
-            outcome, reason = (
-                "inconclusive",
-                f"{interval90} crosses the margin {delta:g}",
-            )
-    elif -delta < low90 and high90 < delta:
-        outcome = "negligible"
-        reason = f"{interval90} lies inside ±{delta:g}, the smallest effect of interest"
-    elif p < ALPHA and abs(difference.mean) < delta:
-        # Real, but smaller than what the claim says matters: neither shown to matter nor shown negligible.
-        outcome = "inconclusive"
-        reason = (
-            f"the difference {difference.mean:+.4g} is nonzero at 5% but smaller than the smallest effect of "
-            f"interest {delta:g}, and {interval90} reaches past ±{delta:g}"
-        )
-    elif p < ALPHA:
-        claimed = (difference.mean < 0) == (claim.rule == LOWER)
-        outcome = "supported" if claimed else "contradicted"
-        reason = "the difference is " + ("in the claimed direction" if claimed else "opposite to the claim")
-    else:
-        after = " after Holm's adjustment" if verdict.p_raw < ALPHA else ""
-        outcome, reason = "inconclusive", f"the test of zero difference does not reject at 5%{after}"
+    if len(verdict.sizes) > 1:
+        reason += "; at the largest size, with " + "; ".join(size.describe() for size in verdict.sizes)
     # The level the raw p must reach for the adjusted one to reach 5%: Holm multiplies this p by p_adjusted / p_raw.
     level = ALPHA * verdict.p_raw / p if p > 0 else ALPHA
     return dataclasses.replace(
@@ -217,12 +328,12 @@ def _decide(verdict: Verdict) -> Verdict:
 def _would_change(claim: Claim, outcome: Outcome, difference: PairedDifference, level: float = ALPHA) -> str:
     """Sign-aware: which verdict more seeds would reach if the mean and spread held, and how many, each n at its own
     n − 1 degrees of freedom. ``level``: what the raw p must fall below for the claim's own test to reject (below
-    5% for a primary held back by Holm's adjustment)."""
+    5% for a primary held back by Holm's adjustment); a one-sided test at ``level`` is the (1 − 2·level) interval."""
     n, mean, delta = difference.seeds, difference.mean, claim.smallest_effect
     if outcome in ("supported", "contradicted", "negligible"):
-        return f"settled at this scale with {n} seeds; a larger model or more tokens may differ"
+        return f"settled at this size with {n} seeds; a larger model or more tokens may differ"
     if claim.rule == NONINFERIOR:
-        if mean < delta:  # the one-sided test at ``level``: the (1 − 2·level) interval's upper end below the margin
+        if mean < delta:
             toward, needed = "supported", difference.seeds_needed(delta - mean, 1 - 2 * level)
         else:
             toward, needed = "contradicted", difference.seeds_needed(mean - delta, EQUIVALENCE_CONFIDENCE)
@@ -232,19 +343,24 @@ def _would_change(claim: Claim, outcome: Outcome, difference: PairedDifference, 
     else:
         claimed = (mean < 0) == (claim.rule == LOWER)
         toward = "supported" if claimed else "contradicted"
-        needed = difference.seeds_needed(abs(mean), 1 - level)
+        needed = difference.seeds_needed(abs(mean) - delta, 1 - 2 * level)
     if needed is None:
         return f"no feasible number of seeds at this spread: the effect {mean:+.3g} is too close to the boundary"
     block = " (the evaluation-text term does not shrink with seeds)" if difference.blocks > 1 else ""
     return f"about {needed} seeds would make it {toward} if the mean {mean:+.3g} and spread held{block}"
 
 
-def _what_would_measure(claim: Claim, diverged: bool = False) -> str:
-    if diverged:
+def _remedy(claim: Claim, size: SizeVerdict) -> str:
+    """What would let a claim that stopped short of a decision at its largest size reach one."""
+    if size.outcome == "inconclusive":
+        return f"run at least {MIN_SEEDS} seeds (--seeds)" if "seed(s)" in size.reason else "a measure that varies"
+    if size.reason.endswith(DIVERGED):
         return "a training that does not diverge (a lower learning rate, or a check of why it did)"
+    if size.gate is not None and size.gate.remedy:
+        return size.gate.remedy
     if claim.measure.task is not None:
         return "a task budget at which the baseline learns the task (more steps, or an easier configuration)"
-    return "more training tokens, until the validation loss flattens (a longer run, or the GPU preset)"
+    return "a budget that meets the language-model protocol (see the gate's parts)"
 
 
 def _levels(
@@ -257,7 +373,7 @@ def _levels(
         levels |= {
             name: value for name, value in (("chance", task.chance), ("solved", task.solved)) if value is not None
         }
-    elif claim.measure.blocks is not None:  # the validation loss: a uniform guess over the vocabulary
+    elif claim.measure.blocks is not None and claim.measure.label.startswith("validation loss"):
         levels["chance"] = math.log(results.variants[claim.baseline].config["vocab_size"])
     return levels
 
@@ -272,8 +388,8 @@ def _conditions(claim: Claim, results: CompareResults, paired: list[int]) -> str
         return f"{seeds}; task {task.name}: {scale}"
     budget, found = results.budget, results.variants[claim.variant]
     return (
-        f"{seeds}; {found.runs[0].tokens:,} tokens/run at T={budget.seq_len}, {found.parameters / 1e6:.2f}M params, "
-        f"{results.corpus.name}"
+        f"{seeds}; {found.runs[0].tokens:,} tokens/run at T={budget.seq_len}, {found.parameters / 1e6:.2f}M params "
+        f"(head size {head_dim(results)}), {results.corpus.name}"
     )
 
 
@@ -281,12 +397,27 @@ def counts(verdicts: list[Verdict]) -> dict[str, int]:
     return {outcome: sum(v.outcome == outcome for v in verdicts) for outcome in OUTCOMES}
 
 
-def verdicts_record(results: CompareResults, verdicts: list[Verdict]) -> dict[str, Any]:
+def _gate_record(gate: Gate | None) -> dict[str, Any] | None:
+    if gate is None:
+        return None
+    return {
+        "passed": gate.passed,
+        "reason": gate.reason,
+        "levels": gate.levels,
+        "parts": [{"name": p.name, "passed": p.passed, "detail": p.detail} for p in gate.parts],
+    }
+
+
+def _interval(difference: PairedDifference | None, confidence: float) -> list[float] | None:
+    return list(difference.interval(confidence)) if difference is not None and difference.has_spread else None
+
+
+def verdicts_record(results: CompareResults | Ladder, verdicts: list[Verdict]) -> dict[str, Any]:
     """The verdicts as JSON-ready values, derived from ``results`` alone, so two runs can be diffed or gated on."""
+    ladder = as_ladder(results)
     rows = []
     for v in verdicts:
         d = v.difference
-        interval = v.interval
         rows.append(
             {
                 "id": v.claim.id,
@@ -300,21 +431,39 @@ def verdicts_record(results: CompareResults, verdicts: list[Verdict]) -> dict[st
                 "rule": v.claim.rule,
                 "smallest_effect": v.claim.smallest_effect,
                 "effect": d.mean if d else None,
-                "interval": list(interval) if interval else None,
+                "interval": _interval(d, CONFIDENCE),
+                "interval90": _interval(d, EQUIVALENCE_CONFIDENCE),
                 "per_seed_differences": list(d.per_seed) if d else None,
                 "interval_method": d.method if d else None,
+                "degrees_of_freedom": d.df if d else None,
                 "p_raw": v.p_raw,
                 "p_adjusted": v.p_adjusted,
                 "levels": v.levels,
-                "gate": {"passed": v.gate.passed, "reason": v.gate.reason, "levels": v.gate.levels} if v.gate else None,
+                "gate": _gate_record(v.gate),
+                "sizes": [
+                    {
+                        "parameters": s.parameters,
+                        "head_dim": s.head_dim,
+                        "outcome": s.outcome,
+                        "reason": s.reason,
+                        "effect": s.difference.mean if s.difference else None,
+                        "interval90": _interval(s.difference, EQUIVALENCE_CONFIDENCE),
+                        "p_raw": s.p_raw,
+                        "levels": s.levels,
+                        "gate": _gate_record(s.gate),
+                    }
+                    for s in v.sizes
+                ],
                 "conditions": v.conditions,
                 "would_change": v.would_change,
             }
         )
+    largest = ladder.largest
     return {
-        "attnzoo_version": results.attnzoo_version,
-        "results_created": results.created,
-        "preset": results.preset,
+        "attnzoo_version": largest.attnzoo_version,
+        "results_created": [rung.created for rung in ladder.rungs],
+        "preset": largest.preset,
+        "sizes": [parameters(rung) for rung in ladder.rungs],
         "counts": counts(verdicts),
         "primaries_counts": counts([v for v in verdicts if v.claim.primary]),
         "claims": rows,

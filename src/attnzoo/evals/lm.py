@@ -205,8 +205,13 @@ def length_extrapolation(
     token_bytes: np.ndarray,
     cfg: LMEvalConfig,
     multiples: Sequence[int] = (1, 2, 4, 8, 16),
+    blocks: int | None = None,
 ) -> list[ExtrapolationPoint]:
     """Evaluate at each ``multiple × cfg.block_len``, where ``cfg.block_len`` is the training length.
+
+    ``blocks`` also keeps the mean loss of that many contiguous groups of windows at every length; a stream of whole
+    blocks of the longest length puts the same tokens in group b at every length, so a rise can be read group by
+    group.
 
     A sliding ``cfg.stride`` is scaled by the same multiple, so each length keeps the same share of context
     per scored token and the same cost per token. A length the model refuses with ``ValueError`` (learned
@@ -221,7 +226,7 @@ def length_extrapolation(
         stride = None if cfg.stride is None else multiple * cfg.stride
         length_cfg = dataclasses.replace(cfg, block_len=multiple * cfg.block_len, stride=stride)
         try:
-            result = evaluate_lm(model, tokens, token_bytes, length_cfg)
+            result = evaluate_lm(model, tokens, token_bytes, length_cfg, blocks=blocks)
         except ValueError as err:
             points.append(ExtrapolationPoint(multiple, length_cfg.block_len, None, str(err)))
         else:
