@@ -256,7 +256,8 @@ PRESETS: dict[str, CompareSpec] = {
         name="claims",
         description=(
             "every paper claim's experiment that a CPU can run, 60 minutes on 2 CPU cores (measured 2026-11-26 with "
-            "/usr/bin/time -v: 23 of them language models, 14 passkey, 11 composition): 12 language-model variants "
+            "/usr/bin/time -v, with two more MHA budgets than now: 23 of them language models, 14 passkey, 11 "
+            "composition): 10 language-model variants "
             "× 3 seeds × 800 steps × 16 × 256 tokens of a 0.12M-parameter model with extrapolation to 16× (4,096 "
             "tokens), and the needles, passkey, denoising, graph and composition tasks with 5 seeds for the variants "
             "whose claims use them"
@@ -272,8 +273,8 @@ PRESETS: dict[str, CompareSpec] = {
             batch_size=16,
             steps=800,
             warmup_steps=40,
-            eval_interval=100,
-            eval_windows=128,
+            eval_interval=200,  # 50, 75 and 100% of training: the points the gap-stability gate reads
+            eval_windows=1024,  # the gate's least (the split has 1,975 windows of 256)
             log_interval=20,
             checkpoint_interval=200,
             lr=3e-3,
@@ -289,7 +290,7 @@ PRESETS: dict[str, CompareSpec] = {
         name="gpu",
         description=(
             "every claim on one CUDA GPU (sized from its token budget when it had 8 variants; not yet timed on a "
-            "GPU): the claims' 12 language-model variants × 3 seeds × 2,000 steps × 64 × 256 tokens of gpu-lm's "
+            "GPU): the claims' language-model variants × 3 seeds × 2,000 steps × 64 × 256 tokens of gpu-lm's "
             "10.7M-parameter model on pysource in bf16 autocast, and the claims' tasks at their standard and full "
             "budgets"
         ),
