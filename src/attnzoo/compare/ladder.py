@@ -12,8 +12,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from attnzoo.compare.results import CompareResults
+
+RESULTS = "results.json"
 
 
 @dataclass(frozen=True)
@@ -68,3 +71,15 @@ def head_dim(rung: CompareResults) -> int:
 
 def as_ladder(results: CompareResults | Ladder) -> Ladder:
     return results if isinstance(results, Ladder) else Ladder.of([results])
+
+
+def load_ladder(directory: Path) -> tuple[Ladder, list[Path]]:
+    """The ladder whose rungs are the comparisons in ``directory``'s subdirectories (each with its results.json),
+    and those subdirectories in the ladder's order. Rungs run on different days or machines merge by being copied
+    side by side into one directory."""
+    found = sorted(path.parent for path in Path(directory).glob(f"*/{RESULTS}"))
+    if not found:
+        raise ValueError(f"{directory} holds no comparison: a ladder's rungs are subdirectories with a {RESULTS}")
+    rungs = {path: CompareResults.load(path / RESULTS) for path in found}
+    ladder = Ladder.of(list(rungs.values()))
+    return ladder, [next(path for path, rung in rungs.items() if rung is r) for r in ladder.rungs]

@@ -40,8 +40,10 @@ from tqdm import tqdm
 from attnzoo import __version__
 from attnzoo.attention import ATTENTION
 from attnzoo.bench import BenchCase, Interrupted, machine_description, measure, stop_on_signals
+from attnzoo.compare.ladder import Ladder, load_ladder
 from attnzoo.compare.progress import Schedule, duration, final_summary, progress_table
 from attnzoo.compare.report import write_report
+from attnzoo.compare.report_ladder import write_ladder_report
 from attnzoo.compare.results import (
     ATTENTION_MAPS,
     SCHEMA_VERSION,
@@ -58,7 +60,7 @@ from attnzoo.compare.results import (
     TaskRun,
     VariantResult,
 )
-from attnzoo.compare.spec import CompareSpec, resolve_spec
+from attnzoo.compare.spec import LADDERS, CompareSpec, LadderSpec, resolve_spec
 from attnzoo.compare.tasks import context_len, step_seconds, task_configs, train_task
 from attnzoo.config import ModelConfig
 from attnzoo.convert.directory import group_kv_heads
@@ -120,6 +122,31 @@ def run_compare(
         preset_or_spec, variants=variants, seeds=seeds, steps=steps, corpus=corpus, tasks=tasks, device=device
     )
     return Comparison(spec, Path(out_dir), progress).run()
+
+
+@dataclass(frozen=True)
+class LadderResult:
+    out_dir: Path
+    ladder: Ladder | None  # None when a rung was interrupted
+    interrupted_by: int | None
+
+
+def run_ladder(preset_or_spec: str | LadderSpec, out_dir: str | os.PathLike, progress: bool = True) -> LadderResult:
+    """Every rung of a ladder, smallest first, each a comparison in ``out_dir/<rung>``; then the ladder's report in
+    ``out_dir``. Running it again reuses every finished run, as a comparison does."""
+    if isinstance(preset_or_spec, str):
+        if preset_or_spec not in LADDERS:
+            raise ValueError(f"ladder {preset_or_spec!r} is unknown; choose one of {list(LADDERS)}")
+        preset_or_spec = LADDERS[preset_or_spec]
+    out = Path(out_dir)
+    for rung in preset_or_spec.rungs:
+        done = Comparison(rung, out / rung.name, progress).run()
+        if done.interrupted_by is not None:
+            return LadderResult(out, None, done.interrupted_by)
+    ladder, dirs = load_ladder(out)
+    paths = write_ladder_report(ladder, dirs, out)
+    tqdm.write("ladder report: " + ", ".join(str(path) for path in paths.values()))
+    return LadderResult(out, ladder, None)
 
 
 class Comparison:

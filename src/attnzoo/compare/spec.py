@@ -450,3 +450,67 @@ def resolve_spec(
             "--preset claims on a CPU"
         )
     return resolved
+
+
+@dataclass(frozen=True)
+class LadderSpec:
+    """Comparisons of the same variants at several model sizes under one protocol (the same corpus, sequence
+    length, learning rate and schedule shape; tokens in proportion to parameters), each a rung written to its own
+    directory, judged together (:class:`attnzoo.compare.ladder.Ladder`)."""
+
+    name: str
+    description: str
+    rungs: tuple[CompareSpec, ...]
+
+    def __post_init__(self) -> None:
+        names = [rung.name for rung in self.rungs]
+        require(len(self.rungs) >= 2, "rungs", names, "must be at least two sizes")
+        require(len(set(names)) == len(names), "rungs", names, "must have distinct names (their directories)")
+
+
+def _rung(name: str, model: dict[str, Any], steps: int, variants: tuple[str, ...]) -> CompareSpec:
+    """One size of the CPU ladder: 16 × 256 tokens a step, warmup 5% of the steps, evaluations at every quarter
+    (the gap-stability gate's 50, 75 and 100%) on 1,024 windows, no throughput bench (a ladder judges losses)."""
+    return CompareSpec(
+        name=name,
+        description=f"the ladder's {name} rung",
+        model=model,
+        train=TrainConfig(
+            seq_len=256,
+            batch_size=16,
+            steps=steps,
+            warmup_steps=steps // 20,
+            eval_interval=steps // 4,
+            eval_windows=1024,
+            log_interval=20,
+            checkpoint_interval=steps // 4,
+            lr=3e-3,
+            keep_checkpoints=1,
+        ),
+        seeds=(0, 1, 2),
+        variants=variants,
+        evals=EvalSpec(extrapolation_multiples=(1, 2), extrapolation_blocks=4, bench_cases=()),
+    )
+
+
+# The primaries' language models at two sizes 2× apart, each at about 21 tokens per parameter (Chinchilla's 20)
+# read at most 1.15 times: 123,200 parameters (dim 64, 2 layers, 4 heads of 16) on 640 × 16 × 256 = 2.6M tokens and
+# 250,848 (dim 96, 2 layers, 4 heads of 24, a SwiGLU width of 264 for 2× the smaller) on 1,280 steps, 5.2M tokens of
+# Shakespeare's 4.55M-token training split.
+# Four heads at both sizes: Diff pairs them into two of twice the size, and DCMHA composes four. The larger heads
+# are 24 wide, short of DCFormer's 64; a third rung at 32 (dim 128) would cost 12× the small rung per run.
+_LADDER_VARIANTS = ("mha+rope", "diff+rope", "selective+rope", "dcmha+rope", "mha+rope+kv2+up0.05")
+LADDERS: dict[str, LadderSpec] = {
+    "ladder": LadderSpec(
+        name="ladder",
+        description=(
+            "the primary language-model claims at two sizes 2× apart (0.12M and 0.25M parameters, 21 tokens "
+            "per parameter): MHA, Diff, selective, DCMHA and 5%-uptrained GQA × 3 seeds, evaluated at 50, 75 and "
+            "100% of training on 1,024 windows"
+        ),
+        rungs=(
+            _rung("small", {"dim": 64, "n_layers": 2, "n_heads": 4}, 640, _LADDER_VARIANTS),
+            _rung("large", {"dim": 96, "n_layers": 2, "n_heads": 4, "mlp_hidden_dim": 264}, 1280, _LADDER_VARIANTS),
+        ),
+    )
+}

@@ -1,0 +1,82 @@
+"""A ladder end to end: two micro rungs run into their directories, the ladder's report judges them together, a
+ladder copied together from rungs run apart gives the same verdicts, and the CPU ladder meets the budget by
+construction."""
+
+import dataclasses
+import json
+import shutil
+
+import pytest
+from training_helpers import write_text_corpus
+
+from attnzoo.compare.ladder import load_ladder
+from attnzoo.compare.report_ladder import write_ladder_report
+from attnzoo.compare.runner import run_ladder
+from attnzoo.compare.spec import LADDERS, PRESETS, LadderSpec
+from attnzoo.data.corpora import prepare_corpus
+from attnzoo.training.config import DataConfig
+from attnzoo.variants import count_parameters
+
+
+def _micro_ladder(text) -> LadderSpec:
+    data = DataConfig(corpus=str(text))
+    micro = PRESETS["micro"]
+    small = dataclasses.replace(
+        micro,
+        name="small",
+        train=dataclasses.replace(micro.train, data=data),
+        variants=("mha+rope", "diff+rope"),
+        tasks=(),
+        evals=dataclasses.replace(micro.evals, bench_cases=(), val_windows=16),
+    )
+    large = dataclasses.replace(small, name="large", model={"dim": 48, "n_layers": 2, "n_heads": 2})
+    return LadderSpec("micro-ladder", "two micro rungs", (small, large))
+
+
+@pytest.fixture(scope="module")
+def ladder_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ladder")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ATTNZOO_CACHE_DIR", str(root / "cache"))
+        spec = _micro_ladder(write_text_corpus(root / "text.txt"))
+        result = run_ladder(spec, root / "out", progress=False)
+    return root / "out", result
+
+
+def test_a_ladder_runs_each_rung_in_its_directory_and_judges_them_together(ladder_run):
+    out, result = ladder_run
+    assert result.interrupted_by is None and [r.preset for r in result.ladder.rungs] == ["small", "large"]
+    assert (out / "small" / "results.json").is_file() and (out / "large" / "report.md").is_file()
+    verdicts = json.loads((out / "verdicts.json").read_text())
+    assert verdicts["sizes"] == [r.variants["mha+rope"].parameters for r in result.ladder.rungs]
+    diff = next(row for row in verdicts["claims"] if row["id"] == "diff.lm_loss")
+    assert len(diff["sizes"]) == 2 and diff["outcome"] == "not measurable"  # 6 steps meet no budget
+    report = (out / "report.md").read_text()
+    assert "| [small](small/report.md) |" in report and "## The papers' claims" in report
+
+
+def test_rungs_run_apart_merge_by_being_copied_side_by_side(ladder_run, tmp_path):
+    out, _ = ladder_run
+    merged = tmp_path / "merged"
+    for rung in ("large", "small"):  # from two "leases", in either order
+        shutil.copytree(out / rung, merged / rung)
+    ladder, dirs = load_ladder(merged)
+    paths = write_ladder_report(ladder, dirs, merged)
+    assert (
+        json.loads(paths["verdicts"].read_text())["claims"] == json.loads((out / "verdicts.json").read_text())["claims"]
+    )
+    with pytest.raises(ValueError, match="holds no comparison"):
+        load_ladder(tmp_path / "empty")
+
+
+def test_every_rung_of_the_cpu_ladder_meets_the_budget_part_by_construction():
+    """Gate (a): at least 20 tokens per parameter and at most 4 passes, from the spec and the corpus it names."""
+    for rung in LADDERS["ladder"].rungs:
+        corpus = prepare_corpus(rung.train.data.corpus, rung.train.data.tokenizer, rung.train.data.val_fraction)
+        parameters = count_parameters(rung.baseline_config(corpus.tokenizer.vocab_size))
+        tokens = rung.train.steps * rung.train.tokens_per_step
+        assert tokens / parameters >= 20 and tokens / len(corpus.train) <= 4, rung.name
+        assert rung.train.steps % 4 == 0 and rung.train.eval_interval * 4 == rung.train.steps  # 50, 75, 100%
+        assert rung.train.eval_windows >= 1024
+    sizes = [count_parameters(r.baseline_config(256)) for r in LADDERS["ladder"].rungs]
+    assert sizes[-1] >= 2 * sizes[0]
