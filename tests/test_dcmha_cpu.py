@@ -12,11 +12,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 from dcmha_cases import CASES, Case, RecordShapes, make_inputs, reference, split
-from kernel_checks import CallCounter, assert_close
+from kernel_checks import CallCounter, assert_close, on_backend
 
 from attnzoo import ModelConfig, Transformer
 from attnzoo.attention import dcmha_cpu, fused_cpu
-from attnzoo.attention.dcmha import DynamicallyComposableAttention, key_matrices, query_matrices
+from attnzoo.attention.dcmha import key_matrices, query_matrices
 from attnzoo.bench import sdpa_kernels
 from attnzoo.cli import main
 from attnzoo.positions.alibi import alibi_slopes
@@ -195,13 +195,14 @@ def step_spy(monkeypatch) -> CallCounter:
     return CallCounter(monkeypatch, dcmha_cpu, "decode_attention")
 
 
-@pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "pytorch-path"])
-def test_cached_decoding_runs_the_kernels_and_equals_the_full_forward(monkeypatch, kernel):
+@pytest.mark.parametrize("backend", ["auto", "chunked"], ids=["kernel", "pytorch-path"])
+def test_cached_decoding_runs_the_kernels_and_equals_the_full_forward(monkeypatch, backend):
     """A prefill into an empty cache takes the fresh-sequence kernel and each later token the decoding step, its
-    composition matrices formed by ``dcmha_step_weights``, in both layers (the local one's ring of 5 wraps many
-    times); the logits equal the full forward's to 1e-5 of the largest, with the kernels or without them."""
-    monkeypatch.setattr(dcmha_cpu, "USE_KERNEL", kernel)
-    model = dcmha_model().eval()
+    composition matrices formed by ``dcmha_step_weights`` (on either kernel), in both layers (the local one's ring
+    of 5 wraps many times); the logits equal the full forward's to 1e-5 of the largest, with the kernels or on the
+    chunked PyTorch path."""
+    kernel = backend == "auto"
+    model = on_backend(dcmha_model(), backend).eval()
     idx = torch.randint(0, 61, (2, 40))
     fresh, steps = kernel_spy(monkeypatch), step_spy(monkeypatch)
     formed, step_weights = [], dcmha_cpu.step_weights  # each call's matrices: from the op, or None
@@ -215,7 +216,7 @@ def test_cached_decoding_runs_the_kernels_and_equals_the_full_forward(monkeypatc
             [model(idx[:, :12], cache=cache)] + [model(idx[:, t : t + 1], cache=cache) for t in range(12, 40)], 1
         )
     assert (fresh.calls, steps.calls) == ((2 + 2, 2 * 28) if kernel else (0, 0))
-    assert sum(matrices is not None for matrices in formed) == (2 * 28 if kernel else 0)
+    assert sum(matrices is not None for matrices in formed) == 2 * 28
     torch.testing.assert_close(cached, full, rtol=0, atol=1e-5 * full.abs().max().item())
 
 
@@ -232,8 +233,8 @@ def test_a_prefill_forms_each_tokens_key_side_matrices_once(monkeypatch):
     assert fresh.calls == 2 and formed.calls == 2 * 2
 
 
-# What step_weights reads of a call's AttentionContext: a dynamic (not static) step on the default backend.
-DECODING = SimpleNamespace(static=False, backend="auto")
+# What step_weights reads of a call's AttentionContext: a dynamic (not static) step.
+DECODING = SimpleNamespace(static=False)
 STEP_OPTIONS = {
     "both": {},
     "post-only": {"pre_compose": False},
@@ -272,8 +273,9 @@ def test_decoding_forms_each_tokens_matrices_in_one_call_and_leaves_the_rest_to_
     with torch.no_grad():
         assert dcmha_cpu.step_weights(x, DECODING, layer) is not None
         assert dcmha_cpu.step_weights(torch.randn(2, 2, 32), DECODING, layer) is None
-        for ctx in (SimpleNamespace(static=True, backend="auto"), SimpleNamespace(static=False, backend="eager")):
-            assert dcmha_cpu.step_weights(x, ctx, layer) is None  # compiled decoding's step; the eager reference
+        assert dcmha_cpu.step_weights(x, SimpleNamespace(static=True), layer) is None  # compiled decoding's step
+        reference = on_backend(dcmha_model(), "eager").eval().layers[1].self_attn
+        assert dcmha_cpu.step_weights(x, DECODING, reference) is None  # the eager reference throughout
         with torch.autocast("cpu", dtype=torch.bfloat16):
             assert dcmha_cpu.step_weights(x, DECODING, layer) is None
         assert dcmha_cpu.step_weights(x.bfloat16(), DECODING, layer.bfloat16()) is None
@@ -340,8 +342,7 @@ def test_a_training_step_runs_the_kernel_and_the_model_agrees_with_the_pytorch_p
     spy = kernel_spy(monkeypatch)
     fused_run = logits_and_grads(model, idx)
     assert spy.calls == 2
-    monkeypatch.setattr(dcmha_cpu, "USE_KERNEL", False)
-    chunked = logits_and_grads(model, idx)
+    chunked = logits_and_grads(on_backend(model, "chunked"), idx)
     assert spy.calls == 2
     for got, want in zip(fused_run, chunked, strict=True):
         assert (got - want).abs().max() <= 1e-4 * want.abs().max()
@@ -364,7 +365,7 @@ def test_without_a_compiler_dcmha_falls_back_with_one_warning(monkeypatch, tmp_p
         again = model(idx)
     assert len(warned) == 1 and "/nonexistent/c++" in str(warned[0].message)
     assert spy.calls == 0
-    assert dcmha_cpu.kernel_name(4) is None
+    assert model.attention_kernels(idx) == ["chunked", "chunked"]
     torch.testing.assert_close(fallback, fused_logits, rtol=0, atol=1e-5 * fused_logits.abs().max().item())
     torch.testing.assert_close(again, fallback, rtol=0, atol=0)
 
@@ -389,7 +390,10 @@ def test_the_kernel_is_named_where_it_runs(capsys):
     """``attnzoo info`` and the benchmarks' kernel column name the fused kernel for DCMHA on the CPU, and the decoding
     step's for a decode row; a configuration it does not serve (compiled composition) names the chunked kernel."""
     assert main(["info", "--attention", "dcmha"]) == 0
-    assert f"attention kernel (CPU, fp32 training)\n  {dcmha_cpu.KERNEL_NAME}, built" in capsys.readouterr().out
+    assert (
+        f"attention kernel (CPU, fp32 training)\n  dcmha-fused: {dcmha_cpu.KERNEL_NAME}, built"
+        in capsys.readouterr().out
+    )
     model = dcmha_model().eval()
     idx = torch.randint(0, 61, (1, 16))
     assert sdpa_kernels(model, idx) == [dcmha_cpu.KERNEL_NAME]
@@ -397,7 +401,7 @@ def test_the_kernel_is_named_where_it_runs(capsys):
     compiled_composition = dataclasses.replace(
         model.config, attention_options=model.config.attention_options | {"compile_composition": True}
     )
-    assert DynamicallyComposableAttention.fused_cpu_kernel(compiled_composition) is None
+    assert [kernel.name for kernel in compiled_composition.kernel_chain] == ["dcmha-triton", "chunked", "eager"]
 
 
 def test_torch_compile_traces_the_pytorch_path(monkeypatch):

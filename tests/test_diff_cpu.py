@@ -12,7 +12,7 @@ import math
 
 import pytest
 import torch
-from kernel_checks import CallCounter, assert_close
+from kernel_checks import CallCounter, assert_close, on_backend
 from test_kernels import LargestTensor
 
 from attnzoo import ModelConfig, Transformer
@@ -133,8 +133,7 @@ def test_a_training_step_equals_the_pytorch_path(monkeypatch, position):
     spy = fused_spy(monkeypatch)
     fused = loss_and_grads(model, idx)
     assert spy.calls == model.config.n_layers
-    monkeypatch.setattr(diff_cpu, "USE_KERNEL", False)
-    reference = loss_and_grads(model, idx)
+    reference = loss_and_grads(on_backend(model, "sdpa"), idx)
     assert spy.calls == model.config.n_layers
     for actual, wanted in zip(fused, reference, strict=True):
         assert_close(actual, wanted, TOLERANCE[torch.float32])
@@ -146,8 +145,7 @@ def test_bf16_under_autocast_equals_the_pytorch_path(monkeypatch):
     spy = fused_spy(monkeypatch)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         fused = model(idx, idx)[1]
-        monkeypatch.setattr(diff_cpu, "USE_KERNEL", False)
-        reference = model(idx, idx)[1]
+        reference = on_backend(model, "sdpa")(idx, idx)[1]
     assert spy.calls == model.config.n_layers
     assert_close(fused, reference, TOLERANCE[torch.bfloat16])
 
@@ -186,7 +184,7 @@ def test_a_training_step_makes_no_tensor_of_the_maps_size(monkeypatch):
         return largest.numel
 
     assert largest_tensor() < 2 * 300 * 300
-    monkeypatch.setattr(diff_cpu, "USE_KERNEL", False)
+    model = on_backend(model, "sdpa")
     monkeypatch.setattr(fused_cpu, "runs_alibi", lambda *args: False)
     assert largest_tensor() >= 2 * 300 * 300  # the check sees the bias where there is one
 
@@ -205,7 +203,7 @@ def test_without_a_compiler_diff_falls_back_with_one_warning(monkeypatch, tmp_pa
         fallback = loss_and_grads(model, idx)
         loss_and_grads(model, idx)
     assert len(warned) == 1 and "/nonexistent/c++" in str(warned[0].message)
-    assert spy.calls == 0 and diff_cpu.kernel_name() is None
+    assert spy.calls == 0 and model.attention_kernels(idx) == ["sdpa"] * model.config.n_layers
     for actual, wanted in zip(fallback, fused, strict=True):
         assert_close(actual, wanted, TOLERANCE[torch.float32])
 
@@ -213,5 +211,5 @@ def test_without_a_compiler_diff_falls_back_with_one_warning(monkeypatch, tmp_pa
 def test_the_kernel_is_named_where_it_runs(capsys):
     """``attnzoo info`` and the benchmarks' kernel column name the kernel for diff on the CPU."""
     assert main(["info", "--attention", "diff"]) == 0
-    assert f"{diff_cpu.KERNEL_NAME}, built" in capsys.readouterr().out
+    assert f"diff-flash: {diff_cpu.KERNEL_NAME}, built" in capsys.readouterr().out
     assert sdpa_kernels(diff_model().eval(), torch.randint(0, 32, (1, 16))) == [diff_cpu.KERNEL_NAME]

@@ -1,6 +1,7 @@
 """Which kernel each call runs, pinned for a matrix of configurations: the kernel records and their dispatcher
-(``attention/kernels/``) must choose what the layers chose when each picked its own, with the fused C++ kernels
-built (the table) or not (everything falls back to the PyTorch path).
+(``attention/kernels/``) choose what the layers chose when each picked its own (the table was taken from that code),
+with the fused C++ kernels built or not (everything falls back to the PyTorch path); and how ``attn_backend`` names
+a kernel.
 
 The kernels are observed from outside, by counting calls of their entry points, so the table holds whatever code
 makes the choice.
@@ -8,22 +9,27 @@ makes the choice.
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from types import ModuleType
 
 import pytest
 import torch
 import torch.nn.functional as F
+from kernel_checks import on_backend
 
 from attnzoo import ModelConfig, Transformer
-from attnzoo.attention import dcmha_compiled, dcmha_cpu, diff_cpu, fused_cpu, kernels
+from attnzoo.attention import ATTENTION, dcmha_compiled, dcmha_cpu, diff_cpu, fused_cpu
+from attnzoo.attention.kernels import Call, choose, chunked, eager, sdpa
+from attnzoo.positions import POSITIONS as POSITIONS_REGISTRY
 
 # label → the entry points whose calls show that kernel ran
 ENTRY_POINTS: dict[str, list[tuple[ModuleType, str]]] = {
     "sdpa": [(F, "scaled_dot_product_attention")],
-    "sdpa-causal-bias": [(kernels, "sdpa_with_causal_bias")],
+    "sdpa-causal-bias": [(sdpa, "sdpa_with_causal_bias")],
     "alibi-flash": [(fused_cpu, "alibi_flash_attention")],
-    "chunked": [(kernels, "chunked_attention")],
-    "eager": [(kernels, "eager_attention")],
+    "chunked": [(chunked, "chunked_attention")],
+    "eager": [(eager, "eager_attention"), (chunked, "eager_attention")],
     "diff-flash": [(diff_cpu, "diff_attention")],
     "dcmha-fused": [(dcmha_cpu, "dcmha_attention")],
     "dcmha-decode": [(dcmha_cpu, "decode_attention")],
@@ -58,7 +64,8 @@ class Spy:
         return "+".join(sorted(seen))
 
 
-MECHANISMS = ["mha", "selective", "diff", "diff_v2", "dcmha"]
+MECHANISMS = ["mha", "selective", "diff", "diff_v2", "dcmha"]  # the table's: built in, each with its own row
+POSITION_NAMES = POSITIONS_REGISTRY.names()
 BACKENDS = ["auto", "eager", "sdpa"]
 POSITIONS = ["rope", "alibi"]
 # (name, config changes, dtype): the variations that change a choice
@@ -266,14 +273,7 @@ def blocks(model: Transformer, length: int, cache=None):
     return out
 
 
-# Diff's and DCMHA's own kernels ask for the extension on every device today: the dispatcher ends that.
-ASK_FOR_THE_EXTENSION = pytest.mark.xfail(raises=BuildAsked, strict=True, reason="the kernel records end this")
-
-
-@pytest.mark.parametrize(
-    "attention",
-    [pytest.param(name, marks=ASK_FOR_THE_EXTENSION) if name in ("diff", "dcmha") else name for name in MECHANISMS],
-)
+@pytest.mark.parametrize("attention", MECHANISMS)
 def test_a_forward_off_the_cpu_never_asks_for_the_cpu_extension(monkeypatch, attention):
     """Off the CPU (the meta device stands for CUDA here: only the device type is read; RoPE tables cannot be built
     there, so ALiBi) the C++ kernels cannot run,
@@ -285,3 +285,120 @@ def test_a_forward_off_the_cpu_never_asks_for_the_cpu_extension(monkeypatch, att
         cache = model.new_cache(2, 8)
         blocks(model, 5, cache)
         assert blocks(model, 1, cache).device.type == "meta"
+
+
+# ---------------------------------------------------------------------------------------------------
+# attn_backend names a kernel; the records and the dispatcher
+
+
+def chain(**changes) -> list[str]:
+    cfg = ModelConfig(vocab_size=32, dim=32, n_layers=1, n_heads=4, **changes)
+    return [kernel.name for kernel in cfg.kernel_chain]
+
+
+def test_each_mechanism_declares_its_kernels_in_order_and_the_reference_follows():
+    assert chain() == ["sdpa", "eager"]
+    assert chain(attention="diff") == ["diff-flash", "sdpa", "eager"]
+    assert chain(attention="dcmha") == ["dcmha-triton", "dcmha-fused", "dcmha-decode", "chunked", "eager"]
+    assert chain(attn_backend="eager", attention="dcmha") == ["eager"]
+    assert chain(attn_backend="chunked") == ["chunked", "eager"]
+    # Static reasons drop a kernel once, for every call: bidirectional, the compiled composition.
+    assert chain(attention="diff", causal=False) == ["sdpa", "eager"]
+    compiled = {"compile_composition": True}
+    assert chain(attention="dcmha", attention_options=compiled) == ["dcmha-triton", "chunked", "eager"]
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        (
+            dict(attn_backend="diff-flash"),
+            "attn_backend='diff-flash' is invalid: the kernel cannot run mha here: it serves diff only",
+        ),
+        (dict(attn_backend="dcmha-fused", attention="dcmha", causal=False), "the model is bidirectional"),
+        (
+            dict(attn_backend="dcmha-decode", attention="dcmha", attention_options={"compile_composition": True}),
+            "compile_composition asks for the compiled PyTorch composition",
+        ),
+        (dict(attn_backend="dcmha-triton", attention="dcmha", attention_options={"static_proj": True}), "static_proj"),
+        (dict(attn_backend="flash"), "choose one of ['auto', 'chunked', 'dcmha-decode'"),
+    ],
+)
+def test_a_kernel_that_cannot_serve_the_config_is_refused_with_its_reason(changes, reason):
+    with pytest.raises(ValueError, match=re.escape(reason)):
+        ModelConfig(vocab_size=32, dim=32, n_layers=1, n_heads=4, **changes)
+
+
+def test_auto_falls_back_in_the_declared_order(monkeypatch):
+    """Diff in training with dropout: diff-flash refuses the call (dropout), SDPA runs it; with maps recorded both
+    refuse and the reference runs. Off the CPU DCMHA's C++ kernels refuse before asking for the extension."""
+    model = Transformer(ModelConfig(vocab_size=32, dim=32, n_layers=2, n_heads=4, attention="diff", dropout=0.1))
+    idx = torch.randint(0, 32, (2, 8))
+    assert model.train().attention_kernels(idx) == ["sdpa", "sdpa"]
+    if fused_cpu.available():
+        assert model.eval().attention_kernels(idx) == ["diff-flash", "diff-flash"]
+    dcmha = meta_model("dcmha")
+    layer, call = dcmha.layers[0].self_attn, Call.planned(dcmha.config, dcmha.position)
+    monkeypatch.setattr(fused_cpu, "available", never_build)
+    off_the_cpu = dataclasses.replace(call, device_type="cuda", build=True)
+    assert choose(layer, off_the_cpu).name == "chunked"
+    assert [kernel.call_refusal(layer, off_the_cpu) for kernel in layer.kernel_chain[1:3]] == [
+        "the tensors are not on the CPU"
+    ] * 2
+
+
+def test_a_pinned_kernel_runs_where_it_serves_the_call_and_the_reference_elsewhere():
+    model = Transformer(ModelConfig(vocab_size=32, dim=32, n_layers=2, n_heads=4, attn_backend="chunked")).eval()
+    reference = Transformer(dataclasses.replace(model.config, attn_backend="eager")).eval()
+    reference.load_state_dict(model.state_dict())
+    idx = torch.randint(0, 32, (2, 9))
+    assert model.attention_kernels(idx) == ["chunked", "chunked"]
+    with torch.no_grad():
+        torch.testing.assert_close(model(idx), reference(idx), atol=1e-5, rtol=0)
+    maps: list = []
+    with torch.no_grad():
+        model._hidden(idx, None, maps=maps, kernels=(recorded := {}))
+    assert recorded == {0: "eager", 1: "eager"} and len(maps) == 2
+
+
+@pytest.mark.parametrize(("attention", "position"), [("mha", "alibi"), ("diff", "rope"), ("dcmha", "rope")])
+def test_info_and_a_run_name_the_same_kernel(capsys, attention, position):
+    """``attnzoo info`` asks choose for a planned call; a training forward on the CPU in fp32 records what ran."""
+    from attnzoo.cli import info
+
+    cfg = ModelConfig(vocab_size=32, dim=32, n_layers=2, n_heads=4, attention=attention, position=position)
+    ran = Transformer(cfg).train().attention_kernels(torch.randint(0, 32, (2, 12)))
+    with torch.device("meta"):
+        described = info.cpu_kernels(Transformer(cfg))
+    assert len(set(ran)) == 1 and len(described) == 1
+    assert described[0].startswith(f"{ran[0]}: ")
+
+
+@pytest.mark.parametrize("n_kv_heads", [4, 2, 1], ids=["mha", "gqa", "mqa"])
+@pytest.mark.parametrize("position", POSITION_NAMES)
+@pytest.mark.parametrize("attention", ATTENTION.names())
+def test_every_mechanism_runs_through_the_dispatcher_and_equals_the_eager_reference(attention, position, n_kv_heads):
+    """Whatever kernels the dispatcher picks for each call (fused, SDPA, chunked), a training forward, and a prefill
+    with cached steps, equal the eager reference to 1e-5 of the largest logit (fp32, the CPU)."""
+    options = {"window_size": 3, "q_chunk_size": 4} if attention == "dcmha" else {}
+    cfg = ModelConfig(
+        vocab_size=32,
+        dim=32,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=n_kv_heads,
+        max_seq_len=32,
+        attention=attention,
+        attention_options=options,
+        position=position,
+    )
+    model = Transformer(cfg).eval()
+    reference = on_backend(model, "eager")
+    idx = torch.randint(0, 32, (2, 12))
+    with torch.no_grad():
+        full, expected = model(idx), reference(idx)
+        atol = 1e-5 * expected.abs().max().item()
+        torch.testing.assert_close(full, expected, rtol=0, atol=atol)
+        cache = model.new_cache(2, 12)
+        pieces = [model(idx[:, :7], cache=cache)] + [model(idx[:, t : t + 1], cache=cache) for t in range(7, 12)]
+    torch.testing.assert_close(torch.cat(pieces, dim=1), expected, rtol=0, atol=atol)

@@ -156,6 +156,24 @@ def sdpa_kernels(model: Transformer, idx: torch.Tensor, *, decoding: bool = Fals
     return sorted(label for kernel, label in SDPA_KERNELS.items() if kernel in recorder.ops)
 
 
+def attention_kernels(model: Transformer, idx: torch.Tensor, *, decoding: bool = False) -> list[str]:
+    """The kernel each layer's attention runs (``attention.kernels.choose``) on the pass :func:`sdpa_kernels`
+    watches: a forward over ``idx``, or with ``decoding`` the cached step after it."""
+    if not decoding:
+        return model.attention_kernels(idx)
+    cache = model.new_cache(idx.shape[0], idx.shape[1] + 1)
+    model.attention_kernels(idx, cache=cache)
+    return model.attention_kernels(idx[:, -1:], cache=cache)
+
+
+def kernel_cell(result: BenchResult) -> str:
+    """The table's kernel column: the attention kernels the layers ran (results since they were recorded), then the
+    fused ops they dispatched."""
+    ops = ", ".join(result.extra.get("sdpa_kernels", [])) or "none"
+    names = result.extra.get("attention_kernels")
+    return ops if names is None else f"{', '.join(dict.fromkeys(names))}: {ops}"
+
+
 def _run_case(case: BenchCase, repeats: int, warmup: int, threads: int, device: str) -> BenchResult:
     torch.set_num_threads(threads)
     torch.manual_seed(0)
@@ -240,7 +258,9 @@ def _run_case(case: BenchCase, repeats: int, warmup: int, threads: int, device: 
             rates.append(tokens / seconds)
     peak = peak_mb() - base
     with autocast:
-        kernels = sdpa_kernels(model.eval(), idx[:, : min(case.seq_len, 256)], decoding=case.mode == "decode")
+        watched = idx[:, : min(case.seq_len, 256)]
+        kernels = sdpa_kernels(model.eval(), watched, decoding=case.mode == "decode")
+        names = attention_kernels(model, watched, decoding=case.mode == "decode")
     return BenchResult(
         case=case.label,
         mode=case.mode,
@@ -254,6 +274,7 @@ def _run_case(case: BenchCase, repeats: int, warmup: int, threads: int, device: 
             "params": model.num_parameters(),
             "dtype": case.dtype,
             "sdpa_kernels": kernels,
+            "attention_kernels": names,
             "rates": rates,
             **measured,
         },
@@ -375,7 +396,7 @@ def ratio_table(results: list[BenchResult], baseline: str) -> Table:
                 f"{r.peak_mem_mb:,.0f}",
                 ratio(memory),
                 f"{r.extra['cache_bytes'] / 2**20:,.2f}" if "cache_bytes" in r.extra else "–",
-                ", ".join(r.extra.get("sdpa_kernels", [])) or "none",
+                kernel_cell(r),
                 _load_averages(r),
             ]
         )
