@@ -11,7 +11,8 @@ from benchmark_scripts import load_benchmark
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attnzoo import ModelConfig, Transformer
-from attnzoo.attention import dcmha_cpu, fused_cpu
+from attnzoo.attention import fused_cpu
+from attnzoo.attention.kernels import dcmha_fused
 
 gpu_check = load_benchmark("gpu_check")
 from gpu_checks import dispatch, numerics, report  # noqa: E402  (importable once the script is loaded)
@@ -68,8 +69,8 @@ def test_the_dry_run_passes_and_writes_the_table_and_the_json(tiny, tmp_path, ca
     dcmha_dispatch = checks[("dcmha+alibi MHA fp32", "dispatch")]["extra"]
     assert checks[("mha+alibi MHA fp32", "dispatch")]["extra"]["attend"] == ["sdpa"]
     assert dcmha_dispatch["attend"] == (["dcmha-decode", "dcmha-fused"] if fused else ["chunked"])
-    assert dcmha_dispatch["sdpa train"] == ([dcmha_cpu.KERNEL_NAME] if fused else [])
-    assert dcmha_dispatch["sdpa decode"] == ([dcmha_cpu.DECODE_KERNEL_NAME] if fused else [])
+    assert dcmha_dispatch["sdpa train"] == ([dcmha_fused.KERNEL_NAME] if fused else [])
+    assert dcmha_dispatch["sdpa decode"] == ([dcmha_fused.DECODE_KERNEL_NAME] if fused else [])
     assert {r["case"] for r in payload["train_speed"]} == {"mha+rope", "dcmha+rope"}
     assert all(r["extra"]["flops_per_token"] > 0 for r in payload["train_speed"])
     assert {r["case"] for r in payload["decode_speed"]} == {"mha+rope", "dcmha+rope"}

@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from kernel_checks import on_backend
 
 from attnzoo import ModelConfig, Transformer
-from attnzoo.attention import ATTENTION, dcmha_compiled, dcmha_cpu, diff_cpu, fused_cpu
-from attnzoo.attention.kernels import Call, choose, chunked, eager, sdpa
+from attnzoo.attention import ATTENTION, dcmha_compiled, fused_cpu
+from attnzoo.attention.kernels import Call, choose, chunked, dcmha_fused, diff_flash, eager, sdpa
 from attnzoo.positions import POSITIONS as POSITIONS_REGISTRY
 
 # label → the entry points whose calls show that kernel ran
@@ -30,9 +30,9 @@ ENTRY_POINTS: dict[str, list[tuple[ModuleType, str]]] = {
     "alibi-flash": [(fused_cpu, "alibi_flash_attention")],
     "chunked": [(chunked, "chunked_attention")],
     "eager": [(eager, "eager_attention"), (chunked, "eager_attention")],
-    "diff-flash": [(diff_cpu, "diff_attention")],
-    "dcmha-fused": [(dcmha_cpu, "dcmha_attention")],
-    "dcmha-decode": [(dcmha_cpu, "decode_attention")],
+    "diff-flash": [(diff_flash, "diff_attention")],
+    "dcmha-fused": [(dcmha_fused, "dcmha_attention")],
+    "dcmha-decode": [(dcmha_fused, "decode_attention")],
 }
 
 
@@ -42,7 +42,7 @@ class Spy:
         for label, points in ENTRY_POINTS.items():
             for module, name in points:
                 monkeypatch.setattr(module, name, self.counting(label, getattr(module, name)))
-        step_weights = dcmha_cpu.step_weights
+        step_weights = dcmha_fused.step_weights
 
         def counted_step_weights(*args):
             matrices = step_weights(*args)
@@ -50,7 +50,7 @@ class Spy:
                 self.seen.add("dcmha-step-weights")
             return matrices
 
-        monkeypatch.setattr(dcmha_cpu, "step_weights", counted_step_weights)
+        monkeypatch.setattr(dcmha_fused, "step_weights", counted_step_weights)
 
     def counting(self, label, fn):
         def wrapper(*args, **kwargs):

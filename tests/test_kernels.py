@@ -17,12 +17,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import attnzoo
 from attnzoo import ModelConfig, Transformer
-from attnzoo.attention import ATTENTION, AttentionContext, dcmha_cpu, diff_cpu, fused_cpu
+from attnzoo.attention import ATTENTION, AttentionContext, fused_cpu
 from attnzoo.attention.kernels import (
     KERNELS,
     Hooks,
     chunked,
     chunked_attention,
+    dcmha_fused,
+    diff_flash,
     eager,
     eager_attention,
     sdpa,
@@ -288,8 +290,8 @@ class KernelSpy:
             ("sdpa", sdpa, "sdpa_with_causal_bias"),
             ("sdpa", fused_cpu, "alibi_flash_attention"),
             ("chunked", chunked, "chunked_attention"),
-            ("fused", dcmha_cpu, "dcmha_attention"),
-            ("fused", diff_cpu, "diff_attention"),
+            ("fused", dcmha_fused, "dcmha_attention"),
+            ("fused", diff_flash, "diff_attention"),
             ("eager", eager, "eager_attention"),
             ("eager", chunked, "eager_attention"),
         ):

@@ -13,8 +13,8 @@ from torch.nn.attention import sdpa_kernel
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from attnzoo.attention import ATTENTION, dcmha_cpu
-from attnzoo.attention.kernels import dispatch
+from attnzoo.attention import ATTENTION
+from attnzoo.attention.kernels import dcmha_fused, dispatch
 from attnzoo.bench import SDPA_KERNELS
 from attnzoo.config import ModelConfig
 
@@ -127,7 +127,7 @@ def expected_dispatch(cfg: ModelConfig, device: str) -> str:
 def dispatch_status(cfg: ModelConfig, device: str, chosen: set[str], train: list[str], decode: list[str]) -> str:
     """PASS or FAIL for what ``attend`` chose and the SDPA backends that ran, against :func:`expected_dispatch`."""
     if ATTENTION.get(cfg.attention).needs_scores:
-        own = {dcmha_cpu.KERNEL_NAME, dcmha_cpu.DECODE_KERNEL_NAME}
+        own = {dcmha_fused.KERNEL_NAME, dcmha_fused.DECODE_KERNEL_NAME}
         return PASS if "sdpa" not in chosen and set(train + decode) <= own else FAIL
     if "sdpa" not in chosen or not train or not decode:
         return FAIL  # attend did not pick SDPA, or SDPA never ran

@@ -29,7 +29,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from tqdm import tqdm
 
-from attnzoo.attention import dcmha_cpu, diff_cpu, fused_cpu
+from attnzoo.attention import fused_cpu
+from attnzoo.attention.kernels import dcmha_fused, diff_flash
 from attnzoo.config import ModelConfig
 from attnzoo.io import atomic_write_text
 from attnzoo.machine import is_busy
@@ -44,9 +45,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # decomposes into ordinary ops and shows as none.
 SDPA_KERNELS = {
     "alibi_flash_forward": fused_cpu.KERNEL_NAME,
-    "dcmha_fused_forward": dcmha_cpu.KERNEL_NAME,
-    "dcmha_decode_forward": dcmha_cpu.DECODE_KERNEL_NAME,
-    "diff_flash_forward": diff_cpu.KERNEL_NAME,
+    "dcmha_fused_forward": dcmha_fused.KERNEL_NAME,
+    "dcmha_decode_forward": dcmha_fused.DECODE_KERNEL_NAME,
+    "diff_flash_forward": diff_flash.KERNEL_NAME,
     "_scaled_dot_product_flash_attention_for_cpu": "flash (CPU)",
     "_scaled_dot_product_flash_attention": "flash",
     "_scaled_dot_product_efficient_attention": "memory-efficient",

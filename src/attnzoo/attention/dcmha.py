@@ -16,10 +16,9 @@ slower than the merged form, see ``_block_hooks``):
 * cached decoding: merged key-side matrices KW[s] are cached per key position, and each step forms the
   query-side matrix once.
 
-On the CPU the fused C++ kernels (``dcmha_cpu``, the kernels ``dcmha-fused`` and ``dcmha-decode``) replace the second
-and third: a fresh sequence (a prefill into an
-empty cache too) runs ``dcmha_fused_forward``, a cached step of one token ``dcmha_decode_forward``, with that
-token's composition matrices from one ``dcmha_step_weights`` call.
+On the CPU the fused C++ kernels (``kernels/dcmha_fused.py``: ``dcmha-fused`` and ``dcmha-decode``) replace the
+second and third: a fresh sequence (a prefill into an empty cache too) runs ``dcmha_fused_forward``, a cached step of
+one token ``dcmha_decode_forward``, with that token's composition matrices from one ``dcmha_step_weights`` call.
 """
 
 from __future__ import annotations
@@ -34,10 +33,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnzoo.attention import dcmha_cpu
 from attnzoo.attention.base import ATTENTION, AttentionContext, CacheBuffer
 from attnzoo.attention.dcmha_compiled import compiled_compose
-from attnzoo.attention.kernels import BlockHooks, HookInputs, Hooks, ScoreHook, attend
+from attnzoo.attention.kernels import BlockHooks, HookInputs, Hooks, ScoreHook, attend, dcmha_fused
 from attnzoo.attention.mha import MultiHeadAttention
 from attnzoo.cache import LayerCache, WindowCache
 from attnzoo.precision import compute_dtype
@@ -312,7 +310,7 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = ctx.rotate(q), ctx.rotate(k)
         pre = post = None
-        if cache is not None and (step := dcmha_cpu.step_weights(x, ctx, self)) is not None:
+        if cache is not None and (step := dcmha_fused.step_weights(x, ctx, self)) is not None:
             query_w, new_kw = step  # one token on the CPU: its matrices from one fused call
         else:
             pre, post = self._mixings(x)

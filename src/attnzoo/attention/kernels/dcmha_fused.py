@@ -1,15 +1,41 @@
-"""``dcmha-fused`` and ``dcmha-decode``: DCMHA's fused C++ kernels (:mod:`attnzoo.attention.dcmha_cpu`), a fresh
-causal sequence's attention with no (B, N, T, S) tensor and one cached decoding step over the cache in place."""
+"""``dcmha-fused`` and ``dcmha-decode``: DCMHA's fused CPU kernels (``csrc/dcmha_fused.cpp``), the layer's attention
+with no (B, N, T, S) tensor.
+
+One task computes one query tile of one composition group against every key the tile sees: the logits of its M
+heads, the pre-composition with the merged per-token matrices QW[t] + KW[s] (``dcmha.query_matrices``,
+``dcmha.key_matrices``), the exact softmax of each row, the post-composition and the product with V, all in
+per-thread scratch of O(M·rows·T) floats. The forward pass keeps only the output and each row's log-sum-exp; the
+backward pass recomputes a tile and runs the chain rule through the composition, the softmax and the second
+composition (the equations are in the source's header). Gradients flow to q, k, v and to QW and KW, whose own
+graph (the dynamic-weight projection) autograd differentiates as before.
+
+Why this and not the chunked path (``kernels/chunked.py``): there a block's composition is a chain of
+einsums, each a pass over the scores with its own copies, recorded by autograd and recomputed for the backward
+pass; here each row's composition is one vectorised loop over the M heads' scores while they are in cache, and
+the backward pass is written out rather than recorded. Why C++ (``attention/fused_cpu.py`` builds it with the
+ALiBi kernel): inductor gave no gain on these loops' shape on CPU and Triton has no CPU backend in the wheels.
+
+Cached decoding uses the same library. A prefill into an empty cache is a fresh sequence, so it runs this kernel (a
+1,024-token prompt of a 4-layer model about 10× faster than on the chunked path); each later token runs
+``dcmha_decode_forward`` (:func:`decode_attention`), one task per (batch, group) that composes, normalises and
+multiplies the new query's row over the cache's slots in place, reading the cached key-side matrices where they lie;
+the token's own matrices come from ``dcmha_step_weights`` (:func:`step_weights`), one call for what the PyTorch
+path does in about 85 operators a layer.
+
+The records' reasons say where each runs; the layer otherwise takes its next kernel (the chunked PyTorch path), which is
+also the reference the tests hold the kernels to.
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from attnzoo.attention import dcmha_cpu, fused_cpu
+from attnzoo.attention import fused_cpu
 from attnzoo.attention.kernels.cpu import cpu_reasons, extension_reasons
 from attnzoo.attention.kernels.kernel import Call, Kernel, register_kernel
 
@@ -19,6 +45,150 @@ if TYPE_CHECKING:
     from attnzoo.config import ModelConfig
     from attnzoo.positions import PositionalEncoding
 
+KERNEL_NAME = "dcmha-fused (C++, CPU)"
+DECODE_KERNEL_NAME = "dcmha-decode (C++, CPU)"
+MAX_HEADS_PER_GROUP = 32  # the source's kMaxHeads: a row's M head scores are held as M vectors
+# A task keeps up to three (M, rows, T) fp32 tile buffers (S, P and dP in the backward pass), written once and read
+# once per pass, while each key block of K_BLOCK columns is worked on in cache. Rows per tile: as many as keep one
+# buffer within SCRATCH_BYTES, between MIN_ROWS and MAX_ROWS. Wider blocks give the tile GEMMs better shapes and
+# fewer calls; buffers past about 2 MB fall out of cache between the passes. Fwd+bwd of (4096 / T, 8, T, 32) with
+# both compositions, 1 thread, best of 3 in each of two runs (2026-11-26, after the kernels stopped building tensor
+# views), 1024-key blocks: at T = 2048, 355–370 ms in 32-row tiles against 386–400 in 64; at T = 4096, 714–778 ms in
+# 16- or 32-row tiles against 826–882 in 64; at T = 1024 and 8192 the rows the budget gives changed nothing beyond
+# the noise (204–214 ms, 3.28–3.44 s).
+SCRATCH_BYTES = 2 << 20
+MIN_ROWS, MAX_ROWS = 16, 64
+K_BLOCK = 1024
+
+
+def query_tile(heads_per_group: int, keys: int) -> int:
+    """Rows per query tile for M heads against up to ``keys`` keys: the largest power of 2 in
+    [MIN_ROWS, MAX_ROWS] whose (M, rows, keys) fp32 buffer fits :data:`SCRATCH_BYTES`."""
+    rows = SCRATCH_BYTES // (4 * heads_per_group * keys)
+    return max(MIN_ROWS, min(MAX_ROWS, 1 << max(0, rows.bit_length() - 1)))
+
+
+class FusedDCMHA(torch.autograd.Function):
+    """Causal DCMHA attention through ``torch.ops.attnzoo.dcmha_fused_forward``; the backward pass recomputes each
+    tile from the saved inputs and log-sum-exp (``dcmha_fused_backward``)."""
+
+    @staticmethod
+    def forward(
+        ctx,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        slopes: Tensor | None,
+        groups: int,
+        window: int | None,
+        *matrices: Tensor | None,
+    ) -> Tensor:
+        q32, k32, v32 = fused_cpu.fp32_operands(q, k, v)
+        matrices = tuple(None if m is None else m.detach() for m in matrices)
+        rows = query_tile(q.shape[1] // groups, q.shape[2] if window is None else min(q.shape[2], window))
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        settings = (groups, window or 0, scale, rows, K_BLOCK)
+        out, lse = torch.ops.attnzoo.dcmha_fused_forward(q32, k32, v32, *matrices, slopes, *settings)
+        ctx.save_for_backward(q, k, v, slopes, lse, *matrices)
+        ctx.settings = settings
+        return out.to(q.dtype)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor | None, ...]:
+        q, k, v, slopes, lse, *matrices = ctx.saved_tensors
+        groups = ctx.settings[0]
+        # Enough (batch, group, part) tasks for every thread; each part's key-side sums are its own.
+        parts = max(1, min(math.ceil(torch.get_num_threads() / (q.shape[0] * groups)), q.shape[2] // ctx.settings[3]))
+        q32, k32, v32 = fused_cpu.fp32_operands(q, k, v)
+        grads = torch.ops.attnzoo.dcmha_fused_backward(
+            grad_out.float().contiguous(), q32, k32, v32, *matrices, slopes, lse, *ctx.settings, parts
+        )
+        grad_q, grad_k, grad_v = (grad.to(x.dtype) for grad, x in zip(grads[:3], (q, k, v), strict=True))
+        grad_matrices = [None if m is None else grad for grad, m in zip(grads[3:], matrices, strict=True)]
+        return grad_q, grad_k, grad_v, None, None, None, *grad_matrices
+
+
+def dcmha_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    matrices: list[Tensor | None],
+    *,
+    slopes: Tensor | None,
+    groups: int,
+    window: int | None,
+) -> Tensor:
+    """Causal DCMHA attention of q (B, H, T, d) over k (B, H_kv, T, d), v (B, H_kv, T, d_v) by the fused kernel,
+    differentiable in q, k, v and the matrices. ``matrices``: [QW, KW] of the pre- and of the post-composition, QW
+    (B, G, T, M, M) and KW (B, G, M, M, T), fp32, None where a composition is off (KW also where query-wise);
+    ``slopes`` (H,) adds ALiBi's m_h·(s − t) to the logits; ``window``: a query sees its last ``window`` keys.
+    Query head h reads kv head h // (H / H_kv). Returns (B, H, T, d_v) in q's dtype; raises where the extension
+    cannot be built (the record's reasons say so beforehand)."""
+    if not fused_cpu.available():  # builds the library the first time
+        raise RuntimeError(f"the fused CPU kernels are {fused_cpu.status()}")
+    matrices = [None if m is None else m.contiguous() for m in matrices]
+    return FusedDCMHA.apply(q, k, v, slopes, groups, window, *matrices)
+
+
+def decode_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    matrices: list[Tensor | None],
+    *,
+    slopes: Tensor | None,
+    key_positions: Tensor,
+    query_position: int,
+    groups: int,
+    window: int | None,
+) -> Tensor:
+    """One decoding step of DCMHA attention by ``dcmha_decode_forward``, no autograd: q (B, H, 1, d) at
+    ``query_position`` over a cache's k (B, H_kv, S, d), v (B, H_kv, S, d_v) whose slot s holds position
+    ``key_positions[s]``, in any order (a local layer's ring), fp32. ``matrices`` as :func:`dcmha_attention`'s, QW
+    (B, G, 1, M, M) and KW (B, G, M, M, S) read in place from the cache. Returns (B, H, 1, d_v)."""
+    if not fused_cpu.available():
+        raise RuntimeError(f"the fused CPU kernels are {fused_cpu.status()}")
+    query_side = [None if m is None else m.contiguous() for m in matrices[::2]]
+    matrices = [query_side[0], matrices[1], query_side[1], matrices[3]]
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    return torch.ops.attnzoo.dcmha_decode_forward(
+        q.contiguous(), k, v, *matrices, slopes, key_positions.contiguous(), query_position, groups, window or 0, scale
+    )
+
+
+def step_weights(
+    x: Tensor, ctx: AttentionContext, layer: DynamicallyComposableAttention
+) -> tuple[dict[int, Tensor], dict[int, Tensor]] | None:
+    """The composition matrices of one token per sequence by ``dcmha_step_weights``: ({composition: QW (B, G, 1, M,
+    M)}, {composition: KW (B, G, M, M, 1)}), the values ``query_matrices`` and ``key_matrices`` give after the
+    layer's dynamic-weight projection of ``x`` (B, 1, D). None where the PyTorch path must form them: several
+    tokens, autograd wanted, a dtype other than fp32 or autocast, no composition, a static or traced step, the eager
+    backend (the reference throughout), the library not built. The PyTorch path runs about 85 operators a layer
+    here, whose dispatch took about 1.2 ms of a 4.1 ms step of a 4-layer model (1,024-token context, 1 thread)."""
+    opts, projection = layer.options, layer.dyn_w_proj
+    weights = [projection.dw1, projection.qkw, projection.dd] + ([] if layer.static_w is None else [layer.static_w])
+    compositions = [which for which, on in enumerate((opts.pre_compose, opts.post_compose)) if on]
+    if (
+        not compositions
+        or x.shape[1] != 1
+        or x.device.type != "cpu"
+        or ctx.static
+        or layer.kernel_chain[0].name == "eager"
+        or torch.compiler.is_compiling()
+        or torch.is_autocast_enabled(x.device.type)  # the PyTorch path's matmuls would run in the autocast dtype
+        or any(t.dtype != torch.float32 for t in (x, *weights))
+        or (torch.is_grad_enabled() and any(t.requires_grad for t in (x, *weights)))
+        or not fused_cpu.available()
+    ):
+        return None
+    query_w, key_w = torch.ops.attnzoo.dcmha_step_weights(
+        x[:, 0].contiguous(), *weights[:3], layer.static_w, compositions, opts.query_wise
+    )
+    queries = {which: query_w[i] for i, which in enumerate(compositions)}
+    keys = {} if opts.query_wise else {which: key_w[:, i, ..., None] for i, which in enumerate(compositions)}
+    return queries, keys
+
 
 def static_reasons(cfg: ModelConfig) -> Iterator[str]:
     opts = cfg.attention_opts
@@ -27,8 +197,8 @@ def static_reasons(cfg: ModelConfig) -> Iterator[str]:
     if not cfg.causal:
         yield "the model is bidirectional"
     heads_per_group = cfg.n_heads // opts.num_groups
-    if heads_per_group > dcmha_cpu.MAX_HEADS_PER_GROUP:
-        yield f"{heads_per_group} heads per group exceed {dcmha_cpu.MAX_HEADS_PER_GROUP}"
+    if heads_per_group > MAX_HEADS_PER_GROUP:
+        yield f"{heads_per_group} heads per group exceed {MAX_HEADS_PER_GROUP}"
 
 
 def layer_reasons(layer: DynamicallyComposableAttention, call: Call, dtypes: tuple[torch.dtype, ...]) -> Iterator[str]:
@@ -67,7 +237,7 @@ def run_fused(
     composed: Composed,
 ) -> Tensor:
     """The call's own keys and values (a prefill's, not the cache's buffers) and KW of its own tokens."""
-    return dcmha_cpu.dcmha_attention(
+    return dcmha_attention(
         q,
         composed.fresh_k,
         composed.fresh_v,
@@ -87,7 +257,7 @@ def run_decode(
     *,
     composed: Composed,
 ) -> Tensor:
-    return dcmha_cpu.decode_attention(
+    return decode_attention(
         q,
         k,
         v,
@@ -101,17 +271,17 @@ def run_decode(
 
 
 def describe_fused(cfg: ModelConfig, position: PositionalEncoding) -> str:
-    return f"{dcmha_cpu.KERNEL_NAME}, {fused_cpu.status()}"
+    return f"{KERNEL_NAME}, {fused_cpu.status()}"
 
 
 def describe_decode(cfg: ModelConfig, position: PositionalEncoding) -> str:
-    return f"{dcmha_cpu.DECODE_KERNEL_NAME}, {fused_cpu.status()}"
+    return f"{DECODE_KERNEL_NAME}, {fused_cpu.status()}"
 
 
 DCMHA_FUSED = register_kernel(
     Kernel(
         name="dcmha-fused",
-        display_name=dcmha_cpu.KERNEL_NAME,
+        display_name=KERNEL_NAME,
         run=run_fused,
         serves=("dcmha",),
         static_reasons=static_reasons,
@@ -122,7 +292,7 @@ DCMHA_FUSED = register_kernel(
 DCMHA_DECODE = register_kernel(
     Kernel(
         name="dcmha-decode",
-        display_name=dcmha_cpu.DECODE_KERNEL_NAME,
+        display_name=DECODE_KERNEL_NAME,
         run=run_decode,
         serves=("dcmha",),
         static_reasons=static_reasons,
