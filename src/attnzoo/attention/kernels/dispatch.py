@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from attnzoo.attention.base import Attention, AttentionContext
     from attnzoo.config import ModelConfig
 
-# attn_backend values that name no single kernel
+# The attn_backend that runs, for each call, the first of its mechanism's kernels that serves it
 AUTO = "auto"
 
 
