@@ -9,7 +9,7 @@ group of 16, pre- and post-composition, key-wise), global ("G") or local ("L", w
 forward and backward, projections included (the same in all three paths); batch × T = --tokens. The paths:
 
 * ``dcmha-triton``: the layer as it runs on CUDA, through the fused kernel (``attention/dcmha_triton.py``);
-* ``dcmha-pytorch``: the same layer with ``dcmha_triton.USE_KERNEL`` off, i.e. the chunked PyTorch path;
+* ``dcmha-pytorch``: the same layer with ``attn_backend="chunked"``, i.e. the chunked PyTorch path;
 * ``mha-flash``: MHA of the same size, SDPA restricted to the flash backend (causal, no window).
 
 Time: CUDA events around each step, median of --repeats after --warmup steps (the first compiles the kernels).
@@ -81,14 +81,21 @@ def cuda_refusal() -> str | None:
 def make_layer(path: str, window_type: str, seq_len: int) -> tuple[torch.nn.Module, AttentionContext]:
     mechanism = "mha" if path == "mha-flash" else "dcmha"
     options = {"window_type": window_type, "window_size": WINDOW} if mechanism == "dcmha" else {}
+    backend = {"dcmha-triton": "dcmha-triton", "dcmha-pytorch": "chunked"}.get(path, "auto")
     cfg = ModelConfig(
-        dim=DIM, n_heads=HEADS, n_layers=1, max_seq_len=seq_len, attention=mechanism, attention_options=options
+        dim=DIM,
+        n_heads=HEADS,
+        n_layers=1,
+        max_seq_len=seq_len,
+        attention=mechanism,
+        attention_options=options,
+        attn_backend=backend,
     )
     layer = ATTENTION.get(mechanism)(cfg, 0)
     layer.reset_mechanism_parameters()  # DCMHA's dynamic weights start at zero otherwise: no composition at all
     scheme = POSITIONS.get(cfg.position)(cfg, cfg.head_dim)
     positions = torch.arange(seq_len)
-    ctx = AttentionContext(positions.cuda(), 0, scheme.cuda(), scheme.cuda().prepare(positions.cuda(), seq_len), "auto")
+    ctx = AttentionContext(positions.cuda(), 0, scheme.cuda(), scheme.cuda().prepare(positions.cuda(), seq_len))
     return layer.cuda().train(), ctx
 
 
@@ -122,7 +129,6 @@ def run_path(
     layer, ctx = make_layer(path, window_type, seq_len)
     x = torch.randn(batch, seq_len, DIM, device="cuda", requires_grad=True)
     grad = torch.randn(batch, seq_len, DIM, device="cuda")
-    dcmha_triton.USE_KERNEL = path == "dcmha-triton"
 
     def step() -> torch.Tensor:
         x.grad = None
@@ -140,8 +146,6 @@ def run_path(
     except torch.cuda.OutOfMemoryError:
         out = None
         row = Row(path, window_type, seq_len, batch, None, None, None, None)
-    finally:
-        dcmha_triton.USE_KERNEL = True
     return row, out
 
 

@@ -83,7 +83,7 @@ def reference(leaves: list[torch.Tensor], case: Case) -> torch.Tensor:
     cfg = ModelConfig(vocab_size=8, dim=case.n_heads * case.head_dim, n_heads=case.n_heads, n_layers=1)
     positions = torch.arange(case.length)
     position = POSITIONS.get(case.position)(cfg, case.head_dim)
-    ctx = AttentionContext(positions, 0, position, None, "eager", dtype=torch.float64)
+    ctx = AttentionContext(positions, 0, position, None, dtype=torch.float64)
 
     def compose(mixing: Mixing | None):
         if mixing is None:

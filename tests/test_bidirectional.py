@@ -81,7 +81,7 @@ def test_alibi_bias_is_symmetric_minus_m_times_distance():
     torch.testing.assert_close(causal_bias, -slopes[:, None, None] * (positions[:, None] - positions).float())
     seen = visible(positions, positions)
     torch.testing.assert_close(bias[:, seen], causal_bias[:, seen])
-    ctx = AttentionContext(positions, 0, alibi, None, "eager", causal=False)
+    ctx = AttentionContext(positions, 0, alibi, None, causal=False)
     torch.testing.assert_close(ctx.score_bias(4, 6), bias)
 
 
@@ -110,7 +110,7 @@ def test_a_local_window_becomes_symmetric():
 
 
 def test_contexts_default_to_causal():
-    ctx = AttentionContext(torch.arange(3), 0, None, None, "eager")
+    ctx = AttentionContext(torch.arange(3), 0, None, None)
     assert ctx.causal and ctx.allowed(3).tolist() == [[True, False, False], [True, True, False], [True, True, True]]
 
 

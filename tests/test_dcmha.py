@@ -12,7 +12,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnzoo import ModelConfig, Transformer
-from attnzoo.attention import dcmha_compiled, dcmha_cpu, fused_cpu
+from attnzoo.attention import dcmha_compiled, fused_cpu
 from attnzoo.attention.dcmha import (
     POST_K,
     POST_Q,
@@ -198,13 +198,11 @@ VARIANTS = {
 }
 
 
-@pytest.fixture(params=["chunked", "fused-cpu"])
-def training_path(request, monkeypatch) -> str:
-    """The CPU training path under test: the chunked PyTorch composition, or the fused C++ kernel (skipped where it
-    cannot be built here)."""
-    if request.param == "chunked":
-        monkeypatch.setattr(dcmha_cpu, "USE_KERNEL", False)
-    elif not fused_cpu.available():
+@pytest.fixture(params=["chunked", "dcmha-fused"])
+def training_path(request) -> str:
+    """The CPU training path under test, as the attn_backend that pins it: the chunked PyTorch composition, or the
+    fused C++ kernel (skipped where it cannot be built here)."""
+    if request.param == "dcmha-fused" and not fused_cpu.available():
         pytest.skip(f"the fused CPU kernels cannot be built here: {fused_cpu.status()}")
     return request.param
 
@@ -213,7 +211,7 @@ def training_path(request, monkeypatch) -> str:
 def test_training_path_equals_eager_reference(variant, training_path):
     """The chunked path recomputes each block in the backward pass (``RecomputedBlock``), the fused kernel each tile;
     local and global layers, GQA (2 kv heads), ALiBi."""
-    model = make_model("alibi", n_kv_heads=2, window_type="LG", **VARIANTS[variant])
+    model = make_model("alibi", n_kv_heads=2, window_type="LG", backend=training_path, **VARIANTS[variant])
     model.train()  # dropout is 0; train mode exercises the same path the trainer runs
     eager = with_backend(model, "eager").train()
     idx, targets = tokens(length=22), tokens(length=22)  # 22 = 5 chunks of 4 + a partial one
@@ -231,8 +229,7 @@ def test_training_path_equals_eager_reference(variant, training_path):
         assert (param.grad - ref_param.grad).abs().max() <= 1e-4 * ref_param.grad.abs().max(), name
 
 
-def test_chunked_path_never_builds_full_score_tensor(monkeypatch):
-    monkeypatch.setattr(dcmha_cpu, "USE_KERNEL", False)
+def test_chunked_path_never_builds_full_score_tensor():
 
     class RecordShapes(TorchDispatchMode):
         """Shapes of every op's outputs, and of the scores each softmax normalises."""
@@ -256,7 +253,7 @@ def test_chunked_path_never_builds_full_score_tensor(monkeypatch):
     length, chunk, window = 128, 8, 5  # length exceeds every feature size (vocab 61, MLP 96, dw1 64)
     idx = tokens(1, length)
     for window_type, keys in (("G", length), ("L", chunk + window - 1)):
-        model = make_model(window_type=window_type, q_chunk_size=chunk, window_size=window)
+        model = make_model(window_type=window_type, q_chunk_size=chunk, window_size=window, backend="chunked")
         with torch.no_grad(), RecordShapes() as fast:
             model(idx)
         with torch.no_grad(), RecordShapes() as eager:
@@ -284,7 +281,7 @@ def saved_for_backward_bytes(model: Transformer, length: int) -> int:
 def test_training_path_keeps_memory_linear_in_length(training_path):
     """Autograd keeps no block's scores: what it saves doubles with T (projections, dynamic weights, outputs),
     where the eager reference's (B, N, T, T) scores make it grow much faster. Global layers, 8-query blocks."""
-    model = make_model(window_type="G", q_chunk_size=8, n_layers=1).train()
+    model = make_model(window_type="G", q_chunk_size=8, n_layers=1, backend=training_path).train()
     eager = with_backend(model, "eager").train()
     growth = saved_for_backward_bytes(model, 128) / saved_for_backward_bytes(model, 64)
     eager_growth = saved_for_backward_bytes(eager, 128) / saved_for_backward_bytes(eager, 64)

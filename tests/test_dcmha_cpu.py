@@ -1,4 +1,5 @@
-"""The fused DCMHA CPU kernel (``attention/dcmha_cpu.py``, ``csrc/dcmha_fused.cpp``) against the eager reference.
+"""The fused DCMHA CPU kernels (``attention/kernels/dcmha_fused.py``, ``csrc/dcmha_fused.cpp``) against the eager
+reference.
 
 The reference is the eager DCMHA attention in float64 (``dcmha_cases.reference``: full (B, N, T, S) scores composed
 with the merged per-token matrices). Each output and gradient (q, k, v and every mixing weight) must agree to a
@@ -12,11 +13,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 from dcmha_cases import CASES, Case, RecordShapes, make_inputs, reference, split
-from kernel_checks import CallCounter, assert_close
+from kernel_checks import CallCounter, assert_close, on_backend
 
 from attnzoo import ModelConfig, Transformer
-from attnzoo.attention import dcmha_cpu, fused_cpu
-from attnzoo.attention.dcmha import DynamicallyComposableAttention, key_matrices, query_matrices
+from attnzoo.attention import fused_cpu
+from attnzoo.attention.dcmha import key_matrices, query_matrices
+from attnzoo.attention.kernels import dcmha_fused
 from attnzoo.bench import sdpa_kernels
 from attnzoo.cli import main
 from attnzoo.positions.alibi import alibi_slopes
@@ -44,7 +46,7 @@ def fused(leaves: list[torch.Tensor], case: Case, slopes: torch.Tensor | None = 
             matrices += [None, None]
         else:
             matrices += [query_matrices(mixing, None), None if mixing.kw1 is None else key_matrices(mixing)]
-    return dcmha_cpu.dcmha_attention(q, k, v, matrices, slopes=slopes, groups=case.groups, window=case.window)
+    return dcmha_fused.dcmha_attention(q, k, v, matrices, slopes=slopes, groups=case.groups, window=case.window)
 
 
 def official_slopes(case: Case) -> torch.Tensor | None:
@@ -76,8 +78,8 @@ def tiles(request, monkeypatch) -> str:
     """The default tiles (one tile, one key block for these lengths), or 16-row tiles in key blocks of 16 or 5
     columns, which put tile and block edges inside them and inside a vector's 8 or 16 lanes."""
     if request.param != "default-tiles":
-        monkeypatch.setattr(dcmha_cpu, "MAX_ROWS", 16)
-        monkeypatch.setattr(dcmha_cpu, "K_BLOCK", int(request.param.split("x")[1].split("-")[0]))
+        monkeypatch.setattr(dcmha_fused, "MAX_ROWS", 16)
+        monkeypatch.setattr(dcmha_fused, "K_BLOCK", int(request.param.split("x")[1].split("-")[0]))
     return request.param
 
 
@@ -96,7 +98,7 @@ def test_the_comparison_can_fail():
     leaves = make_inputs(case, torch.float32)
     q, k, v, pre, _ = split(leaves, case)
     matrices = [query_matrices(pre, None), key_matrices(pre), None, None]
-    without_post = dcmha_cpu.dcmha_attention(q, k, v, matrices, slopes=None, groups=1, window=case.window)
+    without_post = dcmha_fused.dcmha_attention(q, k, v, matrices, slopes=None, groups=1, window=case.window)
     assert (without_post.double() - reference(leaves, case)).abs().max() > 0.1
 
 
@@ -104,8 +106,8 @@ def test_gradients_are_the_same_bits_at_any_timing_and_close_at_any_thread_count
     """Each (batch, group) splits its query tiles into parts, one per thread that would otherwise idle, whose
     key-side sums are reduced in a fixed order: two runs agree bit for bit, and runs with another number of parts
     agree to fp32 rounding (the parts add in another order)."""
-    monkeypatch.setattr(dcmha_cpu, "MAX_ROWS", 16)
-    monkeypatch.setattr(dcmha_cpu, "K_BLOCK", 32)
+    monkeypatch.setattr(dcmha_fused, "MAX_ROWS", 16)
+    monkeypatch.setattr(dcmha_fused, "K_BLOCK", 32)
     case = dataclasses.replace(CPU_CASES["global"], length=100)  # 7 query tiles of 16, key blocks of 32
     leaves = make_inputs(case, torch.float32)
     grad_out = torch.randn(leaves[0].shape)
@@ -147,7 +149,7 @@ def decode_step(leaves: list[torch.Tensor], case: Case, query: int, slots: torch
         buffer = torch.zeros(*key_w.shape[:-1], capacity)
         buffer[..., : len(slots)] = key_w
         matrices.append(buffer[..., : len(slots)])
-    return dcmha_cpu.decode_attention(
+    return dcmha_fused.decode_attention(
         q[:, :, query : query + 1],
         k[:, :, slots],
         v[:, :, slots],
@@ -192,21 +194,22 @@ def test_the_decoding_comparison_can_fail():
 
 def step_spy(monkeypatch) -> CallCounter:
     """Counts the layer's calls of the decoding step."""
-    return CallCounter(monkeypatch, dcmha_cpu, "decode_attention")
+    return CallCounter(monkeypatch, dcmha_fused, "decode_attention")
 
 
-@pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "pytorch-path"])
-def test_cached_decoding_runs_the_kernels_and_equals_the_full_forward(monkeypatch, kernel):
+@pytest.mark.parametrize("backend", ["auto", "chunked"], ids=["kernel", "pytorch-path"])
+def test_cached_decoding_runs_the_kernels_and_equals_the_full_forward(monkeypatch, backend):
     """A prefill into an empty cache takes the fresh-sequence kernel and each later token the decoding step, its
-    composition matrices formed by ``dcmha_step_weights``, in both layers (the local one's ring of 5 wraps many
-    times); the logits equal the full forward's to 1e-5 of the largest, with the kernels or without them."""
-    monkeypatch.setattr(dcmha_cpu, "USE_KERNEL", kernel)
-    model = dcmha_model().eval()
+    composition matrices formed by ``dcmha_step_weights`` (on either kernel), in both layers (the local one's ring
+    of 5 wraps many times); the logits equal the full forward's to 1e-5 of the largest, with the kernels or on the
+    chunked PyTorch path."""
+    kernel = backend == "auto"
+    model = on_backend(dcmha_model(), backend).eval()
     idx = torch.randint(0, 61, (2, 40))
     fresh, steps = kernel_spy(monkeypatch), step_spy(monkeypatch)
-    formed, step_weights = [], dcmha_cpu.step_weights  # each call's matrices: from the op, or None
+    formed, step_weights = [], dcmha_fused.step_weights  # each call's matrices: from the op, or None
     monkeypatch.setattr(
-        dcmha_cpu, "step_weights", lambda x, ctx, layer: formed.append(step_weights(x, ctx, layer)) or formed[-1]
+        dcmha_fused, "step_weights", lambda x, ctx, layer: formed.append(step_weights(x, ctx, layer)) or formed[-1]
     )
     with torch.no_grad():
         full = model(idx)
@@ -215,7 +218,7 @@ def test_cached_decoding_runs_the_kernels_and_equals_the_full_forward(monkeypatc
             [model(idx[:, :12], cache=cache)] + [model(idx[:, t : t + 1], cache=cache) for t in range(12, 40)], 1
         )
     assert (fresh.calls, steps.calls) == ((2 + 2, 2 * 28) if kernel else (0, 0))
-    assert sum(matrices is not None for matrices in formed) == (2 * 28 if kernel else 0)
+    assert sum(matrices is not None for matrices in formed) == 2 * 28
     torch.testing.assert_close(cached, full, rtol=0, atol=1e-5 * full.abs().max().item())
 
 
@@ -232,8 +235,8 @@ def test_a_prefill_forms_each_tokens_key_side_matrices_once(monkeypatch):
     assert fresh.calls == 2 and formed.calls == 2 * 2
 
 
-# What step_weights reads of a call's AttentionContext: a dynamic (not static) step on the default backend.
-DECODING = SimpleNamespace(static=False, backend="auto")
+# What step_weights reads of a call's AttentionContext: a dynamic (not static) step.
+DECODING = SimpleNamespace(static=False)
 STEP_OPTIONS = {
     "both": {},
     "post-only": {"pre_compose": False},
@@ -254,7 +257,7 @@ def test_a_tokens_composition_matrices_from_one_call_equal_the_pytorch_paths(opt
         if layer.static_w is not None:
             layer.static_w.normal_(std=0.5)
         x = torch.randn(3, 1, 32)
-        queries, keys = dcmha_cpu.step_weights(x, DECODING, layer)
+        queries, keys = dcmha_fused.step_weights(x, DECODING, layer)
         pre, post = layer._mixings(x)
         expected_queries, expected_keys = layer._query_matrices(pre, post), layer._key_matrices(pre, post)
     assert queries.keys() == expected_queries.keys() and keys.keys() == expected_keys.keys()
@@ -270,14 +273,15 @@ def test_decoding_forms_each_tokens_matrices_in_one_call_and_leaves_the_rest_to_
     layer = dcmha_model().eval().layers[1].self_attn
     x = torch.randn(2, 1, 32)
     with torch.no_grad():
-        assert dcmha_cpu.step_weights(x, DECODING, layer) is not None
-        assert dcmha_cpu.step_weights(torch.randn(2, 2, 32), DECODING, layer) is None
-        for ctx in (SimpleNamespace(static=True, backend="auto"), SimpleNamespace(static=False, backend="eager")):
-            assert dcmha_cpu.step_weights(x, ctx, layer) is None  # compiled decoding's step; the eager reference
+        assert dcmha_fused.step_weights(x, DECODING, layer) is not None
+        assert dcmha_fused.step_weights(torch.randn(2, 2, 32), DECODING, layer) is None
+        assert dcmha_fused.step_weights(x, SimpleNamespace(static=True), layer) is None  # compiled decoding's step
+        reference = on_backend(dcmha_model(), "eager").eval().layers[1].self_attn
+        assert dcmha_fused.step_weights(x, DECODING, reference) is None  # the eager reference throughout
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            assert dcmha_cpu.step_weights(x, DECODING, layer) is None
-        assert dcmha_cpu.step_weights(x.bfloat16(), DECODING, layer.bfloat16()) is None
-    assert dcmha_cpu.step_weights(x, DECODING, layer.float()) is None  # autograd on: the weights want gradients
+            assert dcmha_fused.step_weights(x, DECODING, layer) is None
+        assert dcmha_fused.step_weights(x.bfloat16(), DECODING, layer.bfloat16()) is None
+    assert dcmha_fused.step_weights(x, DECODING, layer.float()) is None  # autograd on: the weights want gradients
 
 
 def test_a_bf16_cache_is_decoded_on_the_pytorch_path(monkeypatch):
@@ -302,7 +306,7 @@ def test_a_bf16_cache_is_decoded_on_the_pytorch_path(monkeypatch):
 
 def kernel_spy(monkeypatch) -> CallCounter:
     """Counts the layer's calls of the fused kernel."""
-    return CallCounter(monkeypatch, dcmha_cpu, "dcmha_attention")
+    return CallCounter(monkeypatch, dcmha_fused, "dcmha_attention")
 
 
 def dcmha_model(**options) -> Transformer:
@@ -340,8 +344,7 @@ def test_a_training_step_runs_the_kernel_and_the_model_agrees_with_the_pytorch_p
     spy = kernel_spy(monkeypatch)
     fused_run = logits_and_grads(model, idx)
     assert spy.calls == 2
-    monkeypatch.setattr(dcmha_cpu, "USE_KERNEL", False)
-    chunked = logits_and_grads(model, idx)
+    chunked = logits_and_grads(on_backend(model, "chunked"), idx)
     assert spy.calls == 2
     for got, want in zip(fused_run, chunked, strict=True):
         assert (got - want).abs().max() <= 1e-4 * want.abs().max()
@@ -364,7 +367,7 @@ def test_without_a_compiler_dcmha_falls_back_with_one_warning(monkeypatch, tmp_p
         again = model(idx)
     assert len(warned) == 1 and "/nonexistent/c++" in str(warned[0].message)
     assert spy.calls == 0
-    assert dcmha_cpu.kernel_name(4) is None
+    assert model.attention_kernels(idx) == ["chunked", "chunked"]
     torch.testing.assert_close(fallback, fused_logits, rtol=0, atol=1e-5 * fused_logits.abs().max().item())
     torch.testing.assert_close(again, fallback, rtol=0, atol=0)
 
@@ -389,15 +392,18 @@ def test_the_kernel_is_named_where_it_runs(capsys):
     """``attnzoo info`` and the benchmarks' kernel column name the fused kernel for DCMHA on the CPU, and the decoding
     step's for a decode row; a configuration it does not serve (compiled composition) names the chunked kernel."""
     assert main(["info", "--attention", "dcmha"]) == 0
-    assert f"attention kernel (CPU, fp32 training)\n  {dcmha_cpu.KERNEL_NAME}, built" in capsys.readouterr().out
+    assert (
+        f"attention kernel (CPU, fp32 training)\n  dcmha-fused: {dcmha_fused.KERNEL_NAME}, built"
+        in capsys.readouterr().out
+    )
     model = dcmha_model().eval()
     idx = torch.randint(0, 61, (1, 16))
-    assert sdpa_kernels(model, idx) == [dcmha_cpu.KERNEL_NAME]
-    assert sdpa_kernels(model, idx, decoding=True) == [dcmha_cpu.DECODE_KERNEL_NAME]
+    assert sdpa_kernels(model, idx) == [dcmha_fused.KERNEL_NAME]
+    assert sdpa_kernels(model, idx, decoding=True) == [dcmha_fused.DECODE_KERNEL_NAME]
     compiled_composition = dataclasses.replace(
         model.config, attention_options=model.config.attention_options | {"compile_composition": True}
     )
-    assert DynamicallyComposableAttention.fused_cpu_kernel(compiled_composition) is None
+    assert [kernel.name for kernel in compiled_composition.kernel_chain] == ["dcmha-triton", "chunked", "eager"]
 
 
 def test_torch_compile_traces_the_pytorch_path(monkeypatch):

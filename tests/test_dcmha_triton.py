@@ -142,7 +142,7 @@ def kernel_calls(device, monkeypatch) -> list[int]:
         return run(*args, **kwargs)
 
     if device == "cpu":
-        monkeypatch.setattr(dcmha_triton, "runs_on", lambda q: True)
+        monkeypatch.setattr(dcmha_triton, "runs_on", lambda device_type: True)
     monkeypatch.setattr(dcmha_triton, "dcmha_attention", counted)
     return calls
 
@@ -156,7 +156,7 @@ def test_layer_uses_the_kernel_and_matches_the_pytorch_path(device, kernel_calls
     fused_grads = {name: p.grad.clone() for name, p in model.named_parameters()}
     model.zero_grad()
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(dcmha_triton, "runs_on", lambda q: False)
+        patch.setattr(dcmha_triton, "runs_on", lambda device_type: False)
         _, ref_loss = model(idx, targets)
         ref_loss.backward()
     assert len(kernel_calls) == 2
@@ -196,9 +196,9 @@ def test_what_the_kernel_cannot_compute_takes_the_pytorch_path(device, kernel_ca
 
 
 def test_runs_on_needs_cuda_and_triton(monkeypatch):
-    assert not dcmha_triton.runs_on(torch.zeros(1))  # CPU tensors: the PyTorch path, whatever is installed
+    assert not dcmha_triton.runs_on("cpu")  # CPU tensors: the PyTorch path, whatever is installed
     monkeypatch.setattr(dcmha_triton, "triton", None)
-    assert not dcmha_triton.runs_on(torch.zeros(1))
+    assert not dcmha_triton.runs_on("cuda")
     with pytest.raises(RuntimeError, match=r'pip install -e "\.\[triton\]"'):
         dcmha_triton.dcmha_attention(*(torch.zeros(1, 1, 1, 16),) * 3, None, None, num_groups=1, window=None)
 

@@ -64,7 +64,7 @@ def static_context(position, last):
     cfg = ModelConfig(vocab_size=8, dim=8, n_heads=1, n_layers=1, position=position)
     scheme = POSITIONS.get(position)(cfg, 8)
     positions = torch.tensor([last])
-    return AttentionContext(positions, None, scheme, None, "eager", static=True)
+    return AttentionContext(positions, None, scheme, None, static=True)
 
 
 # --- the static path, eager ---------------------------------------------------------------------------------

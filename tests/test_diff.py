@@ -8,7 +8,8 @@ import torch
 from torch.profiler import profile
 
 from attnzoo import ModelConfig, Transformer
-from attnzoo.attention import diff_cpu, kernels
+from attnzoo.attention import fused_cpu
+from attnzoo.attention.kernels import sdpa
 
 VOCAB, DIM, HEADS = 50, 64, 4  # d = 64 / 4 / 2 = 8
 KV_SETTINGS = [pytest.param(4, id="mha"), pytest.param(2, id="gqa2:1"), pytest.param(1, id="mqa")]
@@ -155,7 +156,7 @@ def test_lambda_vectors_init_and_fp32_lambda():
 @pytest.mark.parametrize("position", ["none", "rope", "alibi"])
 def test_sdpa_call_patterns_match_eager(monkeypatch, position, n_kv_heads, pad_queries):
     """Both SDPA call patterns equal the eager maps (fp32, ≤ 1e-5), fresh (is_causal) and on a cache (mask)."""
-    monkeypatch.setattr(kernels, "sdpa_pads_queries", lambda device: pad_queries)
+    monkeypatch.setattr(sdpa, "sdpa_pads_queries", lambda device: pad_queries)
     eager = make_model(n_kv_heads, position, backend="eager")
     fast = with_backend(eager, "sdpa")
     idx = torch.randint(0, VOCAB, (2, 12))
@@ -166,12 +167,12 @@ def test_sdpa_call_patterns_match_eager(monkeypatch, position, n_kv_heads, pad_q
     torch.testing.assert_close(chunks[1][1], chunks[0][1], atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("fused_kernel", [True, False], ids=["diff-kernel", "two-sdpa-calls"])
-def test_cpu_fast_path_never_builds_the_map(monkeypatch, fused_kernel):
+@pytest.mark.parametrize("backend", ["auto", "sdpa"], ids=["diff-kernel", "two-sdpa-calls"])
+def test_cpu_fast_path_never_builds_the_map(backend):
     """A fresh sequence on the CPU runs the fused diff kernel (tests/test_diff_cpu.py), and the PyTorch path it falls
     back to runs SDPA's flash kernel: neither hits SDPA's math fallback (which would build the T×T map)."""
-    monkeypatch.setattr(diff_cpu, "USE_KERNEL", fused_kernel)
-    model = make_model(2)
+    fused_kernel = backend == "auto" and fused_cpu.available()
+    model = make_model(2, backend=backend)
     with torch.no_grad(), profile() as prof:
         model(torch.randint(0, VOCAB, (1, 32)))
     ops = {event.name for event in prof.events()}

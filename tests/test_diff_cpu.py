@@ -1,5 +1,5 @@
-"""Differential attention's fused CPU kernel (``attention/diff_cpu.py``, ``attention/csrc/diff_flash.cpp``) against
-Eq. 1 of the paper computed in float64, and the seams around it: the layer's route, GQA, ALiBi, the fallback
+"""Differential attention's fused CPU kernel (``attention/kernels/diff_flash.py``, ``attention/csrc/diff_flash.cpp``)
+against Eq. 1 of the paper computed in float64, and the seams around it: the layer's route, GQA, ALiBi, the fallback
 without a compiler, float64, memory, cached decoding and the kernel's name.
 
 Tolerances, each relative to the largest magnitude of the expected tensor (and at least 1): fp32 1e-5 (the kernel
@@ -12,11 +12,12 @@ import math
 
 import pytest
 import torch
-from kernel_checks import CallCounter, assert_close
+from kernel_checks import CallCounter, assert_close, on_backend
 from test_kernels import LargestTensor
 
 from attnzoo import ModelConfig, Transformer
-from attnzoo.attention import diff_cpu, fused_cpu
+from attnzoo.attention import fused_cpu
+from attnzoo.attention.kernels import diff_flash
 from attnzoo.bench import sdpa_kernels
 from attnzoo.cli import main
 
@@ -81,7 +82,7 @@ def test_kernel_equals_equation_1_forward_and_every_gradient(monkeypatch, dtype,
     slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625]) if alibi else torch.zeros(H)
     leaves = operands(length, dtype)
     grad = torch.randn(B, H, length, 2 * D).to(dtype)
-    fused = output_and_grads(lambda *x: diff_cpu.diff_attention(*x, slopes if alibi else None), leaves, grad)
+    fused = output_and_grads(lambda *x: diff_flash.diff_attention(*x, slopes if alibi else None), leaves, grad)
     expected = output_and_grads(lambda *x: equation_1(*x, slopes), leaves, grad)
     for actual, wanted, leaf in zip(fused, expected, [fused[0], *leaves], strict=True):
         assert actual.dtype == leaf.dtype
@@ -93,7 +94,7 @@ def test_multi_query_attention(monkeypatch):
     leaves = operands(97, torch.float32, kv_heads=1)
     grad = torch.randn(B, H, 97, 2 * D)
     slopes = torch.zeros(H)
-    fused = output_and_grads(lambda *x: diff_cpu.diff_attention(*x, None), leaves, grad)
+    fused = output_and_grads(lambda *x: diff_flash.diff_attention(*x, None), leaves, grad)
     expected = output_and_grads(lambda *x: equation_1(*x, slopes), leaves, grad)
     for actual, wanted in zip(fused, expected, strict=True):
         assert_close(actual, wanted, TOLERANCE[torch.float32])
@@ -105,7 +106,7 @@ def test_multi_query_attention(monkeypatch):
 
 def fused_spy(monkeypatch) -> CallCounter:
     """Counts the layer's calls of the fused kernel."""
-    return CallCounter(monkeypatch, diff_cpu, "diff_attention")
+    return CallCounter(monkeypatch, diff_flash, "diff_attention")
 
 
 def diff_model(position: str = "rope", max_seq_len: int = 160, dtype: torch.dtype = torch.float32) -> Transformer:
@@ -133,8 +134,7 @@ def test_a_training_step_equals_the_pytorch_path(monkeypatch, position):
     spy = fused_spy(monkeypatch)
     fused = loss_and_grads(model, idx)
     assert spy.calls == model.config.n_layers
-    monkeypatch.setattr(diff_cpu, "USE_KERNEL", False)
-    reference = loss_and_grads(model, idx)
+    reference = loss_and_grads(on_backend(model, "sdpa"), idx)
     assert spy.calls == model.config.n_layers
     for actual, wanted in zip(fused, reference, strict=True):
         assert_close(actual, wanted, TOLERANCE[torch.float32])
@@ -146,8 +146,7 @@ def test_bf16_under_autocast_equals_the_pytorch_path(monkeypatch):
     spy = fused_spy(monkeypatch)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         fused = model(idx, idx)[1]
-        monkeypatch.setattr(diff_cpu, "USE_KERNEL", False)
-        reference = model(idx, idx)[1]
+        reference = on_backend(model, "sdpa")(idx, idx)[1]
     assert spy.calls == model.config.n_layers
     assert_close(fused, reference, TOLERANCE[torch.bfloat16])
 
@@ -186,7 +185,7 @@ def test_a_training_step_makes_no_tensor_of_the_maps_size(monkeypatch):
         return largest.numel
 
     assert largest_tensor() < 2 * 300 * 300
-    monkeypatch.setattr(diff_cpu, "USE_KERNEL", False)
+    model = on_backend(model, "sdpa")
     monkeypatch.setattr(fused_cpu, "runs_alibi", lambda *args: False)
     assert largest_tensor() >= 2 * 300 * 300  # the check sees the bias where there is one
 
@@ -205,7 +204,7 @@ def test_without_a_compiler_diff_falls_back_with_one_warning(monkeypatch, tmp_pa
         fallback = loss_and_grads(model, idx)
         loss_and_grads(model, idx)
     assert len(warned) == 1 and "/nonexistent/c++" in str(warned[0].message)
-    assert spy.calls == 0 and diff_cpu.kernel_name() is None
+    assert spy.calls == 0 and model.attention_kernels(idx) == ["sdpa"] * model.config.n_layers
     for actual, wanted in zip(fallback, fused, strict=True):
         assert_close(actual, wanted, TOLERANCE[torch.float32])
 
@@ -213,5 +212,5 @@ def test_without_a_compiler_diff_falls_back_with_one_warning(monkeypatch, tmp_pa
 def test_the_kernel_is_named_where_it_runs(capsys):
     """``attnzoo info`` and the benchmarks' kernel column name the kernel for diff on the CPU."""
     assert main(["info", "--attention", "diff"]) == 0
-    assert f"{diff_cpu.KERNEL_NAME}, built" in capsys.readouterr().out
-    assert sdpa_kernels(diff_model().eval(), torch.randint(0, 32, (1, 16))) == [diff_cpu.KERNEL_NAME]
+    assert f"diff-flash: {diff_flash.KERNEL_NAME}, built" in capsys.readouterr().out
+    assert sdpa_kernels(diff_model().eval(), torch.randint(0, 32, (1, 16))) == [diff_flash.KERNEL_NAME]

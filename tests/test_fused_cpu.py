@@ -18,8 +18,8 @@ from kernel_checks import CallCounter, assert_close
 from test_kernels import LargestTensor
 
 from attnzoo import ModelConfig, Transformer
-from attnzoo.attention import AttentionContext, fused_cpu, kernels
-from attnzoo.attention.kernels import eager_attention, sdpa_attention
+from attnzoo.attention import AttentionContext, fused_cpu
+from attnzoo.attention.kernels import eager_attention, sdpa, sdpa_attention
 from attnzoo.bench import sdpa_kernels
 from attnzoo.cli import main
 from attnzoo.positions import POSITIONS
@@ -35,13 +35,13 @@ def built():
         pytest.skip(f"the fused CPU kernel cannot be built here: {fused_cpu.status()}")
 
 
-def context(length: int, backend: str = "auto", dtype: torch.dtype = torch.float32) -> AttentionContext:
+def context(length: int, dtype: torch.dtype = torch.float32) -> AttentionContext:
     cfg = ModelConfig(vocab_size=8, dim=H * D, n_heads=H, n_layers=1, position="alibi")
     scheme = POSITIONS.get("alibi")(cfg, D)
     positions = torch.arange(length)
     state = scheme.prepare(positions, length)
     return AttentionContext(
-        positions, 0, scheme, state, backend, dtype=torch.float64 if dtype == torch.float64 else torch.float32
+        positions, 0, scheme, state, dtype=torch.float64 if dtype == torch.float64 else torch.float32
     )
 
 
@@ -87,7 +87,7 @@ def test_kernel_equals_the_eager_reference_forward_and_every_gradient(monkeypatc
     grad = torch.randn(B, H, length, D).to(dtype)
     fused = output_and_grads(lambda *x: sdpa_attention(*x, context(length)), leaves, grad)
     assert spy.calls == (1 if length > 1 else 0)  # one token is its own output: plain SDPA, no bias needed
-    expected = output_and_grads(lambda *x: eager_attention(*x, context(length, "eager"))[0], leaves, grad)
+    expected = output_and_grads(lambda *x: eager_attention(*x, context(length))[0], leaves, grad)
     for actual, wanted in zip(fused, expected, strict=True):
         assert actual.dtype == dtype
         assert_close(actual, wanted, TOLERANCE[dtype])
@@ -101,7 +101,7 @@ def test_subheads_sharing_a_slope_and_wider_values(monkeypatch):
     leaves = qkv(length, torch.float32, value_dim=2 * D)
     grad = torch.randn(B, H, length, 2 * D)
     fused = output_and_grads(lambda *x: sdpa_attention(*x, context(length), bias_repeat=2), leaves, grad)
-    eager = output_and_grads(lambda *x: eager_attention(*x, context(length, "eager"), bias_repeat=2)[0], leaves, grad)
+    eager = output_and_grads(lambda *x: eager_attention(*x, context(length), bias_repeat=2)[0], leaves, grad)
     assert spy.calls == 1
     for actual, wanted in zip(fused, eager, strict=True):
         assert_close(actual, wanted, TOLERANCE[torch.float32])
@@ -116,7 +116,7 @@ def test_float64_keeps_the_float64_path(monkeypatch):
     grad = torch.randn(B, H, length, D, dtype=torch.float64)
     ctx = context(length, dtype=torch.float64)
     routed = output_and_grads(lambda *x: sdpa_attention(*x, ctx), leaves, grad)
-    eager = output_and_grads(lambda *x: eager_attention(*x, context(length, "eager", torch.float64))[0], leaves, grad)
+    eager = output_and_grads(lambda *x: eager_attention(*x, context(length, torch.float64))[0], leaves, grad)
     assert spy.calls == 0
     for actual, wanted in zip(routed, eager, strict=True):
         assert_close(actual, wanted, 1e-12)
@@ -169,7 +169,7 @@ def test_without_a_compiler_alibi_falls_back_with_one_warning(monkeypatch, tmp_p
     message = str(warned[0].message)
     assert "/nonexistent/c++" in message and "\n" not in message
     assert spy.calls == 0 and fused_cpu.status().startswith("unavailable")
-    assert "(1, H, T, T) bias" in kernels.linear_bias_kernel(torch.device("cpu"), torch.float32)
+    assert "(1, H, T, T) bias" in sdpa.linear_bias_kernel(torch.device("cpu"), torch.float32)
     for actual, wanted in zip(fallback, fused, strict=True):
         assert_close(actual, wanted, TOLERANCE[torch.float32])
     torch.testing.assert_close(again, fallback[0], rtol=0, atol=0)
@@ -196,12 +196,13 @@ def test_cached_decoding_equals_the_full_forward(monkeypatch):
 
 
 def test_the_kernel_is_named_where_it_runs(capsys):
-    """``attnzoo info`` (through ``linear_bias_kernel``) and the benchmarks' kernel column name the fused kernel for
-    ALiBi on the CPU, SDPA's flash kernel for an ALiBi decoding step, and SDPA's flash kernel for RoPE."""
+    """``attnzoo info`` (the sdpa kernel, described through ``linear_bias_kernel``) and the benchmarks' kernel column
+    name the fused kernel for ALiBi on the CPU, SDPA's flash kernel for an ALiBi decoding step, and SDPA's flash
+    kernel for RoPE."""
     assert main(["info", "--position", "alibi"]) == 0
-    assert f"attention kernel (CPU, fp32 training)\n  {fused_cpu.KERNEL_NAME}, built" in capsys.readouterr().out
-    assert fused_cpu.KERNEL_NAME in kernels.linear_bias_kernel(torch.device("cpu"), torch.float32)
-    assert "(1, H, T, T) bias" in kernels.linear_bias_kernel(torch.device("cpu"), torch.float64)
+    assert f"attention kernel (CPU, fp32 training)\n  sdpa: {fused_cpu.KERNEL_NAME}, built" in capsys.readouterr().out
+    assert fused_cpu.KERNEL_NAME in sdpa.linear_bias_kernel(torch.device("cpu"), torch.float32)
+    assert "(1, H, T, T) bias" in sdpa.linear_bias_kernel(torch.device("cpu"), torch.float64)
     idx = torch.randint(0, 32, (1, 16))
     assert sdpa_kernels(alibi_model().eval(), idx) == [fused_cpu.KERNEL_NAME]
     assert sdpa_kernels(alibi_model().eval(), idx, decoding=True) == ["flash (CPU)"]

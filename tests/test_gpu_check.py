@@ -11,7 +11,8 @@ from benchmark_scripts import load_benchmark
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attnzoo import ModelConfig, Transformer
-from attnzoo.attention import dcmha_cpu, fused_cpu
+from attnzoo.attention import fused_cpu
+from attnzoo.attention.kernels import dcmha_fused
 
 gpu_check = load_benchmark("gpu_check")
 from gpu_checks import dispatch, numerics, report  # noqa: E402  (importable once the script is loaded)
@@ -62,14 +63,14 @@ def test_the_dry_run_passes_and_writes_the_table_and_the_json(tiny, tmp_path, ca
         for name in ("forward", "backward", "cached decode", "dispatch"):
             assert checks[(case, name)]["status"] == "pass", checks[(case, name)]
         assert 0 <= checks[(case, "forward")]["value"] <= plans.TOLERANCES["fp32"]["forward"]
-    # The kernel attend picked: SDPA for mha; for dcmha no SDPA, and where its fused C++ kernels are built they run
-    # the training step and the decode step, so attend is never reached (else it picks the chunked kernel).
+    # The kernels attend picked: SDPA for mha; for dcmha no SDPA, and where its fused C++ kernels are built they run
+    # the training step and the decode step (else the chunked kernel does).
     fused = fused_cpu.available()
     dcmha_dispatch = checks[("dcmha+alibi MHA fp32", "dispatch")]["extra"]
     assert checks[("mha+alibi MHA fp32", "dispatch")]["extra"]["attend"] == ["sdpa"]
-    assert dcmha_dispatch["attend"] == ([] if fused else ["chunked"])
-    assert dcmha_dispatch["sdpa train"] == ([dcmha_cpu.KERNEL_NAME] if fused else [])
-    assert dcmha_dispatch["sdpa decode"] == ([dcmha_cpu.DECODE_KERNEL_NAME] if fused else [])
+    assert dcmha_dispatch["attend"] == (["dcmha-decode", "dcmha-fused"] if fused else ["chunked"])
+    assert dcmha_dispatch["sdpa train"] == ([dcmha_fused.KERNEL_NAME] if fused else [])
+    assert dcmha_dispatch["sdpa decode"] == ([dcmha_fused.DECODE_KERNEL_NAME] if fused else [])
     assert {r["case"] for r in payload["train_speed"]} == {"mha+rope", "dcmha+rope"}
     assert all(r["extra"]["flops_per_token"] > 0 for r in payload["train_speed"])
     assert {r["case"] for r in payload["decode_speed"]} == {"mha+rope", "dcmha+rope"}

@@ -1,4 +1,4 @@
-"""The attention kernels (``attention/kernels.py``): the eager reference's hooks, the chunked and SDPA forms
+"""The attention kernels (``attention/kernels/``): the eager reference's hooks, the chunked and SDPA forms
 against it, the backend choice ``attend`` makes, and the seams around it (cache, options, validation).
 
 All comparisons are in fp32; each tolerance is stated where it is asserted.
@@ -17,8 +17,19 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import attnzoo
 from attnzoo import ModelConfig, Transformer
-from attnzoo.attention import ATTENTION, AttentionContext, dcmha_cpu, diff_cpu, fused_cpu, kernels
-from attnzoo.attention.kernels import Hooks, attend, chunked_attention, eager_attention, sdpa_attention
+from attnzoo.attention import ATTENTION, AttentionContext, fused_cpu
+from attnzoo.attention.kernels import (
+    KERNELS,
+    Hooks,
+    chunked,
+    chunked_attention,
+    dcmha_fused,
+    diff_flash,
+    eager,
+    eager_attention,
+    sdpa,
+    sdpa_attention,
+)
 from attnzoo.cache import WindowCache
 from attnzoo.positions import POSITIONS, alibi_slopes
 
@@ -26,11 +37,11 @@ B, H, H_KV, T, D = 2, 4, 2, 7, 8
 SRC = pathlib.Path(attnzoo.__file__).parent
 
 
-def context(position="alibi", length=T, start=0, backend="eager", maps=None) -> AttentionContext:
+def context(position="alibi", length=T, start=0, maps=None) -> AttentionContext:
     cfg = ModelConfig(vocab_size=8, dim=H * D, n_heads=H, n_layers=1, position=position)
     scheme = POSITIONS.get(position)(cfg, D)
     positions = torch.arange(start, start + length)
-    return AttentionContext(positions, start, scheme, scheme.prepare(positions, start + length), backend, maps)
+    return AttentionContext(positions, start, scheme, scheme.prepare(positions, start + length), maps)
 
 
 def qkv(query_len=T, key_len=T, value_dim=D):
@@ -126,8 +137,8 @@ def test_alibi_with_the_causal_flag_equals_the_masked_form(monkeypatch, length, 
     leaves = [x.to(dtype).requires_grad_() for x in qkv(length, length)]
     twins = [x.detach().clone().requires_grad_() for x in leaves]
     out = sdpa_attention(*leaves, ctx)
-    assert spy.calls["sdpa"] == 1 and kernels.sdpa_takes_bias_with_causal(*leaves, 0.0)
-    k, v = (kernels.repeat_kv(x, H // H_KV) for x in twins[1:])
+    assert spy.calls["sdpa"] == 1 and sdpa.sdpa_takes_bias_with_causal(*leaves, 0.0)
+    k, v = (eager.repeat_kv(x, H // H_KV) for x in twins[1:])
     masked = F.scaled_dot_product_attention(twins[0], k, v, attn_mask=ctx.sdpa_mask(H, length, 1, dtype))
     # fp32: the same sums in other blocks (≤ 1e-5); bf16: the kernels round their partial sums differently.
     atol = 1e-5 if dtype == torch.float32 else 2e-2
@@ -162,7 +173,7 @@ def test_alibi_inference_in_query_blocks_equals_one_call_without_a_t_by_t_bias(m
     large as the (H, T, T) bias is made (GQA, 2 kv heads; the last block shorter than the others). This is the
     path where the fused ALiBi kernel is not available (tests/test_fused_cpu.py)."""
     monkeypatch.setattr(fused_cpu, "runs_alibi", lambda *args: False)
-    monkeypatch.setattr(kernels, "BIAS_BLOCK_ROWS", 64)
+    monkeypatch.setattr(sdpa, "BIAS_BLOCK_ROWS", 64)
     length = 3 * 64 + 37
     q, k, v = (x.to(dtype) for x in qkv(length, length))
     with torch.no_grad(), LargestTensor() as largest:
@@ -185,14 +196,14 @@ def test_alibi_on_cuda_keeps_the_additive_mask():
     ctx = context(length=64)
     q, k, v = (x.cuda() for x in qkv(64, 64))
     ctx.positions = ctx.positions.cuda()
-    assert not kernels.sdpa_takes_bias_with_causal(q, k, v, 0.0)
+    assert not sdpa.sdpa_takes_bias_with_causal(q, k, v, 0.0)
     expected = reference(*(x.cpu() for x in (q, k, v)))[0]
     torch.testing.assert_close(sdpa_attention(q, k, v, ctx).cpu(), expected, atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("pad", [True, False])
 def test_sdpa_with_values_wider_than_queries(monkeypatch, pad):
-    monkeypatch.setattr(kernels, "sdpa_pads_queries", lambda device: pad)
+    monkeypatch.setattr(sdpa, "sdpa_pads_queries", lambda device: pad)
     q, k, v = qkv(value_dim=2 * D)
     torch.testing.assert_close(sdpa_attention(q, k, v, context()), reference(q, k, v)[0], atol=1e-5, rtol=0)
 
@@ -241,7 +252,7 @@ def test_recomputed_block_replays_dropout_and_gives_each_input_its_gradient():
 
     grad = torch.randn(6, 5)
     torch.manual_seed(0)
-    out = kernels.RecomputedBlock.apply(run, True, x, weight, fixed, None)
+    out = chunked.RecomputedBlock.apply(run, True, x, weight, fixed, None)
     torch.rand(100)  # the generator moves on before the backward pass, which must replay the first draw
     grads = torch.autograd.grad(out, (x, weight), grad)
     torch.manual_seed(0)
@@ -259,15 +270,7 @@ def test_chunked_keys_at_explicit_positions_are_masked_by_position():
     ctx = context(length=length, start=start)
     order = torch.randperm(start + length)
     expected, _ = reference(q, k, v, start=start, window=window)
-    out, _ = attend(
-        q,
-        k[:, :, order],
-        v[:, :, order],
-        dataclasses.replace(ctx, backend="auto"),
-        window=window,
-        key_positions=order,
-        chunk=2,
-    )
+    out, _ = chunked.chunked_call(q, k[:, :, order], v[:, :, order], ctx, window=window, key_positions=order, chunk=2)
     torch.testing.assert_close(out, expected, atol=1e-6, rtol=0)
 
 
@@ -284,12 +287,13 @@ class KernelSpy:
         self.calls = {"sdpa": 0, "chunked": 0, "fused": 0, "eager": 0}
         for name, module, attr in (
             ("sdpa", F, "scaled_dot_product_attention"),
-            ("sdpa", kernels, "sdpa_with_causal_bias"),
+            ("sdpa", sdpa, "sdpa_with_causal_bias"),
             ("sdpa", fused_cpu, "alibi_flash_attention"),
-            ("chunked", kernels, "chunked_attention"),
-            ("fused", dcmha_cpu, "dcmha_attention"),
-            ("fused", diff_cpu, "diff_attention"),
-            ("eager", kernels, "eager_attention"),
+            ("chunked", chunked, "chunked_attention"),
+            ("fused", dcmha_fused, "dcmha_attention"),
+            ("fused", diff_flash, "diff_attention"),
+            ("eager", eager, "eager_attention"),
+            ("eager", chunked, "eager_attention"),
         ):
             monkeypatch.setattr(module, attr, self.counting(name, getattr(module, attr)))
 
@@ -367,10 +371,11 @@ def test_auto_and_sdpa_agree_where_both_apply():
     assert torch.equal(auto(idx), sdpa(idx))
 
 
-def test_the_kernel_refuses_hooks_on_sdpa():
-    q, k, v = qkv()
-    with pytest.raises(ValueError, match="'sdpa' cannot run score hooks"):
-        attend(q, k, v, context(backend="sdpa"), hooks=lambda rows, cols, inputs: Hooks(), chunk=4)
+def test_the_sdpa_kernel_refuses_a_mechanism_that_acts_on_the_scores():
+    """SDPA cannot run score hooks: its record refuses DCMHA for every call, so 'auto' never offers it."""
+    cfg = ModelConfig(attention="dcmha")
+    assert KERNELS.get("sdpa").static_refusal(cfg) == "dcmha acts on the attention scores, which SDPA does not expose"
+    assert "sdpa" not in [kernel.name for kernel in cfg.kernel_chain]
 
 
 def test_old_configs_keep_loading():
@@ -382,17 +387,24 @@ def test_old_configs_keep_loading():
         assert ModelConfig.from_json(dcmha).attn_backend == "auto"
 
 
-def test_only_the_kernel_reads_the_backend():
-    """Mechanisms call attend and never choose a kernel themselves (the behaviour is tested above). The fused kernels
-    of DCMHA (dcmha_triton.py, dcmha_cpu.py) and Diff (diff_cpu.py) are kernels: they read the backend to leave
-    "eager", the reference, to attend; the fused CPU kernels' build (fused_cpu.py) names torch.backends, not the
-    attention backend."""
-    assert not hasattr(AttentionContext, "use_eager")
-    kernel_files = ("kernels.py", "base.py", "dcmha_triton.py", "dcmha_cpu.py", "diff_cpu.py", "fused_cpu.py")
-    for path in (SRC / "attention").glob("*.py"):
-        if path.name not in kernel_files:
-            source = path.read_text()
-            assert "backend" not in source and "use_eager" not in source, path.name
+KERNEL_ENTRY_POINTS = (
+    "diff_attention(",
+    "dcmha_attention(",
+    "decode_attention(",
+    "fused_attention(",
+    "sdpa_attention(",
+)
+
+
+@pytest.mark.parametrize("name", ATTENTION.names())
+def test_no_mechanism_picks_a_kernel(name):
+    """Mechanisms call attend and never choose a kernel themselves (the behaviour is tested above and in
+    tests/test_kernel_choice.py): no mechanism's module reads the backend or calls a kernel's entry point, and no
+    kernel hangs on a module switch."""
+    source = pathlib.Path(inspect.getfile(ATTENTION.get(name))).read_text()
+    assert "backend" not in source and "use_eager" not in source, name
+    assert not any(call in source for call in KERNEL_ENTRY_POINTS), name
+    assert not any("USE_KERNEL" in path.read_text() for path in SRC.rglob("*.py"))
 
 
 # ---------------------------------------------------------------------------------------------------

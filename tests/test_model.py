@@ -79,7 +79,7 @@ def test_query_head_h_reads_kv_head_h_over_n_rep():
         torch.randn(batch, n_kv_heads, T, d),
     )
     cfg = ModelConfig(vocab_size=8, dim=48, n_heads=6, n_kv_heads=2, n_layers=1, position="none")
-    ctx = AttentionContext(torch.arange(T), 0, POSITIONS.get("none")(cfg, d), None, "eager")
+    ctx = AttentionContext(torch.arange(T), 0, POSITIONS.get("none")(cfg, d), None)
     causal = torch.ones(T, T, dtype=torch.bool).tril()
     expected = torch.stack(
         [

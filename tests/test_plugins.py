@@ -1,6 +1,6 @@
-"""Plugins: a mechanism or positional scheme that another installed package registers through the entry point
-groups ``attnzoo.attention`` and ``attnzoo.positions`` shows up in the registries and the CLI, imported only
-when it is asked for.
+"""Plugins: a mechanism, positional scheme or kernel that another installed package registers through the entry
+point groups ``attnzoo.attention``, ``attnzoo.positions`` and ``attnzoo.kernels`` shows up in the registries and the
+CLI, imported only when it is asked for.
 
 The plugin is a real installed distribution: a package and its ``.dist-info`` (METADATA, entry_points.txt) in a
 directory on ``sys.path``, which is what ``pip install`` leaves in site-packages.
@@ -18,12 +18,15 @@ import torch
 
 from attnzoo import ModelConfig, Transformer
 from attnzoo.attention import ATTENTION
+from attnzoo.attention.kernels import KERNELS
 from attnzoo.positions import POSITIONS
 
 PLUGIN = textwrap.dedent(
     '''
     """A tiny attnzoo plugin: one mechanism registered by its module, one positional scheme named by class."""
     from attnzoo.attention import ATTENTION
+    from attnzoo.attention.kernels import Kernel
+    from attnzoo.attention.kernels.sdpa import records_scores, run_sdpa
     from attnzoo.attention.mha import MultiHeadAttention
     from attnzoo.positions import PositionalEncoding
 
@@ -35,6 +38,10 @@ PLUGIN = textwrap.dedent(
 
     class NoPositions(PositionalEncoding):
         """Nothing beyond the causal mask, registered by the entry point that names this class."""
+
+
+    # SDPA under another name, registered by the entry point that names this record.
+    PLUGIN_SDPA = Kernel(name="plugin-sdpa", display_name="SDPA (plugin)", run=run_sdpa, call_reasons=records_scores)
     '''
 )
 ENTRY_POINTS = """\
@@ -46,6 +53,9 @@ plugin_none = attnzoo_tiny_plugin:NoPositions
 plugin_broken = attnzoo_tiny_plugin_missing:Nothing
 plugin_exits = attnzoo_tiny_plugin_exits
 alibi = attnzoo_tiny_plugin:NoPositions
+
+[attnzoo.kernels]
+plugin-sdpa = attnzoo_tiny_plugin:PLUGIN_SDPA
 """
 
 
@@ -67,12 +77,25 @@ def installed(plugin_dir, monkeypatch):
     """The plugin on this interpreter's path; the registries are left as they were afterwards."""
     monkeypatch.syspath_prepend(str(plugin_dir))
     importlib.invalidate_caches()
-    before = {registry: dict(registry._classes) for registry in (ATTENTION, POSITIONS)}
+    before = {registry: dict(registry._classes) for registry in (ATTENTION, POSITIONS, KERNELS)}
     yield plugin_dir
     for registry, classes in before.items():
         registry._classes.clear()
         registry._classes.update(classes)
     sys.modules.pop("attnzoo_tiny_plugin", None)
+
+
+def test_a_kernel_plugin_is_an_attn_backend(installed):
+    """A record named by its entry point: attn_backend names it, the layers run it, and it equals SDPA exactly."""
+    assert "plugin-sdpa" in KERNELS.names() and "attnzoo_tiny_plugin" not in sys.modules
+    cfg = ModelConfig(vocab_size=16, dim=16, n_layers=1, n_heads=2, attn_backend="plugin-sdpa")
+    model = Transformer(cfg).eval()
+    sdpa = Transformer(ModelConfig.from_dict({**cfg.to_dict(), "attn_backend": "sdpa"})).eval()
+    sdpa.load_state_dict(model.state_dict())
+    idx = torch.randint(0, 16, (1, 6))
+    assert model.attention_kernels(idx) == ["plugin-sdpa"]
+    with torch.no_grad():
+        assert torch.equal(model(idx), sdpa(idx))
 
 
 def test_plugins_are_listed_without_being_imported_and_load_when_asked_for(installed):

@@ -13,7 +13,8 @@ from torch.nn.attention import sdpa_kernel
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from attnzoo.attention import ATTENTION, dcmha_cpu, kernels
+from attnzoo.attention import ATTENTION
+from attnzoo.attention.kernels import dcmha_fused, dispatch
 from attnzoo.bench import SDPA_KERNELS
 from attnzoo.config import ModelConfig
 
@@ -22,7 +23,7 @@ from gpu_checks.plan import BACKENDS, FAIL, PASS
 
 class _FusedKernels(TorchDispatchMode):
     """The fused SDPA kernels dispatched (``bench.SDPA_KERNELS``), in order, and those among them called directly
-    rather than by ``F.scaled_dot_product_attention`` (kernels.py calls the CPU flash kernel itself for ALiBi's
+    rather than by ``F.scaled_dot_product_attention`` (kernels/sdpa.py calls the CPU flash kernel itself for ALiBi's
     bias with the causal flag). SDPA's math path never shows here: it decomposes into ordinary ops before the
     dispatcher reaches a mode."""
 
@@ -74,45 +75,21 @@ def sdpa_backends(fn: Callable[[], object]) -> list[str]:
 
 @contextlib.contextmanager
 def attend_choices() -> Iterator[set[str]]:
-    """The kernels attnzoo's ``attend`` picks while the block runs: it calls them through ``kernels``' module
-    globals, so counting wrappers there see every call. The eager kernel counts only where ``attend`` calls it
-    itself, not inside the chunked kernel's blocks (which the backward pass recomputes, outside the kernel's call)."""
+    """The names of the kernels attnzoo's ``attend`` picks while the block runs (``attention.kernels.choose``, which
+    it calls through its module's global, so a counting wrapper there sees every choice)."""
     chosen: set[str] = set()
-    originals = {name: getattr(kernels, name) for name in ("sdpa_attention", "chunked_attention", "eager_attention")}
-    depth = [0]
+    choose = dispatch.choose
 
-    def wrap(name: str, label: str) -> Callable:
-        original = originals[name]
+    def counted(*args, **kwargs):
+        kernel = choose(*args, **kwargs)
+        chosen.add(kernel.name)
+        return kernel
 
-        def counted(*args, **kwargs):
-            if depth[0] == 0:
-                chosen.add(label)
-            depth[0] += 1
-            try:
-                return original(*args, **kwargs)
-            finally:
-                depth[0] -= 1
-
-        return counted
-
-    block_call = kernels._Block.__call__
-
-    def inside_block(*args, **kwargs):  # a chunked block, also when its backward pass recomputes it
-        depth[0] += 1
-        try:
-            return block_call(*args, **kwargs)
-        finally:
-            depth[0] -= 1
-
+    dispatch.choose = counted
     try:
-        for name, label in (("sdpa_attention", "sdpa"), ("chunked_attention", "chunked"), ("eager_attention", "eager")):
-            setattr(kernels, name, wrap(name, label))
-        kernels._Block.__call__ = inside_block
         yield chosen
     finally:
-        for name, original in originals.items():
-            setattr(kernels, name, original)
-        kernels._Block.__call__ = block_call
+        dispatch.choose = choose
 
 
 def runnable_backends(fn: Callable[[], object]) -> dict[str, str]:
@@ -150,7 +127,7 @@ def expected_dispatch(cfg: ModelConfig, device: str) -> str:
 def dispatch_status(cfg: ModelConfig, device: str, chosen: set[str], train: list[str], decode: list[str]) -> str:
     """PASS or FAIL for what ``attend`` chose and the SDPA backends that ran, against :func:`expected_dispatch`."""
     if ATTENTION.get(cfg.attention).needs_scores:
-        own = {dcmha_cpu.KERNEL_NAME, dcmha_cpu.DECODE_KERNEL_NAME}
+        own = {dcmha_fused.KERNEL_NAME, dcmha_fused.DECODE_KERNEL_NAME}
         return PASS if "sdpa" not in chosen and set(train + decode) <= own else FAIL
     if "sdpa" not in chosen or not train or not decode:
         return FAIL  # attend did not pick SDPA, or SDPA never ran

@@ -29,7 +29,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from tqdm import tqdm
 
-from attnzoo.attention import dcmha_cpu, diff_cpu, fused_cpu
+from attnzoo.attention import fused_cpu
+from attnzoo.attention.kernels import dcmha_fused, diff_flash
 from attnzoo.config import ModelConfig
 from attnzoo.io import atomic_write_text
 from attnzoo.machine import is_busy
@@ -44,9 +45,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # decomposes into ordinary ops and shows as none.
 SDPA_KERNELS = {
     "alibi_flash_forward": fused_cpu.KERNEL_NAME,
-    "dcmha_fused_forward": dcmha_cpu.KERNEL_NAME,
-    "dcmha_decode_forward": dcmha_cpu.DECODE_KERNEL_NAME,
-    "diff_flash_forward": diff_cpu.KERNEL_NAME,
+    "dcmha_fused_forward": dcmha_fused.KERNEL_NAME,
+    "dcmha_decode_forward": dcmha_fused.DECODE_KERNEL_NAME,
+    "diff_flash_forward": diff_flash.KERNEL_NAME,
     "_scaled_dot_product_flash_attention_for_cpu": "flash (CPU)",
     "_scaled_dot_product_flash_attention": "flash",
     "_scaled_dot_product_efficient_attention": "memory-efficient",
@@ -156,6 +157,24 @@ def sdpa_kernels(model: Transformer, idx: torch.Tensor, *, decoding: bool = Fals
     return sorted(label for kernel, label in SDPA_KERNELS.items() if kernel in recorder.ops)
 
 
+def attention_kernels(model: Transformer, idx: torch.Tensor, *, decoding: bool = False) -> list[str]:
+    """The kernel each layer's attention runs (``attention.kernels.choose``) on the pass :func:`sdpa_kernels`
+    watches: a forward over ``idx``, or with ``decoding`` the cached step after it."""
+    if not decoding:
+        return model.attention_kernels(idx)
+    cache = model.new_cache(idx.shape[0], idx.shape[1] + 1)
+    model.attention_kernels(idx, cache=cache)
+    return model.attention_kernels(idx[:, -1:], cache=cache)
+
+
+def kernel_cell(result: BenchResult) -> str:
+    """The table's kernel column: the attention kernels the layers ran (results since they were recorded), then the
+    fused ops they dispatched."""
+    ops = ", ".join(result.extra.get("sdpa_kernels", [])) or "none"
+    names = result.extra.get("attention_kernels")
+    return ops if names is None else f"{', '.join(dict.fromkeys(names))}: {ops}"
+
+
 def _run_case(case: BenchCase, repeats: int, warmup: int, threads: int, device: str) -> BenchResult:
     torch.set_num_threads(threads)
     torch.manual_seed(0)
@@ -240,7 +259,9 @@ def _run_case(case: BenchCase, repeats: int, warmup: int, threads: int, device: 
             rates.append(tokens / seconds)
     peak = peak_mb() - base
     with autocast:
-        kernels = sdpa_kernels(model.eval(), idx[:, : min(case.seq_len, 256)], decoding=case.mode == "decode")
+        watched = idx[:, : min(case.seq_len, 256)]
+        kernels = sdpa_kernels(model.eval(), watched, decoding=case.mode == "decode")
+        names = attention_kernels(model, watched, decoding=case.mode == "decode")
     return BenchResult(
         case=case.label,
         mode=case.mode,
@@ -254,6 +275,7 @@ def _run_case(case: BenchCase, repeats: int, warmup: int, threads: int, device: 
             "params": model.num_parameters(),
             "dtype": case.dtype,
             "sdpa_kernels": kernels,
+            "attention_kernels": names,
             "rates": rates,
             **measured,
         },
@@ -375,7 +397,7 @@ def ratio_table(results: list[BenchResult], baseline: str) -> Table:
                 f"{r.peak_mem_mb:,.0f}",
                 ratio(memory),
                 f"{r.extra['cache_bytes'] / 2**20:,.2f}" if "cache_bytes" in r.extra else "–",
-                ", ".join(r.extra.get("sdpa_kernels", [])) or "none",
+                kernel_cell(r),
                 _load_averages(r),
             ]
         )

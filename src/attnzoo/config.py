@@ -7,9 +7,12 @@ import json
 import os
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attnzoo.validation import is_int, is_number, require
+
+if TYPE_CHECKING:
+    from attnzoo.attention.kernels import Kernel
 
 MLP_KINDS = ("swiglu", "gelu", "gelu_tanh")
 # Fields that do not change what a trained model computes (training-time dropout, the initialisation, the choice
@@ -17,8 +20,14 @@ MLP_KINDS = ("swiglu", "gelu", "gelu_tanh")
 NOT_ARCHITECTURE = ("dropout", "init_std", "attn_backend")
 DERIVED = ("n_kv_heads", "head_dim", "mlp_hidden_dim")  # None: resolved from the other fields
 NORM_KINDS = ("rmsnorm", "layernorm")
-ATTN_BACKENDS = ("auto", "eager", "sdpa")
 SDPA_REFUSED_FROM = "attnzoo 0.2"  # for a mechanism that acts on the scores; until then it warns
+
+
+def attn_backends() -> list[str]:
+    """The values ``attn_backend`` takes: "auto", or a registered kernel's name ("eager", "sdpa", ...)."""
+    from attnzoo.attention.kernels import KERNELS
+
+    return ["auto", *KERNELS.names()]
 
 
 def function_neutral(position: Any) -> tuple[str, ...]:
@@ -47,14 +56,16 @@ class ModelConfig:
     allowed. ``dataclasses.replace`` derives a re-validated copy but keeps the resolved derived fields: set
     them back to ``None`` to re-derive them, e.g. ``replace(cfg, dim=512, head_dim=None, mlp_hidden_dim=None)``.
 
-    ``attn_backend`` picks the attention kernel (``attention/kernels.py``, where ``attend`` makes the choice):
+    ``attn_backend`` picks the attention kernels (``attention/kernels/``, where ``attend`` makes the choice):
 
+    * ``"auto"`` (default): each call runs the first of the mechanism's kernels (``Attention.kernels``, in order
+      of preference) that serves it: on the CPU Diff's and DCMHA's fused C++ kernels where built, on CUDA DCMHA's
+      Triton kernel; SDPA where it computes the mechanism exactly (mha, selective with τ_q folded into the
+      queries, diff, diff_v2), and the chunked eager kernel for a mechanism whose score hooks SDPA cannot run
+      (dcmha);
     * ``"eager"``: the reference everywhere, explicit fp32 scores and softmax;
-    * ``"sdpa"``: ``F.scaled_dot_product_attention`` for every attention call, so a mechanism that acts on the
-      scores (dcmha) is refused;
-    * ``"auto"`` (default): SDPA where it computes the mechanism exactly (mha, selective with τ_q folded into
-      the queries, diff, diff_v2), and the chunked eager kernel for a mechanism whose score hooks SDPA cannot
-      run (dcmha).
+    * a kernel's name (``"sdpa"``, ``"chunked"``, ``"diff-flash"``, ...): that kernel wherever it serves the call,
+      the eager reference elsewhere; a kernel that can never serve the mechanism is refused here, with the reason.
 
     Recording attention maps (``model.attention_maps``) always takes the eager reference, the one kernel that
     returns the probabilities.
@@ -91,6 +102,7 @@ class ModelConfig:
         # Imported here rather than at the top so that reading the config's defaults (the command line's --help)
         # does not load torch.
         from attnzoo.attention import ATTENTION
+        from attnzoo.attention.kernels import backend_refusal
         from attnzoo.positions import POSITIONS
 
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "max_seq_len"):
@@ -142,10 +154,10 @@ class ModelConfig:
         for name in ("bias", "tie_embeddings", "parallel_residual", "embedding_norm", "causal"):
             require(isinstance(getattr(self, name), bool), name, getattr(self, name), "must be true or false")
         require(
-            self.attn_backend in ATTN_BACKENDS,
+            self.attn_backend in attn_backends(),
             "attn_backend",
             self.attn_backend,
-            f"choose one of {list(ATTN_BACKENDS)}",
+            f"choose one of {attn_backends()}",
         )
 
         for registry, name, options_field in (
@@ -170,6 +182,8 @@ class ModelConfig:
             self._set("attn_backend", "auto")
         attention_cls.validate_config(self)
         POSITIONS.get(self.position).validate_config(self, attention_cls.qk_head_dim(self))
+        refusal = backend_refusal(self)
+        require(refusal is None, "attn_backend", self.attn_backend, refusal or "")
 
     def _set(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)
@@ -180,6 +194,13 @@ class ModelConfig:
         from attnzoo.attention import ATTENTION
 
         return ATTENTION.parse_options(self.attention, self.attention_options)
+
+    @property
+    def kernel_chain(self) -> tuple[Kernel, ...]:
+        """The kernels each attention layer may run, in order (``attention.kernels.kernel_chain``)."""
+        from attnzoo.attention.kernels import kernel_chain
+
+        return kernel_chain(self)
 
     @property
     def position_opts(self) -> Any:

@@ -201,7 +201,13 @@ class Transformer(nn.Module):
         return KVCache(layers, batch_size, max_len, static=static)
 
     def _context(
-        self, batch: int, seq_len: int, cache: KVCache | None, maps: list | None, logits: dict | None = None
+        self,
+        batch: int,
+        seq_len: int,
+        cache: KVCache | None,
+        maps: list | None,
+        logits: dict | None = None,
+        kernels: dict | None = None,
     ) -> AttentionContext:
         if cache is not None:
             cache.check_fits(batch, seq_len)
@@ -210,22 +216,22 @@ class Transformer(nn.Module):
         self.position.check_length(end)
         positions = torch.arange(start, end, device=self.embed_tokens.weight.device)
         if cache is not None and cache.static and seq_len == 1:
-            return self._static_context(positions, maps, logits)
+            return self._static_context(positions, maps, logits, kernels)
         dtype = compute_dtype(self.embed_tokens.weight.dtype)
         return AttentionContext(
             positions=positions,
             start=start,
             position=self.position,
             position_state=self.position.prepare(positions, end, dtype=dtype),
-            backend=self.config.attn_backend,
             causal=self.config.causal,
             attention_maps=maps,
             attention_logits=logits,
+            kernels=kernels,
             dtype=dtype,
         )
 
     def _static_context(
-        self, position: Tensor, maps: list | None = None, logits: dict | None = None
+        self, position: Tensor, maps: list | None = None, logits: dict | None = None, kernels: dict | None = None
     ) -> AttentionContext:
         """The context of a static one-token step at ``position`` (1,): built from the tensor alone, with no Python
         int that changes from step to step, so a compiled step is captured once."""
@@ -235,16 +241,21 @@ class Transformer(nn.Module):
             start=None,
             position=self.position,
             position_state=self.position.prepare(position, position + 1, dtype=dtype),
-            backend=self.config.attn_backend,
             causal=self.config.causal,
             attention_maps=maps,
             attention_logits=logits,
+            kernels=kernels,
             dtype=dtype,
             static=True,
         )
 
     def _hidden(
-        self, idx: Tensor, cache: KVCache | None, maps: list | None = None, logits: dict | None = None
+        self,
+        idx: Tensor,
+        cache: KVCache | None,
+        maps: list | None = None,
+        logits: dict | None = None,
+        kernels: dict | None = None,
     ) -> Tensor:
         if idx.dim() != 2:
             raise ValueError(f"idx must have shape (batch, seq_len); got {tuple(idx.shape)}")
@@ -260,7 +271,7 @@ class Transformer(nn.Module):
             if low < 0 or high >= self.config.vocab_size:
                 bad = low if low < 0 else high
                 raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.config.vocab_size})")
-        ctx = self._context(batch, seq_len, cache, maps, logits)
+        ctx = self._context(batch, seq_len, cache, maps, logits, kernels)
         hidden = self._blocks(self.embed_tokens(idx), ctx, cache)
         if cache is not None:
             cache.length += seq_len
@@ -336,6 +347,15 @@ class Transformer(nn.Module):
         maps: list[Tensor] = []
         self._hidden(idx, cache=None, maps=maps, logits=logits)
         return maps
+
+    @torch.no_grad()
+    def attention_kernels(self, idx: Tensor, *, cache: KVCache | None = None) -> list[str]:
+        """The name of the kernel each layer's attention runs over ``idx`` (continuing ``cache``, which it extends,
+        where given), in the model's current mode: a forward pass whose output is dropped. What a run records, and
+        what ``attnzoo info`` names for a fresh fp32 training sequence on the CPU."""
+        kernels: dict[int, str] = {}
+        self._hidden(idx, cache, kernels=kernels)
+        return [kernels[layer] for layer in range(len(self.layers))]
 
     @torch.no_grad()
     def generate(

@@ -1,10 +1,11 @@
-"""Name → class registries for attention mechanisms and positional schemes.
+"""Name → record registries: attention mechanisms and positional schemes (classes), attention kernels (records).
 
-A registered class carries an ``Options`` dataclass: the typed, validated form of the free-form
+A registered mechanism or scheme class carries an ``Options`` dataclass: the typed, validated form of the free-form
 ``attention_options`` / ``position_options`` dict in :class:`attnzoo.ModelConfig`.
 
-Other packages add to a registry through Python entry points (groups ``attnzoo.attention`` and
-``attnzoo.positions``), named by the registered name and pointing at the class or at a module that registers it::
+Other packages add to a registry through Python entry points (groups ``attnzoo.attention``, ``attnzoo.positions``
+and ``attnzoo.kernels``), named by the registered name and pointing at the class or record, or at a module that
+registers it::
 
     [project.entry-points."attnzoo.attention"]
     my_attention = "my_package.attention:MyAttention"
@@ -19,9 +20,10 @@ import dataclasses
 import logging
 from collections.abc import Callable
 from importlib import metadata
+from types import ModuleType
 from typing import Any, Generic, TypeVar
 
-T = TypeVar("T", bound=type)
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +45,8 @@ class Registry(Generic[T]):
         def decorator(cls: T) -> T:
             if name in self._classes:
                 raise ValueError(f"{self.kind} {name!r} is already registered to {self._classes[name]}")
-            cls.registry_name = name
+            if isinstance(cls, type):  # a record (a kernel) carries its name as a field
+                cls.registry_name = name
             self._classes[name] = cls
             return cls
 
@@ -80,8 +83,8 @@ class Registry(Generic[T]):
                 )  # fmt: skip
 
     def _load_plugin(self, name: str) -> None:
-        """Import the plugin entry point named ``name``, if one is installed; a class it points at is registered
-        under that name, a module is expected to register it itself."""
+        """Import the plugin entry point named ``name``, if one is installed; a class or record it points at is
+        registered under that name, a module is expected to register it itself."""
         entry_point = self._plugins().get(name)
         if entry_point is None:
             return
@@ -94,7 +97,7 @@ class Registry(Generic[T]):
             raise ValueError(f"{where} failed to load: {err!r}") from err
         if name in self._classes:
             return
-        if not isinstance(loaded, type):
+        if isinstance(loaded, ModuleType):
             raise ValueError(
                 f"{where} was imported but registered nothing under {name!r}: point the entry point at the class, "
                 f"or register the class in that module under this name"

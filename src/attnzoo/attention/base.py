@@ -1,5 +1,5 @@
 """The attention interface every mechanism implements: :class:`Attention`, its per-call
-:class:`AttentionContext`, and the registry of mechanisms. The kernels they share are in ``kernels.py``.
+:class:`AttentionContext`, and the registry of mechanisms. The kernels are records in ``kernels/``.
 
 A mechanism is one :class:`Attention` subclass in one file, registered under a name::
 
@@ -7,10 +7,11 @@ A mechanism is one :class:`Attention` subclass in one file, registered under a n
     class MultiHeadAttention(Attention): ...
 
 The model calls ``attention(x, ctx, cache)`` with ``x`` the block's normalised input and never looks
-inside. A mechanism gets its layer index at construction, positions and the backend through the
+inside. A mechanism gets its layer index and its kernels at construction, positions through the
 per-forward :class:`AttentionContext`, and owns its :class:`~attnzoo.cache.LayerCache` layout, so it can
 cache whatever per-token state it needs. It computes attention with one call,
-:func:`~attnzoo.attention.kernels.attend`, which picks the kernel.
+:func:`~attnzoo.attention.kernels.attend`, which picks the kernel: a mechanism names its kernels in order of
+preference and never picks one itself.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from attnzoo.cache import LayerCache
 from attnzoo.registry import NoOptions, Registry
 
 if TYPE_CHECKING:
+    from attnzoo.attention.kernels import Kernel
+    from attnzoo.attention.kernels.eager import PyTorchKernel
     from attnzoo.config import ModelConfig
     from attnzoo.positions import PositionalEncoding
 
@@ -52,8 +55,9 @@ class AttentionContext:
     start: int | None  # positions already in the cache; 0 without one; None on a static step (only a tensor knows)
     position: PositionalEncoding
     position_state: Any  # from position.prepare(): e.g. RoPE's cos/sin for these positions
-    backend: str  # the config's attn_backend, "auto", "eager" or "sdpa": kernels.attend interprets it
     attention_maps: list[Tensor] | None = None  # when a list, each layer appends its effective map
+    # When a dict, each layer files under its index the name of the kernel its attention ran (``kernels.attend``).
+    kernels: dict[int, str] | None = None
     # When a dict, the eager kernel records what enters the softmax (``record_logits``): the probes' top logit.
     attention_logits: dict[int, list[Tensor]] | None = None
     causal: bool = True  # False: queries see later keys too (the config's ``causal``)
@@ -204,8 +208,10 @@ class Attention(nn.Module, Generic[OptionsT]):
     A mechanism that adds parameters to another names it in ``extends`` and starts them where the layer still
     computes what the other did in ``init_added_parameters_as_identity``, so it can be swapped into a
     pretrained model (``attnzoo train --init-from``).
-    Attention itself goes through :func:`~attnzoo.attention.kernels.attend`, which picks the kernel and
-    records the effective (B, heads, T, S) attention map when ``ctx.attention_maps`` is a list.
+    Attention itself goes through :func:`~attnzoo.attention.kernels.attend`, which runs the first of the
+    mechanism's ``kernels`` that serves the call; the PyTorch kernels (eager, SDPA, chunked) run the mechanism's
+    ``pytorch_attention``, which records the effective (B, heads, T, S) attention map when ``ctx.attention_maps``
+    is a list.
     """
 
     Options: type = NoOptions
@@ -217,15 +223,18 @@ class Attention(nn.Module, Generic[OptionsT]):
     extends: tuple[str, ...] = ()
     # Projections whose output rows come in n_kv_heads blocks, one per kv head: what MHA → GQA pooling averages.
     kv_projections: tuple[str, ...] = ()
-    # True for a mechanism that acts on the scores or probabilities (kernel hooks), which SDPA cannot run:
-    # attn_backend="sdpa" refuses it and "auto" runs it on the chunked eager kernel.
+    # True for a mechanism that acts on the scores or probabilities (kernel hooks), which SDPA cannot run.
     needs_scores: bool = False
+    # The kernels (``attention.kernels.KERNELS`` names) that compute this mechanism, in order of preference; the
+    # eager reference follows them. attn_backend="auto" runs the first that serves each call.
+    kernels: tuple[str, ...] = ("sdpa",)
 
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__()
         self.layer_idx = layer_idx
         self.options: OptionsT = cfg.attention_opts
         self.dropout = cfg.dropout
+        self.kernel_chain: tuple[Kernel, ...] = cfg.kernel_chain
 
     @classmethod
     def validate_config(cls, cfg: ModelConfig) -> None:
@@ -249,12 +258,6 @@ class Attention(nn.Module, Generic[OptionsT]):
         return None
 
     @classmethod
-    def fused_cpu_kernel(cls, cfg: ModelConfig) -> str | None:
-        """The mechanism's own fused CPU kernel that a fresh causal fp32 training sequence runs on, with its build
-        state, or None where :func:`~attnzoo.attention.kernels.attend` chooses the kernel (``attnzoo info``)."""
-        return None
-
-    @classmethod
     def cache_layout(cls, cfg: ModelConfig) -> list[CacheBuffer]:
         """The buffers ``new_layer_cache`` allocates, with the numbers each holds per cached token: the one
         definition ``attnzoo info`` prints and the tests compare with the allocation."""
@@ -275,6 +278,15 @@ class Attention(nn.Module, Generic[OptionsT]):
 
     def forward(self, x: Tensor, ctx: AttentionContext, cache: LayerCache | None = None) -> Tensor:
         raise NotImplementedError
+
+    def pytorch_attention(
+        self, kernel: PyTorchKernel, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, **inputs: Any
+    ) -> Tensor:
+        """This mechanism's attention on one of the PyTorch kernels (eager, SDPA, chunked), from what its ``forward``
+        passed to ``attend``: the default is one call over q, k, v with the layer's dropout, ``inputs`` (such as a
+        ``query_scale``) passed on. A mechanism whose attention is several calls or needs hooks overrides it."""
+        out, _ = kernel(q, k, v, ctx, dropout_p=self.attn_dropout, **inputs)
+        return out
 
     def new_layer_cache(self, batch_size: int, max_len: int, *, device: torch.device, dtype: torch.dtype) -> LayerCache:
         raise NotImplementedError

@@ -5,7 +5,7 @@ convert by renaming: ``dyn_w_proj.dw1`` (D, G, 4, K), ``dyn_w_proj.qkw`` (G, 4, 
 ``dyn_w_proj.dd`` (D, G, 4N/G), slots [pre_q, pre_k, post_q, post_k]. Heads are numbered group-major
 (head = g·N/G + m), as the official ``'B (G M) T S'`` layout.
 
-One computation through the shared kernel (``kernels.attend``), whose score and probability hooks are
+One computation through the shared kernels (``kernels.attend``), whose score and probability hooks are
 the pre- and post-composition with merged per-token matrices QW[t] + KW[s], tested three ways against each
 other (and against :func:`compose_low_rank`, the rank-R form of the official ``_cross_head_proj``; on CPU it is
 slower than the merged form, see ``_block_hooks``):
@@ -16,9 +16,9 @@ slower than the merged form, see ``_block_hooks``):
 * cached decoding: merged key-side matrices KW[s] are cached per key position, and each step forms the
   query-side matrix once.
 
-On the CPU the fused C++ kernels (``dcmha_cpu``) replace the second and third: a fresh sequence (a prefill into an
-empty cache too) runs ``dcmha_fused_forward``, a cached step of one token ``dcmha_decode_forward``, with that
-token's composition matrices from one ``dcmha_step_weights`` call.
+On the CPU the fused C++ kernels (``kernels/dcmha_fused.py``: ``dcmha-fused`` and ``dcmha-decode``) replace the
+second and third: a fresh sequence (a prefill into an empty cache too) runs ``dcmha_fused_forward``, a cached step of
+one token ``dcmha_decode_forward``, with that token's composition matrices from one ``dcmha_step_weights`` call.
 """
 
 from __future__ import annotations
@@ -27,23 +27,22 @@ import math
 from collections.abc import Set
 from dataclasses import dataclass
 from functools import partial
-from types import ModuleType
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnzoo.attention import dcmha_cpu
 from attnzoo.attention.base import ATTENTION, AttentionContext, CacheBuffer
 from attnzoo.attention.dcmha_compiled import compiled_compose
-from attnzoo.attention.kernels import BlockHooks, HookInputs, Hooks, ScoreHook, attend
+from attnzoo.attention.kernels import BlockHooks, HookInputs, Hooks, ScoreHook, attend, dcmha_fused
 from attnzoo.attention.mha import MultiHeadAttention
 from attnzoo.cache import LayerCache, WindowCache
 from attnzoo.precision import compute_dtype
 from attnzoo.validation import is_int, require
 
 if TYPE_CHECKING:
+    from attnzoo.attention.kernels.eager import PyTorchKernel
     from attnzoo.config import ModelConfig
 
 PRE_Q, PRE_K, POST_Q, POST_K = range(4)  # the official slot order of the dynamic-weight parameters
@@ -205,12 +204,17 @@ class DynamicWeightProjection(nn.Module):
         return w1, w2, dd.transpose(1, 2)
 
 
-def _fused_kernel() -> ModuleType:
-    """:mod:`attnzoo.attention.dcmha_triton`, imported at the first call that may use it: importing Triton loads
-    torch._dynamo, seconds that every command (``attnzoo --help`` too) would otherwise pay at start-up."""
-    from attnzoo.attention import dcmha_triton
+class Composed(NamedTuple):
+    """What DCMHA's kernels read of a call beside q, k and v: the composition weights and matrices, and the call's own
+    keys and values where the layer attends over a cache's."""
 
-    return dcmha_triton
+    mixings: tuple[Mixing | None, Mixing | None]  # pre, post (None: off, or formed by one fused call on a step)
+    query_w: dict[int, Tensor]  # {composition: QW (B, G, T, M, M)}
+    new_kw: dict[int, Tensor]  # {composition: KW (B, G, M, M, T)} of this call's tokens
+    key_w: dict[int, Tensor]  # {composition: KW (B, G, M, M, S)} of every key the queries see
+    fresh_k: Tensor  # this call's own keys and values, before the cache's
+    fresh_v: Tensor
+    key_positions: Tensor | None  # the keys' positions, in cache slot order; None without a cache
 
 
 @ATTENTION.register("dcmha")
@@ -235,6 +239,9 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
     Options = DCMHAOptions
     extends = ("mha",)
     needs_scores = True
+    # The fused kernels where one serves the call (Triton on CUDA, C++ on the CPU), else the composition as score
+    # hooks of the chunked eager kernel.
+    kernels = ("dcmha-triton", "dcmha-fused", "dcmha-decode", "chunked")
 
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
@@ -267,13 +274,6 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
     @classmethod
     def key_window(cls, cfg: ModelConfig, layer_idx: int) -> int | None:
         return cfg.attention_opts.window(layer_idx)
-
-    @classmethod
-    def fused_cpu_kernel(cls, cfg: ModelConfig) -> str | None:
-        opts = cfg.attention_opts
-        if opts.compile_composition or not cfg.causal or cfg.dropout > 0:  # dcmha_cpu.unsupported's static reasons
-            return None
-        return dcmha_cpu.kernel_name(cfg.n_heads // opts.num_groups)
 
     def reset_mechanism_parameters(self) -> None:
         self.dyn_w_proj.reset_parameters()
@@ -310,45 +310,27 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = ctx.rotate(q), ctx.rotate(k)
         pre = post = None
-        if cache is not None and (step := dcmha_cpu.step_weights(x, ctx, self)) is not None:
+        if cache is not None and (step := dcmha_fused.step_weights(x, ctx, self)) is not None:
             query_w, new_kw = step  # one token on the CPU: its matrices from one fused call
         else:
             pre, post = self._mixings(x)
             query_w, new_kw = self._query_matrices(pre, post), self._key_matrices(pre, post)
         key_positions, key_w = None, new_kw  # key_w: KW of every key the queries see
-        fresh = cache is None or (ctx.start == 0 and not ctx.static)  # a prefill into an empty cache is fresh
         fresh_k, fresh_v = k, v
         if cache is not None:
             key_positions, k, v, key_w = self._extend_cache(cache, ctx, k, v, new_kw)
-        fused = None  # a fused kernel's output, where one computes this call
-        if cache is None and (kernel := _fused_kernel()).runs_on(q):  # Triton (CUDA); None where it cannot
-            fused = kernel.fused_attention(q, k, v, ctx, pre, post, self)
-        elif fresh and dcmha_cpu.unsupported(q, fresh_k, ctx, self) is None:  # the fused C++ kernel
-            fused = dcmha_cpu.dcmha_attention(
-                q,
-                fresh_k,
-                fresh_v,
-                self._composition_matrices(query_w, new_kw),
-                slopes=ctx.bias_slopes(self.n_heads),
-                groups=self.num_groups,
-                window=self.window,
-            )
-        elif not fresh and dcmha_cpu.unsupported(q, k, ctx, self, decoding=True) is None:  # its decoding step
-            fused = dcmha_cpu.decode_attention(
-                q,
-                k,
-                v,
-                self._composition_matrices(query_w, key_w),
-                slopes=ctx.bias_slopes(self.n_heads),
-                key_positions=key_positions,
-                query_position=ctx.start,
-                groups=self.num_groups,
-                window=self.window,
-            )
-        if fused is not None:
-            return self.o_proj(fused.transpose(1, 2).reshape(batch, seq_len, -1))
-        hooks, hook_inputs = self._block_hooks(query_w, key_w, cached=cache is not None)
-        out, _ = attend(
+        composed = Composed((pre, post), query_w, new_kw, key_w, fresh_k, fresh_v, key_positions)
+        out = attend(self, q, k, v, ctx, cached=cache is not None, composed=composed)
+        return self.o_proj(out.transpose(1, 2).reshape(batch, seq_len, -1))
+
+    def pytorch_attention(
+        self, kernel: PyTorchKernel, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, *, composed: Composed
+    ) -> Tensor:
+        """The composition as the kernel's score and probability hooks, over the keys of ``k`` (the cache's at
+        ``composed.key_positions`` on a cached call), local layers within their window."""
+        cached = composed.key_positions is not None
+        hooks, hook_inputs = self._block_hooks(composed.query_w, composed.key_w, cached=cached)
+        out, _ = kernel(
             q,
             k,
             v,
@@ -357,10 +339,10 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
             hooks=hooks,
             hook_inputs=hook_inputs,
             window=self.window,
-            key_positions=key_positions,
+            key_positions=composed.key_positions,
             chunk=self.options.q_chunk_size,
         )
-        return self.o_proj(out.transpose(1, 2).reshape(batch, seq_len, -1))
+        return out
 
     def _mixings(self, x: Tensor) -> tuple[Mixing | None, Mixing | None]:
         """The pre and post composition weights (None where switched off), in the scores' dtype (fp32, or float64)."""
@@ -397,7 +379,7 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
         """
         # Compiled on fresh sequences only: a cached call's blocks are single tokens or short prompts.
         compose = compiled_compose if self.options.compile_composition and not cached else compose_merged
-        inputs = self._composition_matrices(query_w, key_w)
+        inputs = self.composition_matrices(query_w, key_w)
 
         def hooks(rows: slice, cols: slice, inputs: HookInputs) -> Hooks:
             def block(which: int) -> ScoreHook | None:
@@ -412,7 +394,7 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
         return hooks, inputs
 
     @staticmethod
-    def _composition_matrices(query_w: dict[int, Tensor], key_w: dict[int, Tensor]) -> list[Tensor | None]:
+    def composition_matrices(query_w: dict[int, Tensor], key_w: dict[int, Tensor]) -> list[Tensor | None]:
         """[QW, KW] of the pre- and of the post-composition, None where one is off (KW also where query-wise), from
         {composition: QW (B, G, T, M, M)} and {composition: KW (B, G, M, M, S)}."""
         return [matrix for which in (0, 1) for matrix in (query_w.get(which), key_w.get(which))]

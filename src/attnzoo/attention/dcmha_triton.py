@@ -24,10 +24,10 @@ Notation per (t, s) and head n, with w1 = qw1/kw1, w2 = qw2/kw2, dd = qdd/kdd of
 
 the rank-R form of ``compose_merged`` (x = logits before the softmax, probabilities after it).
 
-:func:`fused_attention` is what ``DynamicallyComposableAttention.forward`` calls where :func:`runs_on` holds;
-it returns None (and the layer runs its PyTorch path) for anything the kernel does not do: cached decoding,
-a positional bias (ALiBi), the static projection, attention dropout, recorded maps, a bidirectional model, the
-eager backend (the reference), float64, or sizes past the kernel's register budget.
+:func:`fused_attention` is what the ``dcmha-triton`` kernel record (``kernels/dcmha_triton.py``) runs; the record
+refuses, and the layer runs its next kernel, for anything the kernel does not do: cached decoding, a positional bias
+(ALiBi), the static projection, attention dropout, recorded maps, a bidirectional model, float64, or sizes past the
+kernel's register budget.
 """
 
 from __future__ import annotations
@@ -42,8 +42,7 @@ from torch import Tensor
 from attnzoo.validation import is_int, require
 
 if TYPE_CHECKING:
-    from attnzoo.attention.base import AttentionContext
-    from attnzoo.attention.dcmha import DynamicallyComposableAttention, Mixing
+    from attnzoo.attention.dcmha import Mixing
 
 try:
     import triton
@@ -51,54 +50,20 @@ try:
 except ImportError:  # the optional extra is absent: the PyTorch path serves every device
     triton = None
 
-# False: CUDA too takes the PyTorch path (comparisons, debugging); torch.compile guards on it.
-USE_KERNEL = True
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-MAX_HEADS_PER_GROUP = 32  # M: every tile holds (M, BT, BS) scores and (R, M, BT, BS) mixing products
-MAX_HEAD_DIM = 128
 
 
-def runs_on(q: Tensor) -> bool:
-    """Whether the kernel can run on ``q``'s device at all: CUDA, with Triton installed (and ``USE_KERNEL``).
-
-    A cheap test the layer makes before anything else, so ``torch.compile`` of a CPU model never meets the
-    (compile-disabled) kernel call."""
-    return USE_KERNEL and triton is not None and q.is_cuda
-
-
-def unsupported(q: Tensor, k: Tensor, ctx: AttentionContext, layer: DynamicallyComposableAttention) -> str | None:
-    """Why the kernel cannot compute this call exactly (the PyTorch path must), or None if it can."""
-    heads_per_group = layer.n_heads // layer.num_groups
-    reasons = {
-        "the backend is not 'auto' ('eager' forces the reference)": ctx.backend != "auto",
-        "attention maps or logits are recorded": ctx.records_scores,
-        "the model is bidirectional": not ctx.causal,
-        "the positional scheme adds a score bias": ctx.position_bias(1, ctx.positions[:1], ctx.positions[:1])
-        is not None,
-        "static_proj adds the static matrix W_b": layer.static_w is not None,
-        "attention dropout is on": layer.attn_dropout > 0,
-        f"dtype {q.dtype} is not fp32, bf16 or fp16": q.dtype not in KERNEL_DTYPES or k.dtype != q.dtype,
-        f"{heads_per_group} heads per group exceed {MAX_HEADS_PER_GROUP}": heads_per_group > MAX_HEADS_PER_GROUP,
-        f"head_dim {q.shape[-1]} exceeds {MAX_HEAD_DIM}": q.shape[-1] > MAX_HEAD_DIM,
-    }
-    return next((reason for reason, applies in reasons.items() if applies), None)
+def runs_on(device_type: str) -> bool:
+    """Whether the kernel can run on a device of this type at all: CUDA, with Triton installed."""
+    return triton is not None and device_type == "cuda"
 
 
 @torch.compiler.disable  # the kernels launch from Python; compiled models run them eagerly, between graphs
 def fused_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    ctx: AttentionContext,
-    pre: Mixing | None,
-    post: Mixing | None,
-    layer: DynamicallyComposableAttention,
-) -> Tensor | None:
-    """The layer's attention output (B, H, T, d) by the fused kernel, or None where it does not apply. Called
-    only without a cache: a cached call's keys sit at ring positions, which the kernel does not take."""
-    if unsupported(q, k, ctx, layer) is not None:
-        return None
-    return dcmha_attention(q, k, v, pre, post, num_groups=layer.num_groups, window=layer.window)
+    q: Tensor, k: Tensor, v: Tensor, pre: Mixing | None, post: Mixing | None, *, num_groups: int, window: int | None
+) -> Tensor:
+    """:func:`dcmha_attention` as the layer calls it (``kernels/dcmha_triton.py``, the record, says where)."""
+    return dcmha_attention(q, k, v, pre, post, num_groups=num_groups, window=window)
 
 
 def dcmha_attention(

@@ -10,7 +10,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnzoo.attention import diff_cpu
 from attnzoo.attention.base import ATTENTION, Attention, AttentionContext, CacheBuffer, residual_linear
 from attnzoo.attention.kernels import attend
 from attnzoo.cache import LayerCache
@@ -18,6 +17,7 @@ from attnzoo.precision import compute_dtype
 from attnzoo.validation import require
 
 if TYPE_CHECKING:
+    from attnzoo.attention.kernels.eager import PyTorchKernel
     from attnzoo.config import ModelConfig
 
 
@@ -74,6 +74,8 @@ class DifferentialAttention(Attention[DiffOptions]):
     map_note = "the differential map softmax(A1) − λ·softmax(A2), signed (rows sum to 1 − λ)"
 
     Options = DiffOptions
+    # The fused CPU kernel where it serves the call, else A1·V − λ·A2·V by two SDPA calls.
+    kernels = ("diff-flash", "sdpa")
     # Kv head j owns rows [j·2d, (j+1)·2d) of both: key sub-heads 2j and 2j+1 (striped), and one value head of
     # width 2d. Pooling whole kv heads keeps every A1 key with A1's and every A2 key with A2's, so the grouped
     # model keeps the flash semantics (differential head i reads kv head i // (H / H_kv)).
@@ -118,12 +120,6 @@ class DifferentialAttention(Attention[DiffOptions]):
         }
 
     @classmethod
-    def fused_cpu_kernel(cls, cfg: ModelConfig) -> str | None:
-        if not cfg.causal or cfg.dropout > 0:  # diff_cpu.unsupported's static reasons
-            return None
-        return diff_cpu.kernel_name()
-
-    @classmethod
     def qk_head_dim(cls, cfg: ModelConfig) -> int:
         return cfg.head_dim // 2
 
@@ -147,22 +143,19 @@ class DifferentialAttention(Attention[DiffOptions]):
         q, k = ctx.rotate(q), ctx.rotate(k)
         if cache is not None:
             k, v = cache.update(ctx, k=k, v=v)
-        lam = self.lambda_full()
-        if diff_cpu.unsupported(q, k, ctx, self.n_heads, self.attn_dropout) is None:
-            slopes = ctx.bias_slopes(self.n_heads) if ctx.position.adds_bias else None
-            attn = diff_cpu.diff_attention(q, k, v, lam, slopes)
-        else:
-            attn = self.two_map_attention(q, k, v, lam, ctx)
+        attn = attend(self, q, k, v, ctx, cached=cache is not None, lam=self.lambda_full())
         attn = self.head_norm(attn) * (1 - self.lambda_init)
         return self.out_proj(attn.transpose(1, 2).reshape(batch, seq_len, -1))
 
-    def two_map_attention(self, q: Tensor, k: Tensor, v: Tensor, lam: Tensor, ctx: AttentionContext) -> Tensor:
-        """(A1 − λ·A2)·V as A1·V − λ·A2·V, each through ``attend``: the PyTorch path, and the reference of the
-        fused CPU kernel (``diff_cpu``)."""
+    def pytorch_attention(
+        self, kernel: PyTorchKernel, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, *, lam: Tensor
+    ) -> Tensor:
+        """(A1 − λ·A2)·V as A1·V − λ·A2·V, one kernel call per map: the PyTorch path, and the reference of the fused
+        CPU kernel (``diff-flash``)."""
         q1, q2, k1, k2 = q[:, 0::2], q[:, 1::2], k[:, 0::2], k[:, 1::2]
         # Wider values than queries: the SDPA kernel pads q and k where it must (sdpa_pads_queries).
-        attn1, probs1 = attend(q1, k1, v, ctx, dropout_p=self.attn_dropout, record=False)
-        attn2, probs2 = attend(q2, k2, v, ctx, dropout_p=self.attn_dropout, record=False)
+        attn1, probs1 = kernel(q1, k1, v, ctx, dropout_p=self.attn_dropout, record=False)
+        attn2, probs2 = kernel(q2, k2, v, ctx, dropout_p=self.attn_dropout, record=False)
         if probs1 is not None and probs2 is not None:
             ctx.record(probs1 - lam * probs2)
         # (A1 − λ·A2)·V = A1·V − λ·A2·V, so the fast path never forms the difference map.

@@ -13,6 +13,7 @@ from attnzoo.cache import LayerCache
 from attnzoo.registry import NoOptions
 
 if TYPE_CHECKING:
+    from attnzoo.attention.kernels.eager import PyTorchKernel
     from attnzoo.config import ModelConfig
 
 
@@ -56,11 +57,18 @@ class DiffV2Attention(Attention[NoOptions]):
         if cache is not None:
             k, v = cache.update(ctx, k=k, v=v)
         lam = torch.sigmoid(self.lambda_proj(x)).transpose(1, 2)[..., None]  # (B, h, T, 1)
-        attn, probs = attend(q, k, v, ctx, dropout_p=self.attn_dropout, bias_repeat=2, record=False)
+        attn = attend(self, q, k, v, ctx, cached=cache is not None, lam=lam)
+        return self.o_proj(attn.transpose(1, 2).reshape(batch, seq_len, -1))
+
+    def pytorch_attention(
+        self, kernel: PyTorchKernel, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, *, lam: Tensor
+    ) -> Tensor:
+        """One call over the 2h query heads, adjacent pairs sharing a positional-bias head, then head 2i minus λ
+        times head 2i + 1, for the outputs and for the recorded map."""
+        attn, probs = kernel(q, k, v, ctx, dropout_p=self.attn_dropout, bias_repeat=2, record=False)
         if probs is not None:
             ctx.record(probs[:, 0::2] - lam * probs[:, 1::2])
-        attn = attn[:, 0::2] - lam * attn[:, 1::2]
-        return self.o_proj(attn.transpose(1, 2).reshape(batch, seq_len, -1))
+        return attn[:, 0::2] - lam * attn[:, 1::2]
 
     @classmethod
     def cache_layout(cls, cfg: ModelConfig) -> list[CacheBuffer]:

@@ -1,8 +1,8 @@
 """Fused CPU attention kernels: a C++ extension (``csrc/``) built on first use and cached.
 
 The library holds three kernels: ALiBi's, here; DCMHA's (``csrc/dcmha_fused.cpp``, whose autograd wrapper is
-:mod:`attnzoo.attention.dcmha_cpu`); and differential attention's (``csrc/diff_flash.cpp``, wrapped by
-:mod:`attnzoo.attention.diff_cpu`).
+:mod:`attnzoo.attention.kernels.dcmha_fused`); and differential attention's (``csrc/diff_flash.cpp``, wrapped by
+:mod:`attnzoo.attention.kernels.diff_flash`).
 
 :func:`alibi_flash_attention` is causal ALiBi attention, softmax(q·kᵀ/√d + m_h·(j − i))·V with the official
 slopes m_h (Press et al., 2022), by a flash-style kernel that adds the bias as it computes each score tile, so

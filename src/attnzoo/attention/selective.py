@@ -287,5 +287,5 @@ class SelectiveAttention(MultiHeadAttention[SelectiveOptions]):
         q, k = ctx.rotate(q), ctx.rotate(k)
         if cache is not None:
             k, v = cache.update(ctx, k=k, v=v)
-        out, _ = attend(q, k, v, ctx, dropout_p=self.attn_dropout, query_scale=tau_q)
+        out = attend(self, q, k, v, ctx, cached=cache is not None, query_scale=tau_q)
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq_len, -1))

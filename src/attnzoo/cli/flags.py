@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from attnzoo.attention import ATTENTION
-from attnzoo.config import ATTN_BACKENDS, MLP_KINDS, NORM_KINDS, ModelConfig, parse_key_value
+from attnzoo.config import MLP_KINDS, NORM_KINDS, ModelConfig, attn_backends, parse_key_value
 from attnzoo.positions import POSITIONS
 from attnzoo.training.config import (
     DEFAULT_MODEL,
@@ -62,7 +62,7 @@ MODEL_CHOICES = {
     "position": POSITIONS.names(),
     "mlp": list(MLP_KINDS),
     "norm": list(NORM_KINDS),
-    "attn_backend": list(ATTN_BACKENDS),
+    "attn_backend": attn_backends(),
 }
 TRAIN_CHOICES = {"dtype": list(DTYPES), "parallel": list(PARALLEL_STRATEGIES)}
 # Fields set otherwise: the vocabulary by the tokenizer, the options by --attention-option/--position-option.

@@ -8,7 +8,7 @@ import argparse
 import torch
 
 from attnzoo.attention import ATTENTION
-from attnzoo.attention.kernels import linear_bias_kernel
+from attnzoo.attention.kernels import Call, choose
 from attnzoo.cli.command import path_argument
 from attnzoo.cli.flags import (
     add_config_argument,
@@ -87,22 +87,21 @@ def cache_lines(cfg: ModelConfig, context: int, batch_size: int) -> list[str]:
     return lines
 
 
-def cpu_kernel(model: Transformer) -> str:
-    """The kernel a fresh sequence of this model's attention runs on the CPU in fp32 training, as
-    :func:`~attnzoo.attention.kernels.attend` chooses it (without building anything)."""
+def cpu_kernels(model: Transformer) -> list[str]:
+    """The kernel each layer's attention runs on a fresh fp32 training sequence on the CPU, as
+    :func:`~attnzoo.attention.kernels.choose` picks it for that call (without building anything): its name, what
+    runs, and the layers where the layers differ."""
     cfg = model.config
-    if cfg.attn_backend == "eager":
-        return "the eager reference (attn_backend='eager')"
-    mechanism = ATTENTION.get(cfg.attention)
-    if (fused := mechanism.fused_cpu_kernel(cfg)) is not None:
-        return fused
-    if mechanism.needs_scores:
-        return "the chunked eager kernel: the mechanism acts on the scores"
-    if model.position.adds_bias and cfg.causal:
-        if model.position.bias_slopes(cfg.n_heads) is not None:
-            return linear_bias_kernel(torch.device("cpu"), torch.float32, cfg.dropout)
-        return "SDPA flash (CPU) with a (1, H, T, T) bias"
-    return "SDPA flash (CPU)"
+    call = Call.planned(cfg, model.position)
+    chosen: dict[str, list[int]] = {}
+    described = {}
+    for block in model.layers:
+        kernel = choose(block.self_attn, call)
+        chosen.setdefault(kernel.name, []).append(block.self_attn.layer_idx)
+        described[kernel.name] = kernel.description(cfg, model.position)
+    if len(chosen) == 1:
+        return [f"{name}: {described[name]}" for name in chosen]
+    return [f"{name}: {described[name]} (layers {layers})" for name, layers in chosen.items()]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -134,7 +133,9 @@ def run(args: argparse.Namespace) -> int:
         print("  none: a bidirectional model (causal=False) has no cache and does not generate")
     for line in cache_lines(model_config, context, args.cache_batch) if model_config.causal else ():
         print(f"  {line}")
-    print(f"\nattention kernel (CPU, fp32 training)\n  {cpu_kernel(model)}")
+    print("\nattention kernel (CPU, fp32 training)")
+    for line in cpu_kernels(model):
+        print(f"  {line}")
     print("\nmodel config\n" + model_config.to_json())
     if train_config is not None:
         print("train config\n" + train_config.to_json())

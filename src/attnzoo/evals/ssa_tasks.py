@@ -140,7 +140,7 @@ def evaluate_random_walk(
     return {"loss": total / count, "entropy_floor": floor, "excess_loss": total / count - floor}
 
 
-def _attention_context(model_config, position_encoding, seq_len: int, device: torch.device, causal: bool):
+def _attention_context(position_encoding, seq_len: int, device: torch.device, causal: bool):
     """The context one attention layer needs for a fresh sequence of ``seq_len`` inputs."""
     from attnzoo.attention.base import AttentionContext
     from attnzoo.precision import compute_dtype
@@ -152,7 +152,6 @@ def _attention_context(model_config, position_encoding, seq_len: int, device: to
         start=0,
         position=position_encoding,
         position_state=position_encoding.prepare(positions, seq_len, dtype=dtype),
-        backend=model_config.attn_backend,
         causal=causal,
         dtype=dtype,
     )
@@ -403,7 +402,7 @@ class DenoisingModel(nn.Module):
     def forward(self, features: Tensor, target: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
         """(B, n + 1, d + 1) features → the (B, d) estimate of e_q; with ``target``, also the squared error."""
         x = self.read_in(features)
-        ctx = _attention_context(self.model_config, self.position, x.shape[1], x.device, causal=True)
+        ctx = _attention_context(self.position, x.shape[1], x.device, causal=True)
         position_embedding = self.position.embed(ctx.positions)
         if position_embedding is not None:
             x = x + position_embedding.to(x.dtype)

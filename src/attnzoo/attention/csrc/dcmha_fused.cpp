@@ -26,7 +26,7 @@
 //
 // Tile products are BLAS calls on views of the operands and of per-task scratch (attnzoo_cpu::gemm); the
 // elementwise steps (composition, softmax and their adjoints) are written here with ATen's vector type, over each
-// row's visible columns only. Math is fp32: the Python side upcasts bf16 operands (attnzoo.attention.dcmha_cpu).
+// row's visible columns only. Math is fp32: the Python side upcasts bf16 operands (attnzoo.attention.kernels.dcmha_fused).
 //
 // Parallelism: the forward pass over (batch, group, query tile), whose outputs are disjoint. In the backward
 // pass the key-side gradients (dK, dV, dKW, dKW') of one (batch, group) collect every query tile's share; each

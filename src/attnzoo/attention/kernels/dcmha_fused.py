@@ -1,4 +1,5 @@
-"""DCMHA's fused CPU kernel (``csrc/dcmha_fused.cpp``): the layer's attention with no (B, N, T, S) tensor.
+"""``dcmha-fused`` and ``dcmha-decode``: DCMHA's fused CPU kernels (``csrc/dcmha_fused.cpp``), the layer's attention
+with no (B, N, T, S) tensor.
 
 One task computes one query tile of one composition group against every key the tile sees: the logits of its M
 heads, the pre-composition with the merged per-token matrices QW[t] + KW[s] (``dcmha.query_matrices``,
@@ -8,7 +9,7 @@ backward pass recomputes a tile and runs the chain rule through the composition,
 composition (the equations are in the source's header). Gradients flow to q, k, v and to QW and KW, whose own
 graph (the dynamic-weight projection) autograd differentiates as before.
 
-Why this and not the chunked path (``kernels.chunked_attention``): there a block's composition is a chain of
+Why this and not the chunked path (``kernels/chunked.py``): there a block's composition is a chain of
 einsums, each a pass over the scores with its own copies, recorded by autograd and recomputed for the backward
 pass; here each row's composition is one vectorised loop over the M heads' scores while they are in cache, and
 the backward pass is written out rather than recorded. Why C++ (``attention/fused_cpu.py`` builds it with the
@@ -21,26 +22,29 @@ multiplies the new query's row over the cache's slots in place, reading the cach
 the token's own matrices come from ``dcmha_step_weights`` (:func:`step_weights`), one call for what the PyTorch
 path does in about 85 operators a layer.
 
-It runs where :func:`unsupported` finds no reason not to; the layer otherwise takes its PyTorch path, which is
-also the reference the tests hold the kernel to.
+The records' reasons say where each runs; the layer otherwise takes its next kernel (the chunked PyTorch path), which is
+also the reference the tests hold the kernels to.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from attnzoo.attention import fused_cpu
+from attnzoo.attention.kernels.cpu import cpu_reasons, extension_reasons
+from attnzoo.attention.kernels.kernel import Call, Kernel, register_kernel
 
 if TYPE_CHECKING:
     from attnzoo.attention.base import AttentionContext
-    from attnzoo.attention.dcmha import DynamicallyComposableAttention
+    from attnzoo.attention.dcmha import Composed, DynamicallyComposableAttention
+    from attnzoo.config import ModelConfig
+    from attnzoo.positions import PositionalEncoding
 
-# False: the layer takes its PyTorch path on CPU too (comparisons, benchmarks).
-USE_KERNEL = True
 KERNEL_NAME = "dcmha-fused (C++, CPU)"
 DECODE_KERNEL_NAME = "dcmha-decode (C++, CPU)"
 MAX_HEADS_PER_GROUP = 32  # the source's kMaxHeads: a row's M head scores are held as M vectors
@@ -62,44 +66,6 @@ def query_tile(heads_per_group: int, keys: int) -> int:
     [MIN_ROWS, MAX_ROWS] whose (M, rows, keys) fp32 buffer fits :data:`SCRATCH_BYTES`."""
     rows = SCRATCH_BYTES // (4 * heads_per_group * keys)
     return max(MIN_ROWS, min(MAX_ROWS, 1 << max(0, rows.bit_length() - 1)))
-
-
-def unsupported(
-    q: Tensor, k: Tensor, ctx: AttentionContext, layer: DynamicallyComposableAttention, *, decoding: bool = False
-) -> str | None:
-    """Why the kernel cannot compute this call's attention exactly (the PyTorch path must), or None if it can: a
-    fresh sequence's (``dcmha_fused_forward``), or with ``decoding`` a cached step's, ``k`` the cache's keys
-    (``dcmha_decode_forward``). The last reason builds the extension the first time it is asked (about a minute)."""
-    heads_per_group = layer.n_heads // layer.num_groups
-    dtypes = (torch.float32,) if decoding else fused_cpu.DTYPES  # a step would upcast the whole cache
-    reasons = {
-        "the kernel is switched off (dcmha_cpu.USE_KERNEL)": not USE_KERNEL,
-        "the tensors are not on the CPU": q.device.type != "cpu",
-        "torch.compile is tracing (the op has no fake kernel)": torch.compiler.is_compiling(),
-        "the backend is not 'auto' ('eager' forces the reference)": ctx.backend != "auto",
-        "compile_composition asks for the compiled PyTorch composition": layer.options.compile_composition,
-        "attention maps or logits are recorded": ctx.records_scores,
-        "the model is bidirectional": not ctx.causal,
-        "the queries continue a cache": not decoding and (ctx.start != 0 or q.shape[2] != k.shape[2]),
-        "a cached call of several queries (a chunked prefill) or a static step": decoding
-        and (q.shape[2] != 1 or ctx.static),
-        "the positional bias is not a linear one (ALiBi)": ctx.position.adds_bias
-        and ctx.bias_slopes(layer.n_heads) is None,
-        "attention dropout is on": layer.attn_dropout > 0,
-        f"dtype {q.dtype} is not one of {list(dtypes)}": q.dtype not in dtypes or k.dtype != q.dtype,
-        f"{heads_per_group} heads per group exceed {MAX_HEADS_PER_GROUP}": heads_per_group > MAX_HEADS_PER_GROUP,
-        f"the fused CPU kernels are {fused_cpu.status()}": not fused_cpu.available(),
-    }
-    return next((reason for reason, applies in reasons.items() if applies), None)
-
-
-def kernel_name(heads_per_group: int) -> str | None:
-    """The kernel's name and build state where a fresh fp32 sequence of a layer with this group size runs on it,
-    without building anything (``attnzoo info``); None where the PyTorch path runs."""
-    status = fused_cpu.status()
-    if not USE_KERNEL or heads_per_group > MAX_HEADS_PER_GROUP or status.startswith("unavailable"):
-        return None
-    return f"{KERNEL_NAME}, {status}"
 
 
 class FusedDCMHA(torch.autograd.Function):
@@ -158,7 +124,7 @@ def dcmha_attention(
     (B, G, T, M, M) and KW (B, G, M, M, T), fp32, None where a composition is off (KW also where query-wise);
     ``slopes`` (H,) adds ALiBi's m_h·(s − t) to the logits; ``window``: a query sees its last ``window`` keys.
     Query head h reads kv head h // (H / H_kv). Returns (B, H, T, d_v) in q's dtype; raises where the extension
-    cannot be built (:func:`unsupported` says so beforehand)."""
+    cannot be built (the record's reasons say so beforehand)."""
     if not fused_cpu.available():  # builds the library the first time
         raise RuntimeError(f"the fused CPU kernels are {fused_cpu.status()}")
     matrices = [None if m is None else m.contiguous() for m in matrices]
@@ -198,18 +164,17 @@ def step_weights(
     M)}, {composition: KW (B, G, M, M, 1)}), the values ``query_matrices`` and ``key_matrices`` give after the
     layer's dynamic-weight projection of ``x`` (B, 1, D). None where the PyTorch path must form them: several
     tokens, autograd wanted, a dtype other than fp32 or autocast, no composition, a static or traced step, the eager
-    backend, the library not built. The PyTorch path runs about 85 operators a layer here, whose dispatch took about
-    1.2 ms of a 4.1 ms step of a 4-layer model (1,024-token context, 1 thread)."""
+    backend (the reference throughout), the library not built. The PyTorch path runs about 85 operators a layer
+    here, whose dispatch took about 1.2 ms of a 4.1 ms step of a 4-layer model (1,024-token context, 1 thread)."""
     opts, projection = layer.options, layer.dyn_w_proj
     weights = [projection.dw1, projection.qkw, projection.dd] + ([] if layer.static_w is None else [layer.static_w])
     compositions = [which for which, on in enumerate((opts.pre_compose, opts.post_compose)) if on]
     if (
-        not USE_KERNEL
-        or not compositions
+        not compositions
         or x.shape[1] != 1
         or x.device.type != "cpu"
         or ctx.static
-        or ctx.backend != "auto"
+        or layer.kernel_chain[0].name == "eager"
         or torch.compiler.is_compiling()
         or torch.is_autocast_enabled(x.device.type)  # the PyTorch path's matmuls would run in the autocast dtype
         or any(t.dtype != torch.float32 for t in (x, *weights))
@@ -223,3 +188,115 @@ def step_weights(
     queries = {which: query_w[i] for i, which in enumerate(compositions)}
     keys = {} if opts.query_wise else {which: key_w[:, i, ..., None] for i, which in enumerate(compositions)}
     return queries, keys
+
+
+def static_reasons(cfg: ModelConfig) -> Iterator[str]:
+    opts = cfg.attention_opts
+    if opts.compile_composition:
+        yield "compile_composition asks for the compiled PyTorch composition"
+    if not cfg.causal:
+        yield "the model is bidirectional"
+    heads_per_group = cfg.n_heads // opts.num_groups
+    if heads_per_group > MAX_HEADS_PER_GROUP:
+        yield f"{heads_per_group} heads per group exceed {MAX_HEADS_PER_GROUP}"
+
+
+def layer_reasons(layer: DynamicallyComposableAttention, call: Call, dtypes: tuple[torch.dtype, ...]) -> Iterator[str]:
+    if call.position.adds_bias and call.position.bias_slopes(layer.n_heads) is None:
+        yield "the positional bias is not a linear one (ALiBi)"
+    if call.dropout > 0:
+        yield "attention dropout is on"
+    if call.dtype not in dtypes or call.key_dtype != call.dtype:
+        yield f"dtype {call.dtype} is not one of {list(dtypes)}"
+    yield from extension_reasons(call)
+
+
+def fused_reasons(layer: DynamicallyComposableAttention, call: Call) -> Iterator[str]:
+    yield from cpu_reasons(call)
+    if call.start != 0:  # a prefill into an empty cache is a fresh sequence
+        yield "the queries continue a cache"
+    yield from layer_reasons(layer, call, fused_cpu.DTYPES)
+
+
+def decode_reasons(layer: DynamicallyComposableAttention, call: Call) -> Iterator[str]:
+    yield from cpu_reasons(call)
+    if not call.cached or call.start == 0:
+        yield "the queries do not continue a cache"
+    if call.queries != 1 or call.static:
+        yield "a cached call of several queries (a chunked prefill) or a static step"
+    yield from layer_reasons(layer, call, (torch.float32,))  # a step in bf16 would upcast the whole cache
+
+
+def run_fused(
+    layer: DynamicallyComposableAttention,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    ctx: AttentionContext,
+    *,
+    composed: Composed,
+) -> Tensor:
+    """The call's own keys and values (a prefill's, not the cache's buffers) and KW of its own tokens."""
+    return dcmha_attention(
+        q,
+        composed.fresh_k,
+        composed.fresh_v,
+        layer.composition_matrices(composed.query_w, composed.new_kw),
+        slopes=ctx.bias_slopes(layer.n_heads),
+        groups=layer.num_groups,
+        window=layer.window,
+    )
+
+
+def run_decode(
+    layer: DynamicallyComposableAttention,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    ctx: AttentionContext,
+    *,
+    composed: Composed,
+) -> Tensor:
+    return decode_attention(
+        q,
+        k,
+        v,
+        layer.composition_matrices(composed.query_w, composed.key_w),
+        slopes=ctx.bias_slopes(layer.n_heads),
+        key_positions=composed.key_positions,
+        query_position=ctx.start,
+        groups=layer.num_groups,
+        window=layer.window,
+    )
+
+
+def describe_fused(cfg: ModelConfig, position: PositionalEncoding) -> str:
+    return f"{KERNEL_NAME}, {fused_cpu.status()}"
+
+
+def describe_decode(cfg: ModelConfig, position: PositionalEncoding) -> str:
+    return f"{DECODE_KERNEL_NAME}, {fused_cpu.status()}"
+
+
+DCMHA_FUSED = register_kernel(
+    Kernel(
+        name="dcmha-fused",
+        display_name=KERNEL_NAME,
+        run=run_fused,
+        serves=("dcmha",),
+        static_reasons=static_reasons,
+        call_reasons=fused_reasons,
+        describe=describe_fused,
+    )
+)
+DCMHA_DECODE = register_kernel(
+    Kernel(
+        name="dcmha-decode",
+        display_name=DECODE_KERNEL_NAME,
+        run=run_decode,
+        serves=("dcmha",),
+        static_reasons=static_reasons,
+        call_reasons=decode_reasons,
+        describe=describe_decode,
+    )
+)

@@ -1,4 +1,5 @@
-"""Differential attention's fused CPU kernel (``csrc/diff_flash.cpp``): both softmax maps of a head in one task.
+"""``diff-flash``: differential attention's fused CPU kernel (``csrc/diff_flash.cpp``), both softmax maps of a head in
+one task, for a fresh causal sequence.
 
 The PyTorch path computes (A1 − λ·A2)·V as A1·V − λ·A2·V with two SDPA calls, so V is multiplied twice forward and,
 backward, dP = dO·Vᵀ and dV are each taken once per map. The kernel holds both maps of a query tile at once: the
@@ -6,52 +7,30 @@ forward pass multiplies them by V stacked in one product, and the backward pass 
 takes dV = (A1 − λA2)ᵀ·dO once, which saves about a fifth of the attention's FLOPs. Neither pass holds a T×T
 tensor; ALiBi's bias, shared by both maps, is added inside the tiles. ``csrc/diff_flash.cpp`` derives it.
 
-It runs where :func:`unsupported` finds no reason not to; the layer otherwise takes its PyTorch path, which is also
-the reference the tests hold the kernel to.
+The record's reasons say where it runs; the layer otherwise takes its next kernel (two SDPA calls), whose PyTorch
+path is also the reference the tests hold the kernel to.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from attnzoo.attention import fused_cpu
+from attnzoo.attention.kernels.cpu import cpu_reasons, extension_reasons
+from attnzoo.attention.kernels.kernel import Call, Kernel, register_kernel
 
 if TYPE_CHECKING:
     from attnzoo.attention.base import AttentionContext
+    from attnzoo.attention.diff import DifferentialAttention
+    from attnzoo.config import ModelConfig
+    from attnzoo.positions import PositionalEncoding
 
-# False: the layer takes its PyTorch path on CPU too (comparisons, benchmarks).
-USE_KERNEL = True
 KERNEL_NAME = "diff-flash (fused C++, CPU)"
-
-
-def unsupported(q: Tensor, k: Tensor, ctx: AttentionContext, n_heads: int, attn_dropout: float) -> str | None:
-    """Why the kernel cannot compute this fresh sequence's attention exactly (the PyTorch path must), or None if it
-    can. The last reason builds the extension the first time it is asked (about a minute)."""
-    reasons = {
-        "the kernel is switched off (diff_cpu.USE_KERNEL)": not USE_KERNEL,
-        "the tensors are not on the CPU": q.device.type != "cpu",
-        "torch.compile is tracing (the op has no fake kernel)": torch.compiler.is_compiling(),
-        "the backend is not 'auto' ('eager' forces the reference)": ctx.backend != "auto",
-        "attention maps or logits are recorded": ctx.records_scores,
-        "the model is bidirectional": not ctx.causal,
-        "the queries continue a cache": ctx.start != 0 or q.shape[2] != k.shape[2],
-        "the positional bias is not a linear one (ALiBi)": ctx.position.adds_bias and ctx.bias_slopes(n_heads) is None,
-        "attention dropout is on": attn_dropout > 0,
-        f"dtype {q.dtype} is not fp32 or bf16": q.dtype not in fused_cpu.DTYPES or k.dtype != q.dtype,
-        f"the fused CPU kernels are {fused_cpu.status()}": not fused_cpu.available(),
-    }
-    return next((reason for reason, applies in reasons.items() if applies), None)
-
-
-def kernel_name() -> str | None:
-    """The kernel's name and build state where a fresh fp32 sequence runs on it, without building anything
-    (``attnzoo info``); None where the PyTorch path runs."""
-    status = fused_cpu.status()
-    return None if not USE_KERNEL or status.startswith("unavailable") else f"{KERNEL_NAME}, {status}"
 
 
 class FusedDiff(torch.autograd.Function):
@@ -88,9 +67,49 @@ def diff_attention(q: Tensor, k: Tensor, v: Tensor, lam: Tensor, slopes: Tensor 
     of head h at 2h (map 1) and 2h + 1 (map 2), v (B, H_kv, T, 2d); head h reads kv head h // (H / H_kv).
     Returns (softmax(S1) − λ·softmax(S2))·V, (B, H, T, 2d) in q's dtype, with S_m = q_m·k_mᵀ/√d plus ALiBi's
     m_h·(j − i) where ``slopes`` (H,) is given; differentiable in q, k, v and the scalar λ. Raises where the
-    extension cannot be built (:func:`unsupported` says so beforehand)."""
+    extension cannot be built (the record's reasons say so beforehand)."""
     if not fused_cpu.available():  # builds the library the first time
         raise RuntimeError(f"the fused CPU kernels are {fused_cpu.status()}")
     if slopes is None:
         slopes = torch.zeros(q.shape[1] // 2, dtype=torch.float32)
     return FusedDiff.apply(q, k, v, lam, slopes)
+
+
+def static_reasons(cfg: ModelConfig) -> Iterator[str]:
+    if not cfg.causal:
+        yield "the model is bidirectional"
+
+
+def call_reasons(layer: DifferentialAttention, call: Call) -> Iterator[str]:
+    yield from cpu_reasons(call)
+    if call.start != 0 or call.queries != call.keys:
+        yield "the queries continue a cache"
+    if call.position.adds_bias and call.position.bias_slopes(layer.n_heads) is None:
+        yield "the positional bias is not a linear one (ALiBi)"
+    if call.dropout > 0:
+        yield "attention dropout is on"
+    if call.dtype not in fused_cpu.DTYPES or call.key_dtype != call.dtype:
+        yield f"dtype {call.dtype} is not fp32 or bf16"
+    yield from extension_reasons(call)
+
+
+def run(layer: DifferentialAttention, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, *, lam: Tensor) -> Tensor:
+    slopes = ctx.bias_slopes(layer.n_heads) if ctx.position.adds_bias else None
+    return diff_attention(q, k, v, lam, slopes)
+
+
+def describe(cfg: ModelConfig, position: PositionalEncoding) -> str:
+    return f"{KERNEL_NAME}, {fused_cpu.status()}"
+
+
+DIFF_FLASH = register_kernel(
+    Kernel(
+        name="diff-flash",
+        display_name=KERNEL_NAME,
+        run=run,
+        serves=("diff",),
+        static_reasons=static_reasons,
+        call_reasons=call_reasons,
+        describe=describe,
+    )
+)

@@ -1,0 +1,127 @@
+"""The kernel record, what its reasons read of a call, and the registry of kernels.
+
+A kernel is a way to compute a layer's attention. Its record says which mechanisms it serves, why it cannot serve a
+configuration (static reasons, asked once when the config is built) and why it cannot compute one call exactly
+(per-call reasons, asked lazily and in order, so a reason that builds the C++ extension is asked last and only where
+every cheaper one passed), and runs it. Each mechanism names its kernels in order of preference
+(``Attention.kernels``); :func:`~attnzoo.attention.kernels.dispatch.attend` runs the first that serves the call, the
+eager reference last.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from attnzoo.registry import Registry
+
+if TYPE_CHECKING:
+    from attnzoo.attention.base import Attention, AttentionContext
+    from attnzoo.config import ModelConfig
+    from attnzoo.positions import PositionalEncoding
+
+
+@dataclass(frozen=True)
+class Call:
+    """One attention call as the kernels' per-call reasons read it: built from the tensors (:meth:`of`), or planned
+    from a config without any (``attnzoo info``)."""
+
+    device_type: str
+    dtype: torch.dtype  # the queries'
+    key_dtype: torch.dtype
+    queries: int
+    keys: int  # the keys the queries attend over: the cache's on a cached call
+    start: int | None  # positions already cached; None on a static step
+    cached: bool  # the layer was given a cache (a prefill into an empty one included)
+    static: bool  # a static decoding step (``attnzoo.cache``)
+    records_scores: bool  # maps or logits are recorded: only the eager reference returns them
+    dropout: float  # the layer's attention dropout in this call (0 outside training)
+    compiling: bool  # torch.compile is tracing
+    position: PositionalEncoding  # the model's positional scheme
+    # Whether a reason may build the C++ extension to answer; False where the call is only described.
+    build: bool = True
+
+    @classmethod
+    def of(cls, layer: Attention, q: Tensor, k: Tensor, ctx: AttentionContext, *, cached: bool) -> Call:
+        return cls(
+            device_type=q.device.type,
+            dtype=q.dtype,
+            key_dtype=k.dtype,
+            queries=q.shape[2],
+            keys=k.shape[2],
+            start=ctx.start,
+            cached=cached,
+            static=ctx.static,
+            records_scores=ctx.records_scores,
+            dropout=layer.attn_dropout,
+            compiling=torch.compiler.is_compiling(),
+            position=ctx.position,
+        )
+
+    @classmethod
+    def planned(cls, cfg: ModelConfig, position: PositionalEncoding, length: int = 2) -> Call:
+        """A fresh fp32 training sequence on the CPU, the call ``attnzoo info`` describes, without building anything."""
+        return cls(
+            device_type="cpu",
+            dtype=torch.float32,
+            key_dtype=torch.float32,
+            queries=length,
+            keys=length,
+            start=0,
+            cached=False,
+            static=False,
+            records_scores=False,
+            dropout=cfg.dropout,
+            compiling=False,
+            position=position,
+            build=False,
+        )
+
+
+def no_reasons(*args: object) -> Iterator[str]:
+    return iter(())
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """A registered way to compute a layer's attention.
+
+    ``run(layer, q, k, v, ctx, **inputs)`` returns the (B, H, T, d_v) output from the layer's rotated queries, its
+    keys and values (the cache's on a cached call) and the mechanism's own inputs (Diff's λ, DCMHA's composition
+    matrices). ``static_reasons(cfg)`` and ``call_reasons(layer, call)`` yield why the kernel cannot serve the
+    configuration, or this :class:`Call`, in order: the first is the one told. ``describe(cfg, position)`` says what
+    runs, with a build state where there is one (``attnzoo info``).
+    """
+
+    name: str
+    display_name: str
+    run: Callable[..., Tensor]
+    serves: tuple[str, ...] | None = None  # the mechanisms it serves; None: any that names it
+    static_reasons: Callable[[ModelConfig], Iterator[str]] = no_reasons
+    call_reasons: Callable[[Attention, Call], Iterator[str]] = no_reasons
+    describe: Callable[[ModelConfig, PositionalEncoding], str] | None = None
+
+    def static_refusal(self, cfg: ModelConfig) -> str | None:
+        """Why this kernel can never serve ``cfg``'s layers, or None."""
+        if self.serves is not None and cfg.attention not in self.serves:
+            return f"it serves {', '.join(self.serves)} only"
+        return next(self.static_reasons(cfg), None)
+
+    def call_refusal(self, layer: Attention, call: Call) -> str | None:
+        """Why this kernel cannot compute ``call`` exactly, or None: the reasons are asked in order, up to the first
+        that applies."""
+        return next(self.call_reasons(layer, call), None)
+
+    def description(self, cfg: ModelConfig, position: PositionalEncoding) -> str:
+        return self.display_name if self.describe is None else self.describe(cfg, position)
+
+
+KERNELS: Registry[Kernel] = Registry("attention kernel", "attn_backend", "attnzoo.kernels")
+
+
+def register_kernel(kernel: Kernel) -> Kernel:
+    return KERNELS.register(kernel.name)(kernel)

@@ -1,0 +1,404 @@
+"""Which kernel each call runs, pinned for a matrix of configurations: the kernel records and their dispatcher
+(``attention/kernels/``) choose what the layers chose when each picked its own (the table was taken from that code),
+with the fused C++ kernels built or not (everything falls back to the PyTorch path); and how ``attn_backend`` names
+a kernel.
+
+The kernels are observed from outside, by counting calls of their entry points, so the table holds whatever code
+makes the choice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from types import ModuleType
+
+import pytest
+import torch
+import torch.nn.functional as F
+from kernel_checks import on_backend
+
+from attnzoo import ModelConfig, Transformer
+from attnzoo.attention import ATTENTION, dcmha_compiled, fused_cpu
+from attnzoo.attention.kernels import Call, choose, chunked, dcmha_fused, diff_flash, eager, sdpa
+from attnzoo.positions import POSITIONS as POSITIONS_REGISTRY
+
+# label → the entry points whose calls show that kernel ran
+ENTRY_POINTS: dict[str, list[tuple[ModuleType, str]]] = {
+    "sdpa": [(F, "scaled_dot_product_attention")],
+    "sdpa-causal-bias": [(sdpa, "sdpa_with_causal_bias")],
+    "alibi-flash": [(fused_cpu, "alibi_flash_attention")],
+    "chunked": [(chunked, "chunked_attention")],
+    "eager": [(eager, "eager_attention"), (chunked, "eager_attention")],
+    "diff-flash": [(diff_flash, "diff_attention")],
+    "dcmha-fused": [(dcmha_fused, "dcmha_attention")],
+    "dcmha-decode": [(dcmha_fused, "decode_attention")],
+}
+
+
+class Spy:
+    def __init__(self, monkeypatch):
+        self.seen: set[str] = set()
+        for label, points in ENTRY_POINTS.items():
+            for module, name in points:
+                monkeypatch.setattr(module, name, self.counting(label, getattr(module, name)))
+        step_weights = dcmha_fused.step_weights
+
+        def counted_step_weights(*args):
+            matrices = step_weights(*args)
+            if matrices is not None:
+                self.seen.add("dcmha-step-weights")
+            return matrices
+
+        monkeypatch.setattr(dcmha_fused, "step_weights", counted_step_weights)
+
+    def counting(self, label, fn):
+        def wrapper(*args, **kwargs):
+            self.seen.add(label)
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    def take(self) -> str:
+        seen, self.seen = self.seen, set()
+        return "+".join(sorted(seen))
+
+
+MECHANISMS = ["mha", "selective", "diff", "diff_v2", "dcmha"]  # the table's: built in, each with its own row
+POSITION_NAMES = POSITIONS_REGISTRY.names()
+BACKENDS = ["auto", "eager", "sdpa"]
+POSITIONS = ["rope", "alibi"]
+# (name, config changes, dtype): the variations that change a choice
+VARIANTS = [
+    ("plain", {}, torch.float32),
+    ("dropout", {"dropout": 0.1}, torch.float32),
+    ("bidirectional", {"causal": False}, torch.float32),
+    ("bf16", {}, torch.bfloat16),
+]
+
+
+def model_of(attention: str, backend: str, position: str, changes: dict, dtype: torch.dtype) -> Transformer:
+    options = {"window_size": 3, "q_chunk_size": 4} if attention == "dcmha" else {}
+    if attention == "dcmha" and backend == "sdpa":
+        backend = "auto"  # deprecated: runs as 'auto' (tests/test_kernels.py)
+    cfg = ModelConfig(
+        vocab_size=32,
+        dim=32,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        max_seq_len=32,
+        attention=attention,
+        attention_options=options,
+        position=position,
+        attn_backend=backend,
+        **changes,
+    )
+    return Transformer(cfg).to(dtype)
+
+
+def observe(monkeypatch, model: Transformer) -> dict[str, str]:
+    """The kernels of a training forward, an inference forward, a prefill, a cached step and a recording of maps."""
+    spy = Spy(monkeypatch)
+    idx = torch.randint(0, 32, (2, 10))
+    seen = {}
+    model.train()(idx)
+    seen["train"] = spy.take()
+    model.eval()
+    with torch.no_grad():
+        model(idx)
+        seen["inference"] = spy.take()
+        if model.config.causal:
+            cache = model.new_cache(2, 12)
+            model(idx[:, :6], cache=cache)
+            seen["prefill"] = spy.take()
+            model(idx[:, 6:7], cache=cache)
+            model(idx[:, 7:8], cache=cache)
+            seen["step"] = spy.take()
+            model.attention_maps(idx)
+            seen["maps"] = spy.take()
+    return seen
+
+
+def cases():
+    for attention in MECHANISMS:
+        for position in POSITIONS:
+            for backend in BACKENDS:
+                yield attention, position, backend, "plain"
+            for variant, _, _ in VARIANTS[1:]:
+                yield attention, position, "auto", variant
+
+
+def kernel_table(monkeypatch) -> dict[tuple[str, str, str, str], dict[str, str]]:
+    table = {}
+    for attention, position, backend, variant in cases():
+        _, changes, dtype = next(v for v in VARIANTS if v[0] == variant)
+        model = model_of(attention, backend, position, changes, dtype)
+        table[attention, position, backend, variant] = observe(monkeypatch, model)
+    return table
+
+
+S, E, C = "sdpa", "eager", "chunked+eager"
+MAPS = {"maps": E}
+
+
+def generic(train=S, inference=S, prefill=S, step=S):
+    return {"train": train, "inference": inference, "prefill": prefill, "step": step, **MAPS}
+
+
+def bidirectional(train=S, inference=S):
+    return {"train": train, "inference": inference}
+
+
+EAGER = generic(E, E, E, E)
+# ALiBi on a fresh causal sequence: the fused kernel on the CPU (fp32, bf16, without dropout); the prefill runs the
+# blocks only past BIAS_BLOCK_ROWS rows, so at 6 it is one call too. A step attends with one additive mask (SDPA).
+ALIBI = generic("alibi-flash", "alibi-flash", "alibi-flash", S)
+# Dropout is on in training only: there SDPA takes the bias as one additive mask with the causal one.
+ALIBI_DROPOUT = generic(S, "alibi-flash", "alibi-flash", S)
+DIFF = generic("diff-flash", "diff-flash", "diff-flash", S)
+DIFF_DROPOUT = generic(S, "diff-flash", "diff-flash", S)
+DCMHA = generic("dcmha-fused", "dcmha-fused", "dcmha-fused", "dcmha-decode+dcmha-step-weights")
+DCMHA_BF16 = generic("dcmha-fused", "dcmha-fused", "dcmha-fused", C)
+DCMHA_PYTORCH = generic(C, C, C, C)
+
+# Today's choice with the fused C++ kernels built: the mechanisms that act on a single map (mha, selective,
+# diff_v2) share one row, as the table of SDPA's own branches.
+BUILT: dict[tuple[str, str, str, str], dict[str, str]] = {}
+for _mechanism in ("mha", "selective", "diff_v2"):
+    BUILT |= {
+        (_mechanism, "rope", "auto", "plain"): generic(),
+        (_mechanism, "rope", "eager", "plain"): EAGER,
+        (_mechanism, "rope", "sdpa", "plain"): generic(),
+        (_mechanism, "rope", "auto", "dropout"): generic(),
+        (_mechanism, "rope", "auto", "bidirectional"): bidirectional(),
+        (_mechanism, "rope", "auto", "bf16"): generic(),
+        (_mechanism, "alibi", "auto", "plain"): ALIBI,
+        (_mechanism, "alibi", "eager", "plain"): EAGER,
+        (_mechanism, "alibi", "sdpa", "plain"): ALIBI,
+        (_mechanism, "alibi", "auto", "dropout"): ALIBI_DROPOUT,
+        (_mechanism, "alibi", "auto", "bidirectional"): bidirectional(),
+        (_mechanism, "alibi", "auto", "bf16"): ALIBI,
+    }
+BUILT |= {
+    ("diff", "rope", "auto", "plain"): DIFF,
+    ("diff", "rope", "eager", "plain"): EAGER,
+    ("diff", "rope", "sdpa", "plain"): generic(),
+    ("diff", "rope", "auto", "dropout"): DIFF_DROPOUT,
+    ("diff", "rope", "auto", "bidirectional"): bidirectional(),
+    ("diff", "rope", "auto", "bf16"): DIFF,
+    ("diff", "alibi", "auto", "plain"): DIFF,
+    ("diff", "alibi", "eager", "plain"): EAGER,
+    ("diff", "alibi", "sdpa", "plain"): ALIBI,
+    ("diff", "alibi", "auto", "dropout"): DIFF_DROPOUT,
+    ("diff", "alibi", "auto", "bidirectional"): bidirectional(),
+    ("diff", "alibi", "auto", "bf16"): DIFF,
+    ("dcmha", "rope", "auto", "plain"): DCMHA,
+    ("dcmha", "rope", "eager", "plain"): EAGER,
+    ("dcmha", "rope", "sdpa", "plain"): DCMHA,  # 'sdpa' runs as 'auto'
+    ("dcmha", "rope", "auto", "dropout"): generic(C, "dcmha-fused", "dcmha-fused", "dcmha-decode+dcmha-step-weights"),
+    ("dcmha", "rope", "auto", "bidirectional"): bidirectional(C, C),
+    ("dcmha", "rope", "auto", "bf16"): DCMHA_BF16,
+    ("dcmha", "alibi", "auto", "plain"): DCMHA,
+    ("dcmha", "alibi", "eager", "plain"): EAGER,
+    ("dcmha", "alibi", "sdpa", "plain"): DCMHA,
+    ("dcmha", "alibi", "auto", "dropout"): generic(C, "dcmha-fused", "dcmha-fused", "dcmha-decode+dcmha-step-weights"),
+    ("dcmha", "alibi", "auto", "bidirectional"): bidirectional(C, C),
+    ("dcmha", "alibi", "auto", "bf16"): DCMHA_BF16,
+}
+
+
+def unbuilt(key: tuple[str, str, str, str], choice: dict[str, str]) -> dict[str, str]:
+    """The choice where the fused C++ kernels cannot be built: DCMHA's chunked PyTorch path, and SDPA for the rest,
+    with a linear bias and the causal flag in one call of its CPU kernel."""
+    fallback = "sdpa-causal-bias" if key[1] == "alibi" else S
+    return {
+        scenario: kernel if kernel in (S, E, C) else (C if key[0] == "dcmha" else fallback)
+        for scenario, kernel in choice.items()
+    }
+
+
+def test_the_table_covers_the_matrix():
+    assert set(BUILT) == set(cases())
+
+
+def test_each_call_runs_the_kernel_it_ran_before_the_records(monkeypatch):
+    if not fused_cpu.available():
+        pytest.skip("the fused CPU kernels cannot be built here")
+    monkeypatch.setattr(dcmha_compiled, "_compiled", lambda function: function)
+    assert kernel_table(monkeypatch) == BUILT
+
+
+def test_without_the_extension_each_call_runs_its_pytorch_path(monkeypatch):
+    monkeypatch.setattr(fused_cpu, "_loaded", False)  # as after a failed build
+    monkeypatch.setattr(fused_cpu, "_failure", "no compiler (simulated)")
+    monkeypatch.setattr(dcmha_compiled, "_compiled", lambda function: function)
+    assert kernel_table(monkeypatch) == {key: unbuilt(key, choice) for key, choice in BUILT.items()}
+
+
+def test_compile_composition_keeps_the_chunked_path(monkeypatch):
+    """The compiled composition is a PyTorch path: the fused C++ kernels leave it to the chunked kernel, though a
+    cached step still forms its token's matrices in one fused call."""
+    monkeypatch.setattr(dcmha_compiled, "_compiled", lambda function: function)
+    cfg = dict(window_size=3, q_chunk_size=4, compile_composition=True)
+    model = Transformer(
+        ModelConfig(vocab_size=32, dim=32, n_layers=2, n_heads=4, max_seq_len=32, attention="dcmha",
+                    attention_options=cfg)
+    )  # fmt: skip
+    expected = generic(C, C, C, "chunked+dcmha-step-weights+eager") if fused_cpu.available() else DCMHA_PYTORCH
+    assert observe(monkeypatch, model) == expected
+
+
+class BuildAsked(Exception):
+    pass
+
+
+def never_build():
+    raise BuildAsked("fused_cpu.available() was called")
+
+
+def meta_model(attention: str) -> Transformer:
+    with torch.device("meta"):
+        cfg = ModelConfig(vocab_size=32, dim=32, n_layers=2, n_heads=4, attention=attention, position="alibi")
+        return Transformer(cfg).eval()
+
+
+def blocks(model: Transformer, length: int, cache=None):
+    """The hidden states of ``length`` new tokens through every block: the device part of a forward, which on the
+    meta device skips the token-id checks that read values."""
+    x = torch.zeros(2, length, model.config.dim, device="meta")
+    out = model._blocks(x, model._context(2, length, cache, None), cache)
+    if cache is not None:
+        cache.length += length
+    return out
+
+
+@pytest.mark.parametrize("attention", MECHANISMS)
+def test_a_forward_off_the_cpu_never_asks_for_the_cpu_extension(monkeypatch, attention):
+    """Off the CPU (the meta device stands for CUDA here: only the device type is read; RoPE tables cannot be built
+    there, so ALiBi) the C++ kernels cannot run,
+    so nothing may build or load them: neither a fresh forward nor a prefill and a cached step."""
+    monkeypatch.setattr(fused_cpu, "available", never_build)
+    model = meta_model(attention)
+    with torch.no_grad():
+        assert blocks(model, 6).device.type == "meta"
+        cache = model.new_cache(2, 8)
+        blocks(model, 5, cache)
+        assert blocks(model, 1, cache).device.type == "meta"
+
+
+# ---------------------------------------------------------------------------------------------------
+# attn_backend names a kernel; the records and the dispatcher
+
+
+def chain(**changes) -> list[str]:
+    cfg = ModelConfig(vocab_size=32, dim=32, n_layers=1, n_heads=4, **changes)
+    return [kernel.name for kernel in cfg.kernel_chain]
+
+
+def test_each_mechanism_declares_its_kernels_in_order_and_the_reference_follows():
+    assert chain() == ["sdpa", "eager"]
+    assert chain(attention="diff") == ["diff-flash", "sdpa", "eager"]
+    assert chain(attention="dcmha") == ["dcmha-triton", "dcmha-fused", "dcmha-decode", "chunked", "eager"]
+    assert chain(attn_backend="eager", attention="dcmha") == ["eager"]
+    assert chain(attn_backend="chunked") == ["chunked", "eager"]
+    # Static reasons drop a kernel once, for every call: bidirectional, the compiled composition.
+    assert chain(attention="diff", causal=False) == ["sdpa", "eager"]
+    compiled = {"compile_composition": True}
+    assert chain(attention="dcmha", attention_options=compiled) == ["dcmha-triton", "chunked", "eager"]
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        (
+            dict(attn_backend="diff-flash"),
+            "attn_backend='diff-flash' is invalid: the kernel cannot run mha here: it serves diff only",
+        ),
+        (dict(attn_backend="dcmha-fused", attention="dcmha", causal=False), "the model is bidirectional"),
+        (
+            dict(attn_backend="dcmha-decode", attention="dcmha", attention_options={"compile_composition": True}),
+            "compile_composition asks for the compiled PyTorch composition",
+        ),
+        (dict(attn_backend="dcmha-triton", attention="dcmha", attention_options={"static_proj": True}), "static_proj"),
+        (dict(attn_backend="flash"), "choose one of ['auto', 'chunked', 'dcmha-decode'"),
+    ],
+)
+def test_a_kernel_that_cannot_serve_the_config_is_refused_with_its_reason(changes, reason):
+    with pytest.raises(ValueError, match=re.escape(reason)):
+        ModelConfig(vocab_size=32, dim=32, n_layers=1, n_heads=4, **changes)
+
+
+def test_auto_falls_back_in_the_declared_order(monkeypatch):
+    """Diff in training with dropout: diff-flash refuses the call (dropout), SDPA runs it; with maps recorded both
+    refuse and the reference runs. Off the CPU DCMHA's C++ kernels refuse before asking for the extension."""
+    model = Transformer(ModelConfig(vocab_size=32, dim=32, n_layers=2, n_heads=4, attention="diff", dropout=0.1))
+    idx = torch.randint(0, 32, (2, 8))
+    assert model.train().attention_kernels(idx) == ["sdpa", "sdpa"]
+    if fused_cpu.available():
+        assert model.eval().attention_kernels(idx) == ["diff-flash", "diff-flash"]
+    dcmha = meta_model("dcmha")
+    layer, call = dcmha.layers[0].self_attn, Call.planned(dcmha.config, dcmha.position)
+    monkeypatch.setattr(fused_cpu, "available", never_build)
+    off_the_cpu = dataclasses.replace(call, device_type="cuda", build=True)
+    assert choose(layer, off_the_cpu).name == "chunked"
+    assert [kernel.call_refusal(layer, off_the_cpu) for kernel in layer.kernel_chain[1:3]] == [
+        "the tensors are not on the CPU"
+    ] * 2
+
+
+def test_a_pinned_kernel_runs_where_it_serves_the_call_and_the_reference_elsewhere():
+    model = Transformer(ModelConfig(vocab_size=32, dim=32, n_layers=2, n_heads=4, attn_backend="chunked")).eval()
+    reference = Transformer(dataclasses.replace(model.config, attn_backend="eager")).eval()
+    reference.load_state_dict(model.state_dict())
+    idx = torch.randint(0, 32, (2, 9))
+    assert model.attention_kernels(idx) == ["chunked", "chunked"]
+    with torch.no_grad():
+        torch.testing.assert_close(model(idx), reference(idx), atol=1e-5, rtol=0)
+    maps: list = []
+    with torch.no_grad():
+        model._hidden(idx, None, maps=maps, kernels=(recorded := {}))
+    assert recorded == {0: "eager", 1: "eager"} and len(maps) == 2
+
+
+@pytest.mark.parametrize(("attention", "position"), [("mha", "alibi"), ("diff", "rope"), ("dcmha", "rope")])
+def test_info_and_a_run_name_the_same_kernel(capsys, attention, position):
+    """``attnzoo info`` asks choose for a planned call; a training forward on the CPU in fp32 records what ran."""
+    from attnzoo.cli import info
+
+    cfg = ModelConfig(vocab_size=32, dim=32, n_layers=2, n_heads=4, attention=attention, position=position)
+    ran = Transformer(cfg).train().attention_kernels(torch.randint(0, 32, (2, 12)))
+    with torch.device("meta"):
+        described = info.cpu_kernels(Transformer(cfg))
+    assert len(set(ran)) == 1 and len(described) == 1
+    assert described[0].startswith(f"{ran[0]}: ")
+
+
+@pytest.mark.parametrize("n_kv_heads", [4, 2, 1], ids=["mha", "gqa", "mqa"])
+@pytest.mark.parametrize("position", POSITION_NAMES)
+@pytest.mark.parametrize("attention", ATTENTION.names())
+def test_every_mechanism_runs_through_the_dispatcher_and_equals_the_eager_reference(attention, position, n_kv_heads):
+    """Whatever kernels the dispatcher picks for each call (fused, SDPA, chunked), a training forward, and a prefill
+    with cached steps, equal the eager reference to 1e-5 of the largest logit (fp32, the CPU)."""
+    options = {"window_size": 3, "q_chunk_size": 4} if attention == "dcmha" else {}
+    cfg = ModelConfig(
+        vocab_size=32,
+        dim=32,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=n_kv_heads,
+        max_seq_len=32,
+        attention=attention,
+        attention_options=options,
+        position=position,
+    )
+    model = Transformer(cfg).eval()
+    reference = on_backend(model, "eager")
+    idx = torch.randint(0, 32, (2, 12))
+    with torch.no_grad():
+        full, expected = model(idx), reference(idx)
+        atol = 1e-5 * expected.abs().max().item()
+        torch.testing.assert_close(full, expected, rtol=0, atol=atol)
+        cache = model.new_cache(2, 12)
+        pieces = [model(idx[:, :7], cache=cache)] + [model(idx[:, t : t + 1], cache=cache) for t in range(7, 12)]
+    torch.testing.assert_close(torch.cat(pieces, dim=1), expected, rtol=0, atol=atol)
