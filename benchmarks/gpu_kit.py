@@ -61,11 +61,12 @@ from attnzoo.compare import PRESETS, CompareSpec, run_compare
 from attnzoo.config import ModelConfig
 from attnzoo.data.corpora import Corpus, prepare_corpus
 from attnzoo.distributed import Distributed, resolve_device
-from attnzoo.io import atomic_write_text, locked_directory
+from attnzoo.io import atomic_write_text, describe_os_error, file_kind, locked_directory
 from attnzoo.tables import Table
 from attnzoo.training.config import TrainConfig
 from attnzoo.training.metrics import MetricsLog
 from attnzoo.training.trainer import METRICS, Trainer, load_corpus
+from attnzoo.validation import MAX_COUNT, is_count
 from attnzoo.variants import Variant, matched_configs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -589,10 +590,33 @@ def write_summary(kit: Kit, stages: Sequence[Stage]) -> None:
 # -------------------------------------------------------------------------------------------------- command
 
 
+def out_argument(text: str) -> Path:
+    """``--out ''`` is the repository root to pathlib (the script runs from there): refused, not written into."""
+    if not text:
+        raise argparse.ArgumentTypeError("the path is empty: name a folder for the kit's results")
+    return Path(text)
+
+
+def check_out(out: Path) -> None:
+    """``out`` can be the kit's folder: a directory, or one that can be made, and never the checkout itself or a
+    folder above it, whose .gitignore the kit would replace with its own."""
+    if out == REPO or out in REPO.parents:
+        raise ValueError(f"--out {out} holds this checkout ({REPO}): name a folder of its own, e.g. {REPO}/runs/kit")
+    if out.exists() and not out.is_dir():
+        kind = "file" if out.is_file() else file_kind(out)
+        raise ValueError(f"--out {out} is a {kind}, not a folder: name a folder to write into")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"--out {out} cannot be made: {describe_os_error(err)}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     default_out = REPO / "benchmarks" / "results" / f"gpu-{date.today().isoformat()}"
-    parser.add_argument("--out", type=Path, default=default_out, help=f"where everything goes (default {default_out})")
+    parser.add_argument(
+        "--out", type=out_argument, default=default_out, help=f"where everything goes (default {default_out})"
+    )
     parser.add_argument("--budget-min", type=float, help="minutes of device time for every stage (default 40; 2 dry)")
     parser.add_argument("--dry-run", action="store_true", help="every stage at toy sizes on the CPU, as CI runs it")
     names = [stage.name for stage in STAGES]
@@ -611,8 +635,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--budget-min={args.budget_min} is invalid: must be a number of minutes > 0")
     if args.seeds is not None and args.seeds < 1:
         parser.error(f"--seeds={args.seeds} is invalid: must be an integer >= 1")
-    if args.steps is not None and args.steps < 1:
-        parser.error(f"--steps={args.steps} is invalid: must be an integer >= 1")
+    if args.steps is not None and not is_count(args.steps):
+        parser.error(f"--steps={args.steps} is invalid: must be an integer in [1, {MAX_COUNT}]")
     if overlap := sorted(set(args.skip) & set(args.redo)):
         parser.error(f"--skip and --redo both name {overlap}: a stage is either left out or run again")
     if not args.dry_run and not torch.cuda.is_available():
@@ -622,6 +646,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         parser.error(str(err))
     out = args.out.resolve()  # the stages' commands run from the repository root
+    try:
+        check_out(out)
+    except ValueError as err:
+        parser.error(str(err))
     with locked_directory(out, "GPU kit folder"):
         kit = Kit(plan, out)
         if "timing" in args.redo and "compare" in kit.stages:

@@ -13,6 +13,7 @@ from attnzoo.cli.command import check_out_dir, path_argument
 from attnzoo.compare import DEFAULT_VARIANTS, PRESETS, run_compare
 from attnzoo.evals import TASKS
 from attnzoo.training.config import read_toml
+from attnzoo.validation import MAX_COUNT, is_count
 from attnzoo.variants import SPEC_FORMAT
 
 
@@ -52,6 +53,8 @@ def load_compare_config(path: str | os.PathLike) -> dict[str, Any]:
             raise ValueError(f"config file {path}: [compare] {key} must be a list of strings")
     if table.get("variants") == []:
         raise ValueError(f"config file {path}: [compare] variants = [] names no variant: name at least one")
+    if table.get("out") == "":  # pathlib's current directory: the whole compare would land there
+        raise ValueError(f'config file {path}: [compare] out = "" is empty: name a directory (".", for this one)')
     for key in ("seeds", "steps"):
         if key in table:
             check_count(f"config file {path}: [compare] {key} = ", table[key], key)
@@ -69,8 +72,8 @@ def check_count(given_as: str, value: int, key: str) -> None:
             f"{given_as}{value} is invalid: must be an integer in [1, {MAX_SEEDS}] (each seed trains every variant; "
             ">= 2 for any ranking)"
         )
-    if key == "steps" and value < 1:
-        raise ValueError(f"{given_as}{value} is invalid: must be an integer >= 1")
+    if key == "steps" and not is_count(value):
+        raise ValueError(f"{given_as}{value} is invalid: must be an integer in [1, {MAX_COUNT}]")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
