@@ -671,6 +671,87 @@ def test_a_compare_that_lists_no_bench_cases_reports_without_them(tmp_path):
     assert json.loads(paths["verdicts"].read_text())["claims"]
 
 
+def _stored(data):
+    first = next(iter(data["variants"]))
+    return data["variants"][first]["runs"][0]
+
+
+def _nan_loss(data):
+    _stored(data)["val"]["loss"] = math.nan  # json.dumps writes NaN, which json.load reads back
+
+
+def _negative_loss(data):
+    _stored(data)["val"]["loss"] = -1.0
+
+
+def _zero_seconds(data):
+    _stored(data)["train_seconds"] = 0.0  # the tokens/s column divided by it
+
+
+def _accuracy_above_one(data):
+    task = next(t for t in data["tasks"].values() if any(r["sweep"] for runs in t["runs"].values() for r in runs))
+    run = next(r for runs in task["runs"].values() for r in runs if r["sweep"])
+    run["sweep"]["accuracy"][0][0] = 1.5
+
+
+@pytest.mark.parametrize(
+    ("damage", "words"),
+    [
+        (_nan_loss, r"results.json.variants.\S+.runs\[0\].val.loss = nan is invalid: must be a finite number"),
+        (_negative_loss, r"results.json.variants.\S+.runs\[0\].val.loss = -1.0 is invalid: must be >= 0"),
+        (_zero_seconds, r"runs\[0\].train_seconds = 0.0 is invalid: must be > 0"),
+        (_accuracy_above_one, r"sweep.accuracy\[0\]\[0\] = 1.5 is invalid: must be in \[0, 1\]"),
+    ],
+)
+def test_report_only_refuses_stored_numbers_that_cannot_be(tmp_path, capsys, damage, words):
+    """NaN ended in AttributeError ('float' object has no attribute 'numerator'); a negative loss was drawn."""
+    from attnzoo.cli import main
+
+    out = tmp_path / "out"
+    shutil.copytree(FIXTURE, out)
+    data = json.loads((out / "results.json").read_text())
+    damage(data)
+    (out / "results.json").write_text(json.dumps(data))
+    assert main(["compare", "--out", str(out), "--report-only"]) == 1
+    err = capsys.readouterr().err
+    assert re.search(words, err) and len(err.splitlines()) == 1, err
+    assert not (out / "report.md").exists()
+
+
+@pytest.mark.parametrize(
+    ("make", "words"),
+    [
+        (lambda p: p.write_text(FIXTURE.joinpath("results.json").read_text()[:5000]), r"is not valid JSON \(.* line"),
+        (lambda p: p.write_text(""), r"is empty, not a compare's results"),
+        (lambda p: p.write_bytes(bytes(range(128, 256))), r"is not UTF-8 text \(byte 0x80 at offset 0\)"),
+        (os.mkfifo, r"is a FIFO, not a results file"),
+        (os.mkdir, r"is a directory, not a results file"),
+    ],
+    ids=["truncated", "empty", "binary", "fifo", "directory"],
+)
+def test_report_only_names_a_results_file_it_cannot_read(tmp_path, capsys, make, words):
+    """A truncated, empty or binary file was refused naming no file; a FIFO or a directory 'does not exist'."""
+    from attnzoo.cli import main
+
+    make(tmp_path / "results.json")
+    assert main(["compare", "--out", str(tmp_path), "--report-only"]) == 1
+    err = capsys.readouterr().err
+    assert re.search(re.escape(str(tmp_path / "results.json")) + " " + words, err) and len(err.splitlines()) == 1, err
+
+
+def test_report_only_refuses_the_flags_it_would_ignore(tmp_path, capsys):
+    """--steps, --seeds and --variants were silently ignored: the report looked like theirs and was not."""
+    from attnzoo.cli import main
+
+    out = tmp_path / "out"
+    shutil.copytree(FIXTURE, out)
+    argv = ["compare", "--out", str(out), "--report-only", "--steps", "5", "--seeds", "3", "--variants", "mha+rope"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "--variants, --seeds, --steps would change nothing there; leave them out" in err, err
+    assert not (out / "report.md").exists()
+
+
 class _Payload:
     def __init__(self, marker):
         self.marker = marker

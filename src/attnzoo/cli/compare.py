@@ -155,10 +155,20 @@ def default_out(args: argparse.Namespace) -> Path:
     return Path("runs") / f"compare-{args.preset}-{digest}"
 
 
+# What --report-only leaves as stored once the folder is named: each would change only a run it does not train.
+TRAINING_FLAGS = ("preset", "variants", "seeds", "steps", "data", "tasks", "device")
+
+
 def run(args: argparse.Namespace) -> int:
+    given = [f"--{key}" for key in TRAINING_FLAGS if getattr(args, key) is not None]
     args = _with_config(args)
     check_out_dir(args.out)
     if args.report_only:
+        if args.out is not None and given:
+            raise ValueError(
+                f"--report-only redraws the report of {args.out} from its results.json and trains nothing: "
+                f"{', '.join(given)} would change nothing there; leave {'it' if len(given) == 1 else 'them'} out"
+            )
         return _report_only(args.out or default_out(args))
     for key in ("seeds", "steps"):
         if getattr(args, key) is not None:
@@ -180,11 +190,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _report_only(out: Path) -> int:
     from attnzoo.compare.report import write_report
-    from attnzoo.compare.results import CompareResults
+    from attnzoo.compare.stored import load_results
 
-    results_file = out / "results.json"
-    if not results_file.is_file():
-        raise ValueError(f"--report-only: {results_file} does not exist; run the compare first (or name its --out)")
-    paths = write_report(CompareResults.load(results_file), out)
+    paths = write_report(load_results(out / "results.json"), out)
     print("report: " + ", ".join(str(path) for path in paths.values()))
     return 0
