@@ -356,6 +356,17 @@ def test_the_api_refuses_bad_values_with_a_value_error(call, words):
         call(model)
 
 
+@pytest.mark.parametrize("position", ["rope", "alibi"])
+def test_training_flops_per_token_refuses_a_length_beyond_memory_before_allocating(position):
+    """`training_flops_per_token(cfg, 10**12)` went on to allocate terabytes."""
+    from attnzoo.io import TooLarge
+    from attnzoo.model import training_flops_per_token
+
+    cfg = ModelConfig(vocab_size=64, dim=16, n_layers=1, n_heads=2, max_seq_len=16, position=position)
+    with pytest.raises(TooLarge, match=r"the eager attention scores of one layer at seq_len=1,000,000,000,000 needs"):
+        training_flops_per_token(cfg, 10**12)
+
+
 def test_a_model_too_large_for_memory_is_refused_before_the_allocator_is_asked():
     """It died in the allocator (RuntimeError: DefaultCPUAllocator: can't allocate memory) where the CLI checked."""
     with pytest.raises(MemoryError, match=r"the model .* needs [\d,.]+ GiB .*: lower .*vocab_size=1000000000000"):
