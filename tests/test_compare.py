@@ -37,6 +37,7 @@ from attnzoo.compare import (
 from attnzoo.compare.progress import Schedule
 from attnzoo.compare.report import write_report
 from attnzoo.compare.tasks import task_configs
+from attnzoo.compare.verdicts import counts, judge_all
 from attnzoo.evals import TASKS, Task, TaskBatch, greedy_predictions, register_task, scored_accuracy
 from attnzoo.evals.base import as_generator
 from attnzoo.training import CheckpointError, read_checkpoint
@@ -289,8 +290,14 @@ def test_micro_compare_writes_results_report_and_plots(micro):
 
     stdout = micro["stdout"]
     assert stdout.count("Δ loss vs baseline") == 4  # the table after each of the 4 runs, as they finish
-    # The verdicts close the terminal output: 6 steps leave the loss falling, so the LM claims cannot be judged.
-    assert re.search(r"diff\.lm_loss\s+not measurable\s+—\s+.*the loss had not flattened", stdout)
+    # The answer closes the terminal output: the side-by-side table, the claims counted in one line (each claim and
+    # its reason is the report's), and where the report is.
+    assert not re.search(r"diff\.lm_loss\s+not measurable", stdout)
+    *_, table_end, _, _, claims, report = stdout.rstrip("\n").splitlines()
+    assert table_end.startswith(VARIANTS[-1]) and report.startswith(f"report: {out / 'report.md'}")
+    found = counts(judge_all(CompareResults.load(out / "results.json")))
+    tally = ", ".join(f"{n} {outcome}" for outcome, n in found.items() if n)
+    assert claims == f"claims: {tally} — every claim with its reason in {out / 'report.md'}"
     assert re.search(r"estimated time: about \d+(m\d\ds|s) for the training left", stdout)
     assert re.search(r"── \[2/4\] diff\+rope · seed 0 · \d+s elapsed · about \d+(m\d\ds|s) left ──", stdout)
     assert re.search(r"diff\+rope\s+2\s+\d\.\d{4} ± \d\.\d{4}", stdout)  # mean ± std once both seeds are in
@@ -669,6 +676,24 @@ def test_a_compare_that_lists_no_bench_cases_reports_without_them(tmp_path):
     assert "Not measured: this comparison's evaluations list no bench cases." in markdown
     assert "throughput_memory.png" not in markdown and not (out / "plots" / "throughput_memory.png").exists()
     assert json.loads(paths["verdicts"].read_text())["claims"]
+
+
+@pytest.mark.parametrize("flag", [[], ["--claims"]])
+def test_the_last_screen_counts_the_claims_in_one_line_and_lists_them_only_with_claims(tmp_path, capsys, flag):
+    """The quick compare ended with 30 rows of claims, 22 "not run", below the table a user ran it for."""
+    from attnzoo.cli import main
+
+    out = tmp_path / "out"
+    shutil.copytree(FIXTURE, out)
+    assert main(["compare", "--out", str(out), "--report-only", *flag]) == 0
+    printed = capsys.readouterr().out
+    verdicts = judge_all(CompareResults.load(out / "results.json"))
+    rows = [v for v in verdicts if re.search(rf"^{re.escape(v.claim.id)} +{v.outcome}  ", printed, re.M)]
+    assert len(rows) == (len(verdicts) if flag else 0)
+    *_, claims, report = printed.rstrip("\n").splitlines()
+    tally = ", ".join(f"{n} {outcome}" for outcome, n in counts(verdicts).items() if n)
+    assert claims == f"claims: {tally} — every claim with its reason in {out / 'report.md'}"
+    assert report.startswith(f"report: {out / 'report.md'}")
 
 
 def _stored(data):

@@ -121,6 +121,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", help="auto, cpu, cuda or cuda:N (default: auto)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (status lines still print)")
     parser.add_argument(
+        "--claims",
+        action="store_true",
+        help="end with every claim's verdict, effect and reason as well (always in report.md); by default the last "
+        "screen counts them in one line",
+    )
+    parser.add_argument(
         "--report-only",
         action="store_true",
         help="train nothing: redraw the report and verdicts.json of --out from its results.json, by this version's "
@@ -169,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
                 f"--report-only redraws the report of {args.out} from its results.json and trains nothing: "
                 f"{', '.join(given)} would change nothing there; leave {'it' if len(given) == 1 else 'them'} out"
             )
-        return _report_only(args.out or default_out(args))
+        return _report_only(args.out or default_out(args), args.claims)
     for key in ("seeds", "steps"):
         if getattr(args, key) is not None:
             check_count(f"--{key}=", getattr(args, key), key)
@@ -183,15 +189,18 @@ def run(args: argparse.Namespace) -> int:
         tasks=args.tasks,
         device=args.device,
         progress=not args.no_progress,
+        claims_table=args.claims,
     )
     # As `attnzoo train` does: a stop by signal is 128 + its number, so scripts can tell it from completion.
     return 128 + result.interrupted_by if result.interrupted_by is not None else 0
 
 
-def _report_only(out: Path) -> int:
+def _report_only(out: Path, claims_table: bool) -> int:
+    from attnzoo.compare.progress import final_summary
     from attnzoo.compare.report import write_report
     from attnzoo.compare.stored import load_results
 
-    paths = write_report(load_results(out / "results.json"), out)
-    print("report: " + ", ".join(str(path) for path in paths.values()))
+    results = load_results(out / "results.json")
+    paths = write_report(results, out)
+    print(final_summary(results, paths, claims_table).lstrip("\n"))
     return 0
