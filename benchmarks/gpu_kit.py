@@ -15,7 +15,8 @@ The stages, in order, each writing under ``OUT``:
    and the installed packages, each in path order, bytes as tokens, the last 10% the validation split); its files,
    tokens, sha256 and the passes a run makes over its training split → ``corpus.json``;
 2. ``gpu_check``: ``benchmarks/gpu_check.py --quick`` → ``gpu-check/``;
-3. ``tests``: ``pytest -m "cuda or triton"``, the CUDA and compiled-Triton tests → ``tests/junit.xml``;
+3. ``tests``: ``pytest -m "cuda or triton"``, the CUDA and compiled-Triton tests → ``tests/junit.xml`` (the dry run:
+   the quick ones of tests/test_dcmha_triton.py);
 4. ``dcmha_triton``: ``benchmarks/bench_dcmha_triton.py`` → ``dcmha-triton.md`` and ``.json``;
 5. ``timing``: 50 training steps of each ``gpu-lm`` variant, and the steps the preset can afford in the time the
    budget has left (:func:`plan_steps`) → ``timing.md`` and ``.json``;
@@ -156,6 +157,9 @@ class KitPlan:
     bench_args: tuple[str, ...]
     timing_steps: int
     min_steps: int
+    # Narrows the tests stage's pytest (after -m "cuda or triton"): the dry run checks that the stage runs pytest and
+    # reads its junit file, on one small file; the full suite already runs the Triton tests on a CPU.
+    test_args: tuple[str, ...] = ()
 
     @property
     def identity(self) -> dict[str, Any]:
@@ -224,7 +228,8 @@ def _make_plan(dry_run: bool, budget_min: float | None) -> KitPlan:
     )
     bench_args = ("--seq-lens", "64", "--tokens", "128", "--window-types", "L", "--repeats", "1", "--warmup", "1")
     budget_s = 60.0 * (2 if budget_min is None else budget_min)
-    return KitPlan("dry run", budget_s, toy, ("--dry-run",), bench_args, timing_steps=6, min_steps=4)
+    tests = ("tests/test_dcmha_triton.py", "-k", "bad_input or runs_on or cannot_compute")
+    return KitPlan("dry run", budget_s, toy, ("--dry-run",), bench_args, timing_steps=6, min_steps=4, test_args=tests)
 
 
 # ----------------------------------------------------------------------------------------- stages and state
@@ -404,7 +409,8 @@ def tests_stage(kit: Kit) -> Outcome:
     junit = kit.out / "tests" / "junit.xml"
     junit.parent.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "pytest", "-m", "cuda or triton", "-q", "-p", "no:cacheprovider"]
-    code, _ = run_logged(kit, "tests", [*command, "--deselect", REPEATED_TEST, f"--junitxml={junit}"])
+    command += [*kit.plan.test_args, "--deselect", REPEATED_TEST, f"--junitxml={junit}"]
+    code, _ = run_logged(kit, "tests", command)
     # pytest's exit codes: 0 all passed, 1 some failed, 5 none collected; others (interrupted, internal or usage
     # error) did not run to the end.
     if code not in (0, 1, 5) or not junit.is_file():
