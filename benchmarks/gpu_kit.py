@@ -15,7 +15,8 @@ The stages, in order, each writing under ``OUT``:
    and the installed packages, each in path order, bytes as tokens, the last 10% the validation split); its files,
    tokens, sha256 and the passes a run makes over its training split → ``corpus.json``;
 2. ``gpu_check``: ``benchmarks/gpu_check.py --quick`` → ``gpu-check/``;
-3. ``tests``: ``pytest -m "cuda or triton"``, the CUDA and compiled-Triton tests → ``tests/junit.xml``;
+3. ``tests``: ``pytest -m "cuda or triton"``, the CUDA and compiled-Triton tests → ``tests/junit.xml`` (the dry run:
+   the quick ones of tests/test_dcmha_triton.py);
 4. ``dcmha_triton``: ``benchmarks/bench_dcmha_triton.py`` → ``dcmha-triton.md`` and ``.json``;
 5. ``timing``: 50 training steps of each ``gpu-lm`` variant, and the steps the preset can afford in the time the
    budget has left (:func:`plan_steps`) → ``timing.md`` and ``.json``;
@@ -61,11 +62,12 @@ from attnzoo.compare import PRESETS, CompareSpec, run_compare
 from attnzoo.config import ModelConfig
 from attnzoo.data.corpora import Corpus, prepare_corpus
 from attnzoo.distributed import Distributed, resolve_device
-from attnzoo.io import atomic_write_text, locked_directory
+from attnzoo.io import atomic_write_text, describe_os_error, file_kind, locked_directory
 from attnzoo.tables import Table
 from attnzoo.training.config import TrainConfig
 from attnzoo.training.metrics import MetricsLog
 from attnzoo.training.trainer import METRICS, Trainer, load_corpus
+from attnzoo.validation import MAX_COUNT, is_count
 from attnzoo.variants import Variant, matched_configs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -155,6 +157,9 @@ class KitPlan:
     bench_args: tuple[str, ...]
     timing_steps: int
     min_steps: int
+    # Narrows the tests stage's pytest (after -m "cuda or triton"): the dry run checks that the stage runs pytest and
+    # reads its junit file, on one small file; the full suite already runs the Triton tests on a CPU.
+    test_args: tuple[str, ...] = ()
 
     @property
     def identity(self) -> dict[str, Any]:
@@ -223,7 +228,8 @@ def _make_plan(dry_run: bool, budget_min: float | None) -> KitPlan:
     )
     bench_args = ("--seq-lens", "64", "--tokens", "128", "--window-types", "L", "--repeats", "1", "--warmup", "1")
     budget_s = 60.0 * (2 if budget_min is None else budget_min)
-    return KitPlan("dry run", budget_s, toy, ("--dry-run",), bench_args, timing_steps=6, min_steps=4)
+    tests = ("tests/test_dcmha_triton.py", "-k", "bad_input or runs_on or cannot_compute")
+    return KitPlan("dry run", budget_s, toy, ("--dry-run",), bench_args, timing_steps=6, min_steps=4, test_args=tests)
 
 
 # ----------------------------------------------------------------------------------------- stages and state
@@ -403,7 +409,8 @@ def tests_stage(kit: Kit) -> Outcome:
     junit = kit.out / "tests" / "junit.xml"
     junit.parent.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "pytest", "-m", "cuda or triton", "-q", "-p", "no:cacheprovider"]
-    code, _ = run_logged(kit, "tests", [*command, "--deselect", REPEATED_TEST, f"--junitxml={junit}"])
+    command += [*kit.plan.test_args, "--deselect", REPEATED_TEST, f"--junitxml={junit}"]
+    code, _ = run_logged(kit, "tests", command)
     # pytest's exit codes: 0 all passed, 1 some failed, 5 none collected; others (interrupted, internal or usage
     # error) did not run to the end.
     if code not in (0, 1, 5) or not junit.is_file():
@@ -589,10 +596,33 @@ def write_summary(kit: Kit, stages: Sequence[Stage]) -> None:
 # -------------------------------------------------------------------------------------------------- command
 
 
+def out_argument(text: str) -> Path:
+    """``--out ''`` is the repository root to pathlib (the script runs from there): refused, not written into."""
+    if not text:
+        raise argparse.ArgumentTypeError("the path is empty: name a folder for the kit's results")
+    return Path(text)
+
+
+def check_out(out: Path) -> None:
+    """``out`` can be the kit's folder: a directory, or one that can be made, and never the checkout itself or a
+    folder above it, whose .gitignore the kit would replace with its own."""
+    if out == REPO or out in REPO.parents:
+        raise ValueError(f"--out {out} holds this checkout ({REPO}): name a folder of its own, e.g. {REPO}/runs/kit")
+    if out.exists() and not out.is_dir():
+        kind = "file" if out.is_file() else file_kind(out)
+        raise ValueError(f"--out {out} is a {kind}, not a folder: name a folder to write into")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"--out {out} cannot be made: {describe_os_error(err)}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     default_out = REPO / "benchmarks" / "results" / f"gpu-{date.today().isoformat()}"
-    parser.add_argument("--out", type=Path, default=default_out, help=f"where everything goes (default {default_out})")
+    parser.add_argument(
+        "--out", type=out_argument, default=default_out, help=f"where everything goes (default {default_out})"
+    )
     parser.add_argument("--budget-min", type=float, help="minutes of device time for every stage (default 40; 2 dry)")
     parser.add_argument("--dry-run", action="store_true", help="every stage at toy sizes on the CPU, as CI runs it")
     names = [stage.name for stage in STAGES]
@@ -611,8 +641,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--budget-min={args.budget_min} is invalid: must be a number of minutes > 0")
     if args.seeds is not None and args.seeds < 1:
         parser.error(f"--seeds={args.seeds} is invalid: must be an integer >= 1")
-    if args.steps is not None and args.steps < 1:
-        parser.error(f"--steps={args.steps} is invalid: must be an integer >= 1")
+    if args.steps is not None and not is_count(args.steps):
+        parser.error(f"--steps={args.steps} is invalid: must be an integer in [1, {MAX_COUNT}]")
     if overlap := sorted(set(args.skip) & set(args.redo)):
         parser.error(f"--skip and --redo both name {overlap}: a stage is either left out or run again")
     if not args.dry_run and not torch.cuda.is_available():
@@ -622,6 +652,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         parser.error(str(err))
     out = args.out.resolve()  # the stages' commands run from the repository root
+    try:
+        check_out(out)
+    except ValueError as err:
+        parser.error(str(err))
     with locked_directory(out, "GPU kit folder"):
         kit = Kit(plan, out)
         if "timing" in args.redo and "compare" in kit.stages:

@@ -63,6 +63,9 @@ choose_torch_source() {
 }
 
 if [ "${1:-}" = "--dry-run" ]; then
+    if [ $# -gt 2 ]; then
+        say "unexpected argument '$3': expected nothing, --dev or --dry-run [REPORT]"; exit 2
+    fi
     report=${2:-$(mktemp --suffix=.json)}
     choose_torch_source
     say "resolving (pip install --dry-run --ignore-installed --report $report) ..."
@@ -80,14 +83,15 @@ PY
     exit 0
 fi
 
-if [ $# -gt 1 ]; then
-    say "unexpected argument '$2': expected nothing, --dev or --dry-run [REPORT]"; exit 2
-fi
+# The first argument before the count: of `--bogus --dev`, the unknown one is --bogus, not the --dev after it.
 case "${1:-}" in
     "") PACKAGE=. ;;
     --dev) PACKAGE=".[dev]" ;;
     *) say "unknown option '$1': expected nothing, --dev or --dry-run [REPORT]"; exit 2 ;;
 esac
+if [ $# -gt 1 ]; then
+    say "unexpected argument '$2': expected nothing, --dev or --dry-run [REPORT]"; exit 2
+fi
 
 if "$PYTHON" -c "import torch" 2>/dev/null; then
     say "keeping torch $("$PYTHON" -c 'import torch; print(torch.__version__)')"

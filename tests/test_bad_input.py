@@ -46,7 +46,8 @@ def world(tmp_path_factory):
     (root / "maps" / "tokenizer.json").mkdir(parents=True)
     (root / "binary.toml").write_bytes(bytes(range(128, 256)))
     for name, line in [("huge-seeds", "seeds = 99999999999999999999"), ("many-seeds", "seeds = 1000000000000"),
-                       ("no-variants", "variants = []")]:  # fmt: skip
+                       ("no-variants", "variants = []"), ("many-steps", "steps = 100000000000"),
+                       ("empty-out", 'out = ""')]:  # fmt: skip
         (root / f"{name}.toml").write_text(f'[compare]\npreset = "micro"\n{line}\n')
     return {"root": root, "run": root / "run", "text": text}
 
@@ -196,11 +197,24 @@ CASES = [
         1,
         r"config file .*binary.toml is not UTF-8 text \(byte 0x80 at offset 0\)",
     ),
+    (["compare", "--config", "{root}/empty-out.toml"], 1, r'\[compare\] out = "" is empty: name a directory'),
     ([*TRAIN, "--config", "{root}/binary.toml"], 1, r"config file .*binary.toml is not UTF-8 text"),
     # An empty path is the current directory to pathlib: it wrote there.
     ([*TRAIN, "--tensorboard", ""], 2, r"argument --tensorboard: the path is empty"),
     ([*TRAIN[:4], "", *TINY_FLAGS], 2, r"argument --out: the path is empty"),
     ([*BENCH[:-1], ""], 2, r"argument --out: the path is empty"),
+    # Counts beyond what any run could finish: refused with the limit, as the seeds are, not started.
+    ([*TRAIN, "--steps", BIG], 1, r"steps=100000000000 is invalid: must be an integer in \[1, 1000000000\]"),
+    (["eval", "--task", "denoising", "--steps", BIG, "--device", "cpu"], 1, r"steps=100000000000 is invalid: .*\[1, "),
+    (["compare", "--steps", BIG, "--out", "{root}/c"], 1, r"--steps=100000000000 is invalid: .*\[1, 1000000000\]"),
+    (
+        ["compare", "--config", "{root}/many-steps.toml", "--out", "{root}/c"],
+        1,
+        r"\[compare\] steps = 100000000000 is invalid: must be an integer in \[1, 1000000000\]",
+    ),
+    ([*BENCH, "--rounds", BIG], 1, r"rounds=100000000000 is invalid: must be an integer in \[1, 1000000000\]"),
+    ([*BENCH, "--repeats", BIG], 1, r"repeats=100000000000 is invalid: must be an integer in \[1, 1000000000\]"),
+    ([*TRAIN, "--max-seq-len", BIG], 1, r"max_seq_len=100000000000 is invalid: must be <= 16,777,216 .* with rope"),
     # info
     (["info", "--dim", "0"], 1, r"dim=0 is invalid: must be an integer >= 1"),
     (["info", "{root}/nowhere"], 1, r"nowhere does not exist"),
@@ -255,6 +269,21 @@ def test_install_sh_refuses_an_argument_it_does_not_know_before_installing_anyth
                           text=True, timeout=60, env={**os.environ, "PYTHON": "false"})  # fmt: skip
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stdout == "install.sh: unexpected argument '--bogus': expected nothing, --dev or --dry-run [REPORT]\n"
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--bogus", "--dev"], "unknown option '--bogus'"),
+        (["--dry-run", "r.json", "--bogus"], "unexpected argument '--bogus'"),
+    ],
+)
+def test_install_sh_names_the_unknown_argument_wherever_it_stands(argv, named):
+    """`install.sh --bogus --dev` blamed --dev, the allowed flag; `--dry-run REPORT --bogus` ignored --bogus."""
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "install.sh"), *argv], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHON": "false"})  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stdout == f"install.sh: {named}: expected nothing, --dev or --dry-run [REPORT]\n"
 
 
 def test_info_into_a_closed_pipe_ends_quietly(world):
@@ -325,6 +354,17 @@ def test_the_api_refuses_bad_values_with_a_value_error(call, words):
     model = Transformer(ModelConfig(vocab_size=64, dim=16, n_layers=1, n_heads=2, max_seq_len=16))
     with pytest.raises(ValueError, match=words):
         call(model)
+
+
+@pytest.mark.parametrize("position", ["rope", "alibi"])
+def test_training_flops_per_token_refuses_a_length_beyond_memory_before_allocating(position):
+    """`training_flops_per_token(cfg, 10**12)` went on to allocate terabytes."""
+    from attnzoo.io import TooLarge
+    from attnzoo.model import training_flops_per_token
+
+    cfg = ModelConfig(vocab_size=64, dim=16, n_layers=1, n_heads=2, max_seq_len=16, position=position)
+    with pytest.raises(TooLarge, match=r"the eager attention scores of one layer at seq_len=1,000,000,000,000 needs"):
+        training_flops_per_token(cfg, 10**12)
 
 
 def test_a_model_too_large_for_memory_is_refused_before_the_allocator_is_asked():
@@ -406,7 +446,19 @@ def test_a_full_disk_outside_training_names_the_file_and_the_disk(world, tmp_pat
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
     monkeypatch.setattr(bench, "atomic_write_text", full)
-    argv = [arg.format(**world) for arg in BENCH]
+    # A toy case measured in this process: the default model's five modes, each in a process of its own per round,
+    # cost 20 s of what the test is not about (tests/test_bench.py measures in fresh processes).
+    monkeypatch.setattr(bench, "measure", lambda case, *, threads, **kwargs: bench.measure_here(case, **kwargs))
+    argv = [arg.format(**world) for arg in BENCH] + [
+        "--modes",
+        "train",
+        "--dim",
+        "32",
+        "--n-layers",
+        "1",
+        "--n-heads",
+        "2",
+    ]
     assert main(argv) == 1
     line = _one_error_line(capsys.readouterr().err)
     assert re.search(r"No space left on device: .*/b/\S+ \(the disk mounted at /.*\)\. Nothing was lost", line), line

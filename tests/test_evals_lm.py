@@ -9,7 +9,7 @@ from torch import nn
 
 from attnzoo import ModelConfig, Transformer
 from attnzoo.evals import IGNORE_INDEX, LMEvalConfig, evaluate_lm, length_extrapolation
-from attnzoo.evals.lm import window_plan, windows
+from attnzoo.evals.lm import LMScore, window_plan, windows
 
 BYTE = np.ones(256, dtype=np.int64)  # a byte-level tokenizer: every token one byte
 
@@ -154,6 +154,26 @@ def test_training_and_eval_report_the_same_bits_per_byte(tmp_path, capsys):
     evaluated = json.loads(capsys.readouterr().out)
     assert evaluated["tokens"] == trained["val_tokens"]
     assert evaluated["bits_per_byte"] == pytest.approx(trained["val_bits_per_byte"], abs=1e-6)
+
+
+def test_the_perplexity_of_a_loss_past_floats_range_is_infinite():
+    """math.exp of a loss above ~709.8 nats raised OverflowError: math range error."""
+    score = LMScore(loss=800.0, tokens=10, bytes=10, block_len=8, stride=8)
+    assert score.perplexity == math.inf and score.metrics()["perplexity"] == math.inf
+    assert LMScore(loss=709.0, tokens=10, bytes=10, block_len=8, stride=8).perplexity == pytest.approx(math.exp(709))
+
+
+def test_a_diverged_training_run_ends_with_the_divergence_message_not_an_overflow(tmp_path, capsys):
+    """`attnzoo train --lr 10 --eval-interval 2` evaluated a loss of thousands of nats and died in math.exp."""
+    from training_helpers import TINY_FLAGS, write_text_corpus
+
+    from attnzoo.cli import main
+
+    text, run = write_text_corpus(tmp_path / "text.txt"), tmp_path / "run"
+    flags = ["--data", str(text), "--out", str(run), *TINY_FLAGS, "--lr", "10", "--eval-interval", "2", "--steps", "60"]
+    assert main(["train", *flags]) == 1
+    err = capsys.readouterr().err
+    assert "The run has diverged" in err and "OverflowError" not in err, err
 
 
 @pytest.mark.cuda

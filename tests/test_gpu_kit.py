@@ -278,13 +278,36 @@ def test_bad_flags_are_refused_by_name(tmp_path, capsys, monkeypatch):
     assert "--seeds=0 is invalid: must be an integer >= 1" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         gpu_kit.main(["--dry-run", "--steps", "0", "--out", str(tmp_path)])
-    assert "--steps=0 is invalid: must be an integer >= 1" in capsys.readouterr().err
+    assert "--steps=0 is invalid: must be an integer in [1, 1000000000]" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # a typo's extra digits, which started a compare that would never end
+        gpu_kit.main(["--dry-run", "--steps", str(10**11), "--out", str(tmp_path)])
+    assert "--steps=100000000000 is invalid: must be an integer in [1, 1000000000]" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         gpu_kit.main(["--dry-run", "--skip", "tests", "--redo", "tests", "--out", str(tmp_path)])
     assert "--skip and --redo both name ['tests']" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         gpu_kit.main(["--dry-run", "--variants", "mha+nowhere", "--out", str(tmp_path)])
     assert "nowhere" in capsys.readouterr().err
+
+
+def test_an_out_that_cannot_be_the_kits_folder_is_refused_by_name(tmp_path, capsys, monkeypatch):
+    """`--out ''` took the checkout's root (the script runs from there) and replaced its .gitignore; a file and a
+    folder under /proc ended in raw FileExistsError and FileNotFoundError."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "file").write_text("a file\n")
+    every_stage = ["--dry-run", "--skip", *STAGE_NAMES]  # so that a kit that took the folder returns at once
+    refusals = [
+        ("", "argument --out: the path is empty"),
+        (str(gpu_kit.REPO), f"--out {gpu_kit.REPO} holds this checkout"),
+        (str(gpu_kit.REPO.parent), "holds this checkout"),
+        (str(tmp_path / "file"), f"--out {tmp_path / 'file'} is a file, not a folder"),
+        ("/proc/attnzoo-kit", "--out /proc/attnzoo-kit cannot be made: "),
+    ]
+    for out, words in refusals:
+        with pytest.raises(SystemExit) as stop:
+            gpu_kit.main([*every_stage, "--out", out])
+        assert stop.value.code == 2 and words in capsys.readouterr().err
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["file"]
 
 
 # ------------------------------------------------------------------------------------------------ dry run

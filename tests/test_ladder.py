@@ -80,3 +80,28 @@ def test_every_rung_of_the_cpu_ladder_meets_the_budget_part_by_construction():
         assert rung.train.eval_windows >= 1024
     sizes = [count_parameters(r.baseline_config(256)) for r in LADDERS["ladder"].rungs]
     assert sizes[-1] >= 2 * sizes[0]
+
+
+def test_report_only_on_a_folder_of_rungs_judges_the_ladder(ladder_run, tmp_path, capsys):
+    from attnzoo.cli import main
+
+    out, _ = ladder_run
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    (copy / "verdicts.json").unlink()
+    assert main(["compare", "--out", str(copy), "--report-only"]) == 0
+    said = capsys.readouterr().out
+    assert said.startswith("claims over 2 sizes: ") and f"report: {copy / 'report.md'}" in said
+    assert (
+        json.loads((copy / "verdicts.json").read_text())["claims"]
+        == json.loads((out / "verdicts.json").read_text())["claims"]
+    )
+
+
+def test_a_ladder_preset_refuses_the_flags_that_would_break_its_protocol(capsys):
+    from attnzoo.cli import main
+
+    assert main(["compare", "--preset", "ladder", "--steps", "10"]) == 1
+    assert (
+        "--preset ladder is a ladder whose sizes share one protocol: --steps would break it" in capsys.readouterr().err
+    )

@@ -52,6 +52,7 @@ plugin_mha = attnzoo_tiny_plugin
 plugin_none = attnzoo_tiny_plugin:NoPositions
 plugin_broken = attnzoo_tiny_plugin_missing:Nothing
 plugin_exits = attnzoo_tiny_plugin_exits
+plugin_ctrl_c = attnzoo_tiny_plugin_ctrl_c
 alibi = attnzoo_tiny_plugin:NoPositions
 
 [attnzoo.kernels]
@@ -65,6 +66,7 @@ def plugin_dir(tmp_path):
     (site / "attnzoo_tiny_plugin").mkdir(parents=True)
     (site / "attnzoo_tiny_plugin" / "__init__.py").write_text(PLUGIN)
     (site / "attnzoo_tiny_plugin_exits.py").write_text("import sys\n\nsys.exit(3)\n")
+    (site / "attnzoo_tiny_plugin_ctrl_c.py").write_text("raise KeyboardInterrupt\n")
     dist_info = site / "attnzoo_tiny_plugin-0.1.dist-info"
     dist_info.mkdir()
     (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: attnzoo-tiny-plugin\nVersion: 0.1\n")
@@ -118,6 +120,16 @@ def test_a_plugin_that_exits_on_import_is_an_error_not_a_silent_exit(installed):
     """Its sys.exit(3) ended the command with status 3 and no word."""
     with pytest.raises(ValueError, match=r"plugin_exits = 'attnzoo_tiny_plugin_exits' .*sys.exit\(3\) on import"):
         POSITIONS.get("plugin_exits")
+
+
+def test_a_plugin_that_raises_keyboard_interrupt_on_import_is_named(installed):
+    """The KeyboardInterrupt escaped, and the command said only "attnzoo info: interrupted", naming no plugin."""
+    words = r"plugin_ctrl_c = 'attnzoo_tiny_plugin_ctrl_c' \(entry point group attnzoo.positions\) failed to load: "
+    with pytest.raises(ValueError, match=words + "KeyboardInterrupt while it was imported"):
+        try:
+            ModelConfig(vocab_size=16, dim=16, n_layers=1, n_heads=2, position="plugin_ctrl_c")
+        except KeyboardInterrupt:  # a failure of this test, not a Ctrl-C that ends the whole session
+            pytest.fail("the plugin's KeyboardInterrupt escaped, naming no plugin")
 
 
 def test_a_plugin_named_like_a_built_in_is_named_in_a_warning(installed, monkeypatch, caplog):

@@ -2,6 +2,7 @@ import errno
 import itertools
 import json
 import math
+import os
 import re
 import shutil
 import signal
@@ -269,6 +270,25 @@ def test_an_interrupted_run_logs_what_the_uninterrupted_one_logs(text, tmp_path)
     resumed.progress = False
     resumed.fit()
     assert _losses(tmp_path / "cut") == _losses(tmp_path / "full")
+
+
+def test_sigterm_during_the_last_step_is_honoured_and_said(text, tmp_path, capsys):
+    """A SIGTERM in the last step was dropped: the run returned as if uninterrupted and a compare went on."""
+    train_config = tiny_train_config(text, steps=2, eval_interval=2, checkpoint_interval=2)
+    trainer = Trainer(tiny_model_config(), train_config, prepare_corpus(str(text), "byte"), tmp_path, progress=False)
+    original = trainer.train_step
+
+    def sigterm_in_the_last_step():
+        if trainer.step == train_config.steps - 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original()
+
+    trainer.train_step = sigterm_in_the_last_step
+    result = trainer.fit()
+    assert (result.step, result.interrupted_by) == (2, signal.SIGTERM)
+    assert latest_checkpoint(tmp_path).name == "step-0000002"
+    said = capsys.readouterr().out
+    assert "SIGTERM during the last step: the run finished its 2 steps and saved " in said, said
 
 
 def test_a_full_disk_while_saving_names_the_disk_and_the_last_good_checkpoint(text, tmp_path, monkeypatch):

@@ -36,6 +36,7 @@ from attnzoo.io import atomic_write_text
 from attnzoo.machine import is_busy
 from attnzoo.model import Transformer
 from attnzoo.tables import Table, memory_header, ratio, speed_header
+from attnzoo.validation import MAX_COUNT, is_count, require
 from attnzoo.variants import Variant, matched_configs
 
 MODES = ("train", "train+adamw", "prefill", "decode", "decode-nocache")
@@ -499,6 +500,8 @@ class BenchSweep:
         for name in ("tokens_per_step", "decode_tokens", "repeats", "rounds", "threads"):
             if not _positive_int(getattr(self, name)):
                 raise ValueError(f"{name}={getattr(self, name)!r} is invalid: must be an integer >= 1")
+        for name in ("repeats", "rounds"):
+            require(is_count(getattr(self, name)), name, getattr(self, name), f"must be an integer in [1, {MAX_COUNT}]")
         try:
             torch.device(self.device)
         except (RuntimeError, TypeError):

@@ -68,6 +68,10 @@ def training_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     from torch.utils.flop_counter import FlopCounterMode  # here: it imports Triton, a third of a second
 
     require(is_int(seq_len) and seq_len >= 1, "seq_len", seq_len, "must be an integer >= 1")
+    # The eager path holds every head's seq_len × seq_len scores of a layer at once (float32): 10**12 tokens asked
+    # for terabytes, tried before anything said no.
+    scores = cfg.n_heads * seq_len * seq_len * 4
+    check_memory(scores, f"the eager attention scores of one layer at seq_len={seq_len:,}", "cpu", {"seq_len": seq_len})
     model = Transformer(dataclasses.replace(cfg, attn_backend="eager", max_seq_len=max(cfg.max_seq_len, seq_len)))
     idx = torch.zeros(1, seq_len, dtype=torch.long)
     with FlopCounterMode(display=False) as counter:

@@ -93,6 +93,11 @@ class Registry(Generic[T]):
             loaded = entry_point.load()
         except SystemExit as stop:  # its module ends the process on import: say so rather than exit silently
             raise ValueError(f"{where} failed to load: it called sys.exit({stop.code!r}) on import") from None
+        except KeyboardInterrupt:  # "interrupted" alone would not say where: name the plugin that was loading
+            raise ValueError(
+                f"{where} failed to load: KeyboardInterrupt while it was imported (a Ctrl-C then, or its module "
+                "raised it)"
+            ) from None
         except Exception as err:  # an ImportError, or anything the plugin's module raises on import
             raise ValueError(f"{where} failed to load: {err!r}") from err
         if name in self._classes:

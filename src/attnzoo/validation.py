@@ -7,6 +7,9 @@ import math
 from typing import Any
 
 MAX_SEED = 2**63 - 1  # torch.manual_seed and numpy take any seed in [0, 2**63 - 1]
+# Optimizer steps, benchmark rounds and the like: a billion is decades of steps at any rate a run reaches, so a
+# larger count is a typo (an extra digit or two), refused before it starts a run that would never finish.
+MAX_COUNT = 10**9
 
 
 def require(ok: bool, name: str, value: Any, allowed: str) -> None:
@@ -38,6 +41,11 @@ def _beyond_float32(value: Any) -> bool:
         return isinstance(value, (int, float)) and math.isfinite(value) and abs(value) > FLOAT32_MAX
     except OverflowError:
         return True
+
+
+def is_count(value: Any, minimum: int = 1) -> bool:
+    """An integer in ``[minimum, MAX_COUNT]``: a number of steps, rounds or repeats some run could finish."""
+    return is_int(value) and minimum <= value <= MAX_COUNT
 
 
 def is_seed(value: Any) -> bool:

@@ -11,8 +11,10 @@ from typing import Any
 
 from attnzoo.cli.command import check_out_dir, path_argument
 from attnzoo.compare import DEFAULT_VARIANTS, PRESETS, run_compare
+from attnzoo.compare.spec import LADDERS
 from attnzoo.evals import TASKS
 from attnzoo.training.config import read_toml
+from attnzoo.validation import MAX_COUNT, is_count
 from attnzoo.variants import SPEC_FORMAT
 
 
@@ -52,6 +54,8 @@ def load_compare_config(path: str | os.PathLike) -> dict[str, Any]:
             raise ValueError(f"config file {path}: [compare] {key} must be a list of strings")
     if table.get("variants") == []:
         raise ValueError(f"config file {path}: [compare] variants = [] names no variant: name at least one")
+    if table.get("out") == "":  # pathlib's current directory: the whole compare would land there
+        raise ValueError(f'config file {path}: [compare] out = "" is empty: name a directory (".", for this one)')
     for key in ("seeds", "steps"):
         if key in table:
             check_count(f"config file {path}: [compare] {key} = ", table[key], key)
@@ -69,19 +73,20 @@ def check_count(given_as: str, value: int, key: str) -> None:
             f"{given_as}{value} is invalid: must be an integer in [1, {MAX_SEEDS}] (each seed trains every variant; "
             ">= 2 for any ranking)"
         )
-    if key == "steps" and value < 1:
-        raise ValueError(f"{given_as}{value} is invalid: must be an integer >= 1")
+    if key == "steps" and not is_count(value):
+        raise ValueError(f"{given_as}{value} is invalid: must be an integer in [1, {MAX_COUNT}]")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    presets = "; ".join(f"{name}: {spec.description}" for name, spec in PRESETS.items())
+    presets = "; ".join(f"{name}: {spec.description}" for name, spec in (PRESETS | LADDERS).items())
+    presets = presets.replace("%", "%%")  # argparse formats help text with %
     parser.add_argument(
         "--config",
         metavar="FILE.toml",
         help="TOML file with a [compare] table whose keys are these flags' names (e.g. examples/compare.toml); "
         "flags given as well win",
     )
-    parser.add_argument("--preset", choices=list(PRESETS), help=f"the budget (default: quick). {presets}")
+    parser.add_argument("--preset", choices=[*PRESETS, *LADDERS], help=f"the budget (default: quick). {presets}")
     parser.add_argument(
         "--out",
         metavar="DIR",
@@ -118,6 +123,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", help="auto, cpu, cuda or cuda:N (default: auto)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (status lines still print)")
     parser.add_argument(
+        "--claims",
+        action="store_true",
+        help="end with every claim's verdict, effect and reason as well (always in report.md); by default the last "
+        "screen counts them in one line",
+    )
+    parser.add_argument(
         "--report-only",
         action="store_true",
         help="train nothing: redraw the report and verdicts.json of --out from its results.json, by this version's "
@@ -136,8 +147,8 @@ def _with_config(args: argparse.Namespace) -> argparse.Namespace:
             merged[key] = Path(value) if key == "out" else value
     if merged["preset"] is None:
         merged["preset"] = "quick"
-    elif merged["preset"] not in PRESETS:
-        raise ValueError(f"preset={merged['preset']!r} in {args.config} is not one of {list(PRESETS)}")
+    elif merged["preset"] not in PRESETS | LADDERS:
+        raise ValueError(f"preset={merged['preset']!r} in {args.config} is not one of {[*PRESETS, *LADDERS]}")
     return argparse.Namespace(**merged)
 
 
@@ -152,11 +163,23 @@ def default_out(args: argparse.Namespace) -> Path:
     return Path("runs") / f"compare-{args.preset}-{digest}"
 
 
+# What --report-only leaves as stored once the folder is named: each would change only a run it does not train.
+TRAINING_FLAGS = ("preset", "variants", "seeds", "steps", "data", "tasks", "device")
+
+
 def run(args: argparse.Namespace) -> int:
+    given = [f"--{key}" for key in TRAINING_FLAGS if getattr(args, key) is not None]
     args = _with_config(args)
     check_out_dir(args.out)
     if args.report_only:
-        return _report_only(args.out or default_out(args))
+        if args.out is not None and given:
+            raise ValueError(
+                f"--report-only redraws the report of {args.out} from its results.json and trains nothing: "
+                f"{', '.join(given)} would change nothing there; leave {'it' if len(given) == 1 else 'them'} out"
+            )
+        return _report_only(args.out or default_out(args), args.claims)
+    if args.preset in LADDERS:
+        return _ladder(args)
     for key in ("seeds", "steps"):
         if getattr(args, key) is not None:
             check_count(f"--{key}=", getattr(args, key), key)
@@ -170,23 +193,61 @@ def run(args: argparse.Namespace) -> int:
         tasks=args.tasks,
         device=args.device,
         progress=not args.no_progress,
+        claims_table=args.claims,
     )
     # As `attnzoo train` does: a stop by signal is 128 + its number, so scripts can tell it from completion.
     return 128 + result.interrupted_by if result.interrupted_by is not None else 0
 
 
-def _report_only(out: Path) -> int:
+def _ladder(args: argparse.Namespace) -> int:
+    """A ladder's rungs fix their own variants, seeds, steps and data: one protocol across the sizes."""
+    from attnzoo.compare.runner import run_ladder
+
+    fixed = [f"--{key}" for key in ("variants", "seeds", "steps", "data", "tasks") if getattr(args, key) is not None]
+    if fixed:
+        raise ValueError(
+            f"--preset {args.preset} is a ladder whose sizes share one protocol: {', '.join(fixed)} would break it; "
+            "leave them out"
+        )
+    result = run_ladder(args.preset, args.out or default_out(args), progress=not args.no_progress)
+    return 128 + result.interrupted_by if result.interrupted_by is not None else 0
+
+
+def _report_only(out: Path, claims_table: bool) -> int:
+    from attnzoo.compare.progress import final_summary
     from attnzoo.compare.report import write_report
-    from attnzoo.compare.results import CompareResults
     from attnzoo.compare.runner import with_ngram_level
+    from attnzoo.compare.stored import load_results
 
     results_file = out / "results.json"
-    if not results_file.is_file():
-        raise ValueError(f"--report-only: {results_file} does not exist; run the compare first (or name its --out)")
-    results = CompareResults.load(results_file)
+    if not results_file.exists() and any(out.glob("*/results.json")):
+        return _ladder_report_only(out)
+    results = load_results(results_file)
     counted = with_ngram_level(results)
     if counted is not results:  # a file written before the level was kept: it gains the level, once
         counted.save(results_file)
     paths = write_report(counted, out)
+    print(final_summary(counted, paths, claims_table).lstrip("\n"))
+    return 0
+
+
+def _ladder_report_only(out: Path) -> int:
+    """A folder of rungs, each a comparison in its own subfolder: the ladder's report, judged across them."""
+    from attnzoo.compare.ladder import load_ladder
+    from attnzoo.compare.report_ladder import write_ladder_report
+    from attnzoo.compare.runner import with_ngram_level
+    from attnzoo.compare.stored import load_results
+    from attnzoo.compare.verdicts import OUTCOMES, counts, judge_all
+
+    for results_file in sorted(out.glob("*/results.json")):
+        results = load_results(results_file)  # each checked as a comparison's own --report-only checks it
+        counted = with_ngram_level(results)
+        if counted is not results:
+            counted.save(results_file)
+    ladder, dirs = load_ladder(out)
+    paths = write_ladder_report(ladder, dirs, out)
+    found = counts(judge_all(ladder))
+    tally = ", ".join(f"{found[o]} {o}" for o in OUTCOMES if found[o])
+    print(f"claims over {len(ladder.rungs)} sizes: {tally} — every claim with its reason in {paths['markdown']}")
     print("report: " + ", ".join(str(path) for path in paths.values()))
     return 0

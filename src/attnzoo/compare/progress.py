@@ -2,7 +2,8 @@
 
 :class:`Schedule` turns the bench's per-job estimates into the time left, following how the recent jobs' real
 times compared with them; :func:`progress_table` is the terminal table after each run and :func:`final_summary`
-the lines a compare ends with (the side-by-side table and every claim's verdict).
+the lines a compare ends with (the side-by-side table, the claims' verdicts counted in one line, and where the
+report is).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 from attnzoo.compare.report import summary_table
 from attnzoo.compare.results import CompareResults, LMRun
 from attnzoo.compare.stats import Summary, paired_over_seeds
-from attnzoo.compare.verdicts import judge_all
+from attnzoo.compare.verdicts import Verdict, counts, judge_all
 from attnzoo.tables import Table
 
 
@@ -63,23 +64,31 @@ def progress_table(lm_runs: dict[str, dict[int, LMRun]], baseline: str) -> str:
     return Table(header, rows).to_text()
 
 
-def final_summary(results: CompareResults, paths: dict[str, Path]) -> str:
+def final_summary(results: CompareResults, paths: dict[str, Path], claims_table: bool = False) -> str:
+    """The side-by-side table, the claims in one line of counts, and where the report is: the answer a run gives,
+    last on the screen. Each claim's verdict and reason (most of them "not run" in a quick compare) is the report's,
+    and on the screen only with ``claims_table`` (``compare --claims``)."""
     budget = results.budget
-    verdicts = [
-        [v.claim.id, v.outcome, v.difference.format(4) if v.difference else "—", v.reason] for v in judge_all(results)
-    ]
-    lines = [
-        "",
-        summary_table(results).to_text(),
-        "",
-        Table(["claim", "verdict", "effect", "why"], verdicts).to_text(),
-        "",
+    verdicts = judge_all(results)
+    lines = ["", summary_table(results).to_text(), ""]
+    if claims_table:
+        rows = [[v.claim.id, v.outcome, v.difference.format(4) if v.difference else "—", v.reason] for v in verdicts]
+        lines += [Table(["claim", "verdict", "effect", "why"], rows).to_text(), ""]
+    lines += [
         f"{len(results.seeds)} seed(s) × {budget.steps} steps × {budget.tokens_per_run:,} tokens per run; "
         f"training {duration(budget.train_seconds_total)} in all, "
         f"this invocation {duration(budget.wall_seconds_this_invocation)}",
+        claims_line(verdicts, paths["markdown"]),
         "report: " + ", ".join(str(p) for p in paths.values()),
     ]
     return "\n".join(lines)
+
+
+def claims_line(verdicts: list[Verdict], report: Path) -> str:
+    """``claims: 2 supported, 1 inconclusive, 7 not measurable, 20 not run — every claim with its reason in ...``"""
+    found = counts(verdicts)
+    tally = ", ".join(f"{n} {outcome}" for outcome, n in found.items() if n)
+    return f"claims: {tally or 'none'} — every claim with its reason in {report}"
 
 
 def duration(seconds: float) -> str:

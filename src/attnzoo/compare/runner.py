@@ -111,17 +111,19 @@ def run_compare(
     tasks: Sequence[str] | None = None,
     device: str | None = None,
     progress: bool = True,
+    claims_table: bool = False,
 ) -> CompareResult:
     """Compare ``variants`` (default: the preset's) under one budget and write the report into ``out_dir``.
 
     Running it again with the same arguments reuses every finished run and resumes an interrupted one.
     SIGINT/SIGTERM during training stop after the current step with a checkpoint, during the bench after the
-    cases measured so far, and the call returns with ``interrupted_by`` set and no report.
+    cases measured so far, and the call returns with ``interrupted_by`` set and no report. It ends with the
+    side-by-side table and the claims counted in one line; ``claims_table`` prints each claim's verdict as well.
     """
     spec = resolve_spec(
         preset_or_spec, variants=variants, seeds=seeds, steps=steps, corpus=corpus, tasks=tasks, device=device
     )
-    return Comparison(spec, Path(out_dir), progress).run()
+    return Comparison(spec, Path(out_dir), progress, claims_table).run()
 
 
 @dataclass(frozen=True)
@@ -152,8 +154,8 @@ def run_ladder(preset_or_spec: str | LadderSpec, out_dir: str | os.PathLike, pro
 class Comparison:
     """One invocation of a compare: the spec, the output directory and the device it runs on."""
 
-    def __init__(self, spec: CompareSpec, out_dir: Path, progress: bool):
-        self.spec, self.out_dir, self.progress = spec, out_dir, progress
+    def __init__(self, spec: CompareSpec, out_dir: Path, progress: bool, claims_table: bool = False):
+        self.spec, self.out_dir, self.progress, self.claims_table = spec, out_dir, progress, claims_table
         self.labels = spec.variant_labels
         self.baseline = self.labels[0]
         self.env = Distributed(device=resolve_device(spec.train.device))
@@ -221,7 +223,7 @@ class Comparison:
         results = self.assemble(configs, corpus, lm_runs, bench, task_results)
         results.save(self.out_dir / RESULTS)
         paths = write_report(results, self.out_dir)
-        self.say(final_summary(results, paths))
+        self.say(final_summary(results, paths, self.claims_table))
         return CompareResult(self.out_dir, results, None)
 
     def refuse_another_comparison(self) -> None:

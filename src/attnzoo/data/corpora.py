@@ -325,8 +325,13 @@ def _files_fingerprint(root: Path, files: list[Path]) -> str:
 
 
 def _python_files(root: Path) -> list[Path]:
-    """The ``.py`` files under ``root`` in path order, leaving out installed packages nested inside it."""
-    files = (p for p in root.rglob("*.py") if not {"site-packages", "dist-packages"} & set(p.relative_to(root).parts))
+    """The ``.py`` files under ``root`` in path order, leaving out installed packages nested inside it. Regular files
+    only: a FIFO named ``x.py`` would be read forever, a directory named so not at all."""
+    files = (
+        p
+        for p in root.rglob("*.py")
+        if not {"site-packages", "dist-packages"} & set(p.relative_to(root).parts) and p.is_file()
+    )
     return sorted(files, key=lambda p: p.relative_to(root).as_posix())
 
 

@@ -79,7 +79,11 @@ class LMScore:
 
     @property
     def perplexity(self) -> float:
-        return math.exp(self.loss)
+        """Infinite for a loss past float's range (about 709.8 nats: a diverged model), where math.exp raises."""
+        try:
+            return math.exp(self.loss)
+        except OverflowError:
+            return math.inf
 
     @property
     def bits_per_byte(self) -> float:

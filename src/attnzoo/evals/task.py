@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from attnzoo.evals.base import LengthDepthSweep, TaskBatch
-from attnzoo.validation import is_int, is_number, require
+from attnzoo.validation import MAX_COUNT, is_count, is_int, is_number, require
 
 # From a smoke test to a GPU-sized budget; a task without a budget at a scale uses the nearest larger one.
 SCALES = ("micro", "quick", "claims", "standard", "full")
@@ -54,6 +54,7 @@ class TaskBudget:
         for name in ("steps", "batch_size", "eval_interval", "eval_samples", "sweep_samples", "probe_samples"):
             value = getattr(self, name)
             require(is_int(value) and value >= 1, name, value, "must be an integer >= 1")
+        require(is_count(self.steps), "steps", self.steps, f"must be an integer in [1, {MAX_COUNT}]")
         require(is_int(self.warmup_steps) and self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, ">= 0")
         require(is_number(self.lr) and self.lr > 0, "lr", self.lr, "must be a finite number > 0")
         require(

@@ -17,6 +17,9 @@ from attnzoo.precision import compute_dtype
 from attnzoo.validation import is_int, is_number, require
 
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
+# The positions are rotated as float32, which holds every integer only up to 2**24: past it two positions get one
+# angle, so a longer max_seq_len would give a model that cannot tell them apart.
+MAX_ROPE_LEN = 2**24
 
 
 @dataclass(frozen=True)
@@ -166,6 +169,12 @@ class RoPE(PositionalEncoding):
 
     @classmethod
     def validate_config(cls, cfg, qk_head_dim):
+        require(
+            cfg.max_seq_len <= MAX_ROPE_LEN,
+            "max_seq_len",
+            cfg.max_seq_len,
+            f"must be <= {MAX_ROPE_LEN:,} (2**24) with rope: its float32 positions are exact only up to there",
+        )
         options = cfg.position_opts
         rotary_dim = int(qk_head_dim * options.partial_rotary_factor)
         require(

@@ -30,7 +30,7 @@ from typing import Any
 
 from attnzoo.config import ModelConfig
 from attnzoo.data.tokenizers import TOKENIZER_CHOICES, is_tokenizer_name
-from attnzoo.validation import MAX_SEED, is_int, is_number, is_seed, require
+from attnzoo.validation import MAX_COUNT, MAX_SEED, is_count, is_int, is_number, is_seed, require
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -147,6 +147,7 @@ class TrainConfig:
         ):
             value = getattr(self, name)
             require(is_int(value) and value >= 1, name, value, "must be an integer >= 1")
+        require(is_count(self.steps), "steps", self.steps, f"must be an integer in [1, {MAX_COUNT}]")
         require(
             is_int(self.warmup_steps) and self.warmup_steps >= 0,
             "warmup_steps",
@@ -195,7 +196,7 @@ class TrainConfig:
         """This schedule stretched or shrunk to ``steps``: warmup, evaluations, logs and checkpoints keep their
         share of the run, so a shortened preset still warms up for the same fraction and still logs the
         validation points its loss-flattening gate reads."""
-        require(is_int(steps) and steps >= 1, "steps", steps, "must be an integer >= 1")
+        require(is_count(steps), "steps", steps, f"must be an integer in [1, {MAX_COUNT}]")
 
         def scaled(every: int) -> int:
             return max(1, math.ceil(every * steps / self.steps))

@@ -125,7 +125,7 @@ class DivergenceWatch:
 class TrainResult:
     run_dir: Path
     step: int
-    interrupted_by: int | None  # the signal that stopped the run early, if any
+    interrupted_by: int | None  # the signal that asked the run to stop, if any (also one in its last step)
     train_loss: float
     val: LMScore | None  # the last evaluation
     tokens_per_second: float  # training throughput of this session, evaluation and checkpoints excluded
@@ -552,7 +552,8 @@ class Trainer:
         result = TrainResult(
             run_dir=self.run_dir,
             step=self.step,
-            interrupted_by=self._stop_signal if self.step < cfg.steps else None,
+            # Also at the last step: a stop asked for then still stops what runs this (a compare, a script).
+            interrupted_by=self._stop_signal,
             train_loss=loss,
             val=last_eval,
             tokens_per_second=meter.total_rate(),
@@ -568,6 +569,11 @@ class Trainer:
     def _summary(self, result: TrainResult) -> str:
         if result.interrupted_by is not None:
             name = signal.Signals(result.interrupted_by).name
+            if result.step == self.cfg.steps:
+                return (
+                    f"{name} during the last step: the run finished its {result.step} steps and saved "
+                    f"{self.last_checkpoint}; stopping here"
+                )
             return (
                 f"{name}: stopped at step {result.step} and saved {self.last_checkpoint}. "
                 f"Continue with: attnzoo train --resume {self.run_dir}"
