@@ -817,3 +817,17 @@ def test_results_of_another_schema_are_refused_naming_the_version_or_the_field(t
         ValueError, match=r"\.budget: missing field\(s\) \['steps'\], unknown field\(s\) \['steps_run'\]"
     ):
         CompareResults.load(path)
+
+
+def test_report_only_on_a_file_without_its_ngram_level_counts_it_or_says_why_not(tmp_path, capsys):
+    """A results file written before the corpus's trigram level was kept: its corpus (a temporary file then) is gone,
+    so the report is drawn without the level, the competent-model gate says so, and the terminal says why."""
+    from attnzoo.cli import main
+
+    out = tmp_path / "out"
+    shutil.copytree(FIXTURE, out)
+    assert main(["compare", "--out", str(out), "--report-only"]) == 0
+    assert "no n-gram level recorded, and none counted: corpus '/tmp/" in capsys.readouterr().err
+    diff = next(row for row in json.loads((out / "verdicts.json").read_text())["claims"] if row["id"] == "diff.lm_loss")
+    competent = next(part for part in diff["gate"]["parts"] if part["name"] == "(d) competent models")
+    assert not competent["passed"] and "records no n-gram level" in competent["detail"]

@@ -6,6 +6,7 @@ import argparse
 import hashlib
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -216,16 +217,11 @@ def _ladder(args: argparse.Namespace) -> int:
 def _report_only(out: Path, claims_table: bool) -> int:
     from attnzoo.compare.progress import final_summary
     from attnzoo.compare.report import write_report
-    from attnzoo.compare.runner import with_ngram_level
-    from attnzoo.compare.stored import load_results
 
     results_file = out / "results.json"
     if not results_file.exists() and any(out.glob("*/results.json")):
         return _ladder_report_only(out)
-    results = load_results(results_file)
-    counted = with_ngram_level(results)
-    if counted is not results:  # a file written before the level was kept: it gains the level, once
-        counted.save(results_file)
+    counted = _with_ngram_level(results_file)
     paths = write_report(counted, out)
     print(final_summary(counted, paths, claims_table).lstrip("\n"))
     return 0
@@ -235,15 +231,10 @@ def _ladder_report_only(out: Path) -> int:
     """A folder of rungs, each a comparison in its own subfolder: the ladder's report, judged across them."""
     from attnzoo.compare.ladder import load_ladder
     from attnzoo.compare.report_ladder import write_ladder_report
-    from attnzoo.compare.runner import with_ngram_level
-    from attnzoo.compare.stored import load_results
     from attnzoo.compare.verdicts import OUTCOMES, counts, judge_all
 
     for results_file in sorted(out.glob("*/results.json")):
-        results = load_results(results_file)  # each checked as a comparison's own --report-only checks it
-        counted = with_ngram_level(results)
-        if counted is not results:
-            counted.save(results_file)
+        _with_ngram_level(results_file)  # each checked as a comparison's own --report-only checks it
     ladder, dirs = load_ladder(out)
     paths = write_ladder_report(ladder, dirs, out)
     found = counts(judge_all(ladder))
@@ -251,3 +242,21 @@ def _ladder_report_only(out: Path) -> int:
     print(f"claims over {len(ladder.rungs)} sizes: {tally} — every claim with its reason in {paths['markdown']}")
     print("report: " + ", ".join(str(path) for path in paths.values()))
     return 0
+
+
+def _with_ngram_level(results_file: Path):
+    """The stored results, checked; a file written before the corpus's n-gram level was kept gains it, once, where
+    the corpus can still be read (else the competent-model gate says the level is missing, and this says why)."""
+    from attnzoo.compare.runner import with_ngram_level
+    from attnzoo.compare.stored import load_results
+    from attnzoo.data.corpora import CorpusError
+
+    results = load_results(results_file)
+    try:
+        counted = with_ngram_level(results)
+    except (ValueError, OSError, CorpusError) as err:
+        print(f"{results_file}: no n-gram level recorded, and none counted: {err}", file=sys.stderr)
+        return results
+    if counted is not results:
+        counted.save(results_file)
+    return counted
