@@ -105,3 +105,16 @@ def test_a_ladder_preset_refuses_the_flags_that_would_break_its_protocol(capsys)
     assert (
         "--preset ladder is a ladder whose sizes share one protocol: --steps would break it" in capsys.readouterr().err
     )
+
+
+def test_the_stored_ladder_re_renders_to_the_committed_report(tmp_path):
+    """docs/ladder is a pure function of its rungs' results.json: the verdicts and the report agree."""
+    from pathlib import Path
+
+    stored = Path(__file__).parents[1] / "docs" / "ladder"
+    copy = tmp_path / "ladder"
+    shutil.copytree(stored, copy)
+    ladder, dirs = load_ladder(copy)
+    paths = write_ladder_report(ladder, dirs, copy)
+    assert json.loads(paths["verdicts"].read_text()) == json.loads((stored / "verdicts.json").read_text())
+    assert paths["markdown"].read_text() == (stored / "report.md").read_text()

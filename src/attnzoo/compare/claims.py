@@ -296,8 +296,8 @@ def _competent(results: CompareResults, models: list[str], levels: dict[str, flo
         return GatePart(
             "(d) competent models",
             False,
-            f"{', '.join(worse)} nats/token, no better than a {ngram.order}-gram count model ({ngram.val_loss:.3f}): "
-            "a model that has not learned to use its context",
+            f"{', '.join(worse)} nats/token, no better than a {ngram.order}-gram count model ({ngram.val_loss:.3f}, "
+            f"fitted on {ngram.train_tokens:,} training tokens): a model that has not learned to use its context",
         )
     return GatePart(
         "(d) competent models", True, f"every model below the {ngram.order}-gram level {ngram.val_loss:.3f}"
