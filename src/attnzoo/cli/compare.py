@@ -12,6 +12,8 @@ from typing import Any
 
 from attnzoo.cli.command import check_out_dir, path_argument
 from attnzoo.compare import DEFAULT_VARIANTS, PRESETS, run_compare
+from attnzoo.compare.executors import EXECUTORS, ExecutorConfig
+from attnzoo.compare.merge import merge_runs
 from attnzoo.compare.spec import LADDERS
 from attnzoo.evals import TASKS
 from attnzoo.training.config import read_toml
@@ -35,14 +37,21 @@ CONFIG_KEYS: dict[str, type] = {
     "tasks": list,
     "device": str,
     "no_progress": bool,
+    "executor": str,
+    "jobs": int,
 }
 
 
 def load_compare_config(path: str | os.PathLike) -> dict[str, Any]:
-    """The ``[compare]`` table of a TOML file, its keys the flags' names (``no_progress`` for --no-progress)."""
+    """The ``[compare]`` table of a TOML file, its keys the flags' names (``no_progress`` for --no-progress), and
+    under ``executor_options`` its ``[executor]`` table: the engine's own options, passed through."""
     document = read_toml(path)
-    if set(document) - {"compare"} or not isinstance(document.get("compare", {}), dict):
-        raise ValueError(f"config file {path} must hold one [compare] table; it has {sorted(document)}")
+    tables = {"compare", "executor"}
+    if set(document) - tables or not all(isinstance(document.get(name, {}), dict) for name in tables):
+        raise ValueError(
+            f"config file {path} must hold a [compare] table and optionally an [executor] table; it has "
+            f"{sorted(document)}"
+        )
     table = document.get("compare", {})
     unknown = sorted(set(table) - set(CONFIG_KEYS))
     if unknown:
@@ -60,7 +69,7 @@ def load_compare_config(path: str | os.PathLike) -> dict[str, Any]:
     for key in ("seeds", "steps"):
         if key in table:
             check_count(f"config file {path}: [compare] {key} = ", table[key], key)
-    return dict(table)
+    return dict(table) | ({"executor_options": document["executor"]} if "executor" in document else {})
 
 
 # Each seed trains every variant once: beyond this a comparison is a typo, not a plan.
@@ -122,6 +131,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: the preset's)",
     )
     parser.add_argument("--device", help="auto, cpu, cuda or cuda:N (default: auto)")
+    parser.add_argument(
+        "--executor",
+        choices=EXECUTORS,
+        help="where the runs train: inline in this process, one after another (default, the reference); local "
+        "processes (one per GPU, or --jobs); slurm through submitit; or a ray cluster. Engine options (partition, "
+        "time limit, GPUs per run, Ray address) go in the --config file's [executor] table",
+    )
+    parser.add_argument(
+        "--merge-from",
+        nargs="+",
+        metavar="DIR",
+        type=path_argument,
+        help="first copy the finished runs of these compare directories (the same comparison, run on other "
+        "machines, executors or leases) into --out; the compare then trains only what is still missing",
+    )
+    parser.add_argument(
+        "--pool-commits",
+        action="store_true",
+        help="pool runs trained by different commits of attnzoo (merged from other machines or leases); refused "
+        "otherwise, and the report lists each run's commit either way",
+    )
+    parser.add_argument(
+        "--jobs", type=int, metavar="N", help="--executor local: runs at once (default: one per GPU, else per core)"
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (status lines still print)")
     parser.add_argument(
         "--claims",
@@ -165,11 +198,14 @@ def default_out(args: argparse.Namespace) -> Path:
 
 
 # What --report-only leaves as stored once the folder is named: each would change only a run it does not train.
-TRAINING_FLAGS = ("preset", "variants", "seeds", "steps", "data", "tasks", "device")
+TRAINING_FLAGS = (
+    *("preset", "variants", "seeds", "steps", "data", "tasks", "device"),
+    *("executor", "jobs", "merge_from"),
+)
 
 
 def run(args: argparse.Namespace) -> int:
-    given = [f"--{key}" for key in TRAINING_FLAGS if getattr(args, key) is not None]
+    given = [f"--{key.replace('_', '-')}" for key in TRAINING_FLAGS if getattr(args, key) is not None]
     args = _with_config(args)
     check_out_dir(args.out)
     if args.report_only:
@@ -184,9 +220,15 @@ def run(args: argparse.Namespace) -> int:
     for key in ("seeds", "steps"):
         if getattr(args, key) is not None:
             check_count(f"--{key}=", getattr(args, key), key)
+    out = args.out or default_out(args)
+    if args.merge_from:
+        copied = merge_runs(args.merge_from, out)
+        print(f"merged {len(copied)} finished run(s) from {', '.join(map(str, args.merge_from))} into {out}")
     result = run_compare(
         args.preset,
-        args.out or default_out(args),
+        out,
+        executor=_executor(args),
+        pool_commits=args.pool_commits,
         variants=_variant_list(args.variants) if args.variants else None,
         seeds=range(args.seeds) if args.seeds is not None else None,
         steps=args.steps,
@@ -210,8 +252,28 @@ def _ladder(args: argparse.Namespace) -> int:
             f"--preset {args.preset} is a ladder whose sizes share one protocol: {', '.join(fixed)} would break it; "
             "leave them out"
         )
-    result = run_ladder(args.preset, args.out or default_out(args), progress=not args.no_progress)
+    out = args.out or default_out(args)
+    for rung in LADDERS[args.preset].rungs if args.merge_from else ():
+        sources = [source / rung.name for source in args.merge_from if (source / rung.name / "runs").is_dir()]
+        copied = merge_runs(sources, out / rung.name)
+        print(f"merged {len(copied)} finished run(s) of rung {rung.name} into {out / rung.name}")
+    result = run_ladder(
+        args.preset, out, progress=not args.no_progress, executor=_executor(args), pool_commits=args.pool_commits
+    )
     return 128 + result.interrupted_by if result.interrupted_by is not None else 0
+
+
+def _executor(args: argparse.Namespace) -> ExecutorConfig:
+    name = args.executor or "inline"
+    if args.jobs is not None and name != "local":
+        raise ValueError(f"--jobs={args.jobs} counts local processes: it needs --executor local, not {name}")
+    options = getattr(args, "executor_options", None) or {}
+    if options and name == "inline":
+        raise ValueError(
+            f"the config file's [executor] table {options} configures an engine, and the runs train inline: name "
+            "the engine with --executor (or executor = ... in [compare])"
+        )
+    return ExecutorConfig(name, args.jobs, options)
 
 
 def _report_only(out: Path, claims_table: bool) -> int:

@@ -14,6 +14,7 @@ cannot (too few seeds, or none of the claims' experiments) opens with what it me
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 from attnzoo.compare.document import Bullets, Heading, Image, Paragraph, Report
@@ -26,7 +27,7 @@ from attnzoo.compare.plots import (
     plot_throughput_memory,
 )
 from attnzoo.compare.report_claims import claims_section
-from attnzoo.compare.results import ATTENTION_MAPS, BenchRecord, CompareResults, TaskResult
+from attnzoo.compare.results import ATTENTION_MAPS, BenchRecord, CompareResults, Provenance, TaskResult
 from attnzoo.compare.spec import PRESETS
 from attnzoo.compare.stats import CONFIDENCE, PairedDifference, Summary, paired_over_seeds
 from attnzoo.compare.verdicts import MIN_SEEDS, Verdict, judge_all, verdicts_record
@@ -231,6 +232,19 @@ def _task_difference(task: TaskResult, label: str, baseline: str) -> PairedDiffe
 # ----------------------------------------------------------------------------------------------- the report
 
 
+def _provenance(results: CompareResults) -> str:
+    """Each (commit, host, device, executor) the runs were made at, with how many runs."""
+
+    def place(where: Provenance | None) -> str:
+        if where is None:
+            return "not recorded (written before runs recorded it)"
+        commit = where.commit or "unknown (not a git checkout)"
+        return f"commit {commit} on {where.host} ({where.device}, {where.executor})"
+
+    found = Counter(place(run.provenance) for variant in results.variants.values() for run in variant.runs)
+    return "; ".join(f"{place}: {n} run(s)" for place, n in found.items())
+
+
 def build_report(results: CompareResults, plots: dict[str, str]) -> Report:
     budget, machine, corpus, evals = results.budget, results.machine, results.corpus, results.evals
     seeds, baseline = results.seeds, results.baseline
@@ -273,6 +287,7 @@ def build_report(results: CompareResults, plots: dict[str, str]) -> Report:
                 f"machine: {machine.description}, {_load(machine.load_average_end)} at the end (on a shared "
                 "machine every figure that depends on time is slower and noisier)",
                 f"attnzoo {results.attnzoo_version}, {results.created}",
+                f"runs trained at: {_provenance(results)}",
             ]
         ),
         Heading(2, "Training curves"),

@@ -47,6 +47,17 @@ class ExtrapolationResult:
 
 
 @dataclass(frozen=True)
+class Provenance:
+    """Where and from what code a run was trained: runs made elsewhere (an executor's workers, another machine,
+    another lease) are pooled only from one commit unless the comparison is told otherwise."""
+
+    host: str
+    device: str  # "cpu, 1 thread(s)" or the GPU's name
+    commit: str | None  # the source checkout's git commit (with "-dirty" for uncommitted changes); None: no checkout
+    executor: str  # inline, local, slurm or ray
+
+
+@dataclass(frozen=True)
 class LMRun:
     """One variant × seed trained on the corpus, and its evaluations."""
 
@@ -65,6 +76,7 @@ class LMRun:
     evals: dict[str, Any]  # the evaluation settings; a stored run is reused only under the same ones
     has_maps: bool = False  # attention_maps.npy beside the run
     probes: dict[str, float] = field(default_factory=dict)  # of the trained model: outliers, spikiness
+    provenance: Provenance | None = None  # None in a file written before runs recorded it
 
     @property
     def train_tokens_per_s(self) -> float:

@@ -23,9 +23,12 @@ import json
 import os
 import platform
 import shutil
+import signal
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from itertools import product
@@ -40,6 +43,7 @@ from tqdm import tqdm
 from attnzoo import __version__
 from attnzoo.attention import ATTENTION
 from attnzoo.bench import BenchCase, Interrupted, machine_description, measure, stop_on_signals
+from attnzoo.compare.executors import INLINE, ExecutorConfig, RunJob, run_elsewhere
 from attnzoo.compare.ladder import Ladder, load_ladder
 from attnzoo.compare.progress import Schedule, duration, final_summary, progress_table
 from attnzoo.compare.report import write_report
@@ -56,6 +60,7 @@ from attnzoo.compare.results import (
     ExtrapolationResult,
     LMRun,
     MachineInfo,
+    Provenance,
     TaskResult,
     TaskRun,
     VariantResult,
@@ -112,6 +117,8 @@ def run_compare(
     device: str | None = None,
     progress: bool = True,
     claims_table: bool = False,
+    executor: ExecutorConfig = INLINE,
+    pool_commits: bool = False,
 ) -> CompareResult:
     """Compare ``variants`` (default: the preset's) under one budget and write the report into ``out_dir``.
 
@@ -119,11 +126,13 @@ def run_compare(
     SIGINT/SIGTERM during training stop after the current step with a checkpoint, during the bench after the
     cases measured so far, and the call returns with ``interrupted_by`` set and no report. It ends with the
     side-by-side table and the claims counted in one line; ``claims_table`` prints each claim's verdict as well.
+    ``executor`` trains the runs elsewhere (local processes, Slurm, Ray: :mod:`attnzoo.compare.executors`) before
+    the same loop reads them back. Runs trained by different commits are refused unless ``pool_commits``.
     """
     spec = resolve_spec(
         preset_or_spec, variants=variants, seeds=seeds, steps=steps, corpus=corpus, tasks=tasks, device=device
     )
-    return Comparison(spec, Path(out_dir), progress, claims_table).run()
+    return Comparison(spec, Path(out_dir), progress, claims_table, executor, pool_commits).run()
 
 
 @dataclass(frozen=True)
@@ -133,7 +142,13 @@ class LadderResult:
     interrupted_by: int | None
 
 
-def run_ladder(preset_or_spec: str | LadderSpec, out_dir: str | os.PathLike, progress: bool = True) -> LadderResult:
+def run_ladder(
+    preset_or_spec: str | LadderSpec,
+    out_dir: str | os.PathLike,
+    progress: bool = True,
+    executor: ExecutorConfig = INLINE,
+    pool_commits: bool = False,
+) -> LadderResult:
     """Every rung of a ladder, smallest first, each a comparison in ``out_dir/<rung>``; then the ladder's report in
     ``out_dir``. Running it again reuses every finished run, as a comparison does."""
     if isinstance(preset_or_spec, str):
@@ -142,7 +157,7 @@ def run_ladder(preset_or_spec: str | LadderSpec, out_dir: str | os.PathLike, pro
         preset_or_spec = LADDERS[preset_or_spec]
     out = Path(out_dir)
     for rung in preset_or_spec.rungs:
-        done = Comparison(rung, out / rung.name, progress).run()
+        done = Comparison(rung, out / rung.name, progress, executor=executor, pool_commits=pool_commits).run()
         if done.interrupted_by is not None:
             return LadderResult(out, None, done.interrupted_by)
     ladder, dirs = load_ladder(out)
@@ -151,11 +166,49 @@ def run_ladder(preset_or_spec: str | LadderSpec, out_dir: str | os.PathLike, pro
     return LadderResult(out, ladder, None)
 
 
+def source_commit() -> str | None:
+    """The git commit of the attnzoo source this process runs, "-dirty" if it has uncommitted changes; None when
+    it is not a git checkout (an installed wheel)."""
+    source = Path(__file__).resolve().parent
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(source), *args], capture_output=True, text=True, timeout=30)
+
+    try:
+        head = git("rev-parse", "HEAD")
+        if head.returncode != 0:
+            return None
+        dirty = git("status", "--porcelain", "--untracked-files=no", "--", str(source)).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("-dirty" if dirty else "")
+
+
+def train_run(spec: CompareSpec, out_dir: str, job: RunJob, threads: int | None) -> None:
+    """One run trained and evaluated on an executor's worker, as the inline loop would, its output appended to
+    its log."""
+    log = job.log_path(Path(out_dir))
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a", encoding="utf-8") as stream, redirect_stdout(stream), redirect_stderr(stream):
+        if threads is not None:
+            torch.set_num_threads(threads)
+        Comparison(spec, Path(out_dir), False, executor=ExecutorConfig(job.executor)).train_one(job.label, job.seed)
+
+
 class Comparison:
     """One invocation of a compare: the spec, the output directory and the device it runs on."""
 
-    def __init__(self, spec: CompareSpec, out_dir: Path, progress: bool, claims_table: bool = False):
+    def __init__(
+        self,
+        spec: CompareSpec,
+        out_dir: Path,
+        progress: bool,
+        claims_table: bool = False,
+        executor: ExecutorConfig = INLINE,
+        pool_commits: bool = False,
+    ):
         self.spec, self.out_dir, self.progress, self.claims_table = spec, out_dir, progress, claims_table
+        self.executor, self.pool_commits = executor, pool_commits
         self.labels = spec.variant_labels
         self.baseline = self.labels[0]
         self.env = Distributed(device=resolve_device(spec.train.device))
@@ -189,9 +242,7 @@ class Comparison:
         self.refuse_another_comparison()
         corpus = load_corpus(spec.train.data, self.env)
         self.extrapolation_tokens(corpus)  # refuse a too-short corpus now, not after the training
-        configs = matched_configs(
-            [Variant.parse(v) for v in spec.variants], spec.baseline_config(corpus.tokenizer.vocab_size)
-        )
+        configs = self.configs(corpus)
         # Every variant's speed and memory back to back, so the ratios share machine conditions.
         bench, interrupted_by = self.bench(configs)
         if bench is None:
@@ -206,6 +257,10 @@ class Comparison:
             f"estimated time: about {duration(self.schedule.remaining())} for the training left (from the token "
             "budget and the step times just measured; evaluations come on top)"
         )
+        if self.executor.name != "inline":
+            todo = [RunJob(label, seed, self.executor.name) for seed, label in jobs if not self.finished(label, seed)]
+            self.say(f"{len(todo)} of {len(jobs)} runs to train on executor {self.executor.name}")
+            run_elsewhere(self.executor, spec, self.out_dir, todo, train_run, self.say)
         lm_runs: dict[str, dict[int, LMRun]] = {label: {} for label in self.labels}
         for i, (seed, label) in enumerate(jobs, start=1):
             self.say(f"\n── [{i}/{len(jobs)}] {label} · seed {seed} · {self._elapsed()} elapsed{self._left()} ──")
@@ -225,6 +280,19 @@ class Comparison:
         paths = write_report(results, self.out_dir)
         self.say(final_summary(results, paths, self.claims_table))
         return CompareResult(self.out_dir, results, None)
+
+    def refuse_mixed_commits(self, runs: list[LMRun]) -> None:
+        """Runs made by different code (merged from other machines, executors or leases) are pooled only when
+        asked: a difference between variants could be a change of code."""
+        commits = {run.provenance.commit for run in runs if run.provenance is not None}
+        if len(commits) > 1 and not self.pool_commits:
+            made = "; ".join(
+                f"{run.variant} seed {run.seed}: {run.provenance.commit}" for run in runs if run.provenance is not None
+            )
+            raise ValueError(
+                f"the runs in {self.out_dir} were trained by {len(commits)} different commits ({made}): retrain the "
+                "odd ones out, or pool them knowingly with --pool-commits (the report lists each run's commit)"
+            )
 
     def refuse_another_comparison(self) -> None:
         """A directory whose report compares something else is never overwritten by this comparison."""
@@ -273,18 +341,42 @@ class Comparison:
 
     # ------------------------------------------------------------------------------------ language model
 
+    def configs(self, corpus: Corpus) -> dict[str, ModelConfig]:
+        """Every variant's model, parameter-matched to the baseline's."""
+        baseline = self.spec.baseline_config(corpus.tokenizer.vocab_size)
+        return matched_configs([Variant.parse(v) for v in self.spec.variants], baseline)
+
+    def run_plan(self, label: str, seed: int) -> tuple[Path, TrainConfig, dict[str, Any]]:
+        """Where a run lives, how it trains and how it is evaluated."""
+        spec, variant = self.spec, Variant.parse(label)
+        train_config = dataclasses.replace(spec.train, seed=seed, steps=variant.steps(spec.train.steps))
+        if variant.uptrain is not None:
+            train_config = uptraining_config(train_config)
+        evals = _jsonable({**asdict(spec.evals), "maps": seed == spec.seeds[0]})
+        return self.out_dir / "runs" / label / f"seed{seed}", train_config, evals
+
+    def finished(self, label: str, seed: int) -> bool:
+        """Whether the run's record is written, under this comparison's evaluations (its checkpoint is checked
+        when the record is read back)."""
+        run_dir, _, evals = self.run_plan(label, seed)
+        record = _read_record(LMRun, run_dir / RUN_RECORD)
+        return record is not None and record.evals == evals
+
+    def train_one(self, label: str, seed: int) -> None:
+        """One run, trained and evaluated where this process is (an executor's worker): its record on disk."""
+        corpus = load_corpus(self.spec.train.data, self.env)
+        with stop_on_signals():
+            record, interrupted_by, _ = self.lm_run(label, self.configs(corpus)[label], seed, corpus)
+        if record is None:
+            raise Interrupted(interrupted_by or signal.SIGTERM)
+
     def lm_run(
         self, label: str, config: ModelConfig, seed: int, corpus: Corpus
     ) -> tuple[LMRun | None, int | None, bool]:
         """Train (or reuse, or resume) one run and evaluate it: its record or the stopping signal, and whether
         the record was reused as it was."""
-        spec = self.spec
-        run_dir = self.out_dir / "runs" / label / f"seed{seed}"
         variant = Variant.parse(label)
-        train_config = dataclasses.replace(spec.train, seed=seed, steps=variant.steps(spec.train.steps))
-        if variant.uptrain is not None:
-            train_config = uptraining_config(train_config)
-        evals = _jsonable({**asdict(spec.evals), "maps": seed == spec.seeds[0]})
+        run_dir, train_config, evals = self.run_plan(label, seed)
         found = latest_checkpoint(run_dir)
         checkpoint = read_checkpoint(found) if found is not None else None
         if checkpoint is not None:
@@ -409,7 +501,14 @@ class Comparison:
             evals=evals,
             has_maps=has_maps,
             probes=probes,
+            provenance=self.provenance(),
         )
+
+    def provenance(self) -> Provenance:
+        device = self.env.device
+        threads = f"cpu, {torch.get_num_threads()} thread(s)"
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else threads
+        return Provenance(platform.node(), name, source_commit(), self.executor.name)
 
     # -------------------------------------------------------------------------------------------- bench
 
@@ -577,6 +676,7 @@ class Comparison:
     ) -> CompareResults:
         spec, train = self.spec, self.spec.train
         runs = {label: [lm_runs[label][seed] for seed in spec.seeds] for label in self.labels}
+        self.refuse_mixed_commits([run for by_seed in runs.values() for run in by_seed])
         return CompareResults(
             schema_version=SCHEMA_VERSION,
             attnzoo_version=__version__,

@@ -428,8 +428,9 @@ def resolve_spec(
         train_changes["device"] = device
     if train_changes or train is not spec.train:
         changes["train"] = dataclasses.replace(train, **train_changes)
-    if tasks is None and spec.name in SCALES:
-        # A task registered after this module was imported joins the preset of its scale.
+    if tasks is None and isinstance(preset_or_spec, str) and spec.name in SCALES:
+        # A task registered after this module was imported joins the preset of its scale (a spec passed whole
+        # keeps the tasks it names: none, if it names none).
         known = {task.name for task in spec.tasks}
         added = tuple(task for task in tasks_at_scale(spec.name) if task.name not in known)
         if added:

@@ -1,0 +1,206 @@
+"""The executors train a comparison's runs elsewhere (local processes, submitit, Ray) and must leave exactly the
+records the inline loop leaves: same weights, same numbers, bit for bit (the time a run took aside)."""
+
+import argparse
+import contextlib
+import dataclasses
+import io
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+from training_helpers import write_text_corpus
+
+from attnzoo.cli.compare import _executor, _with_config, add_arguments
+from attnzoo.compare import resolve_spec, run_compare
+from attnzoo.compare.executors import INLINE, ExecutorConfig, RunJob, RunsFailed, run_elsewhere
+from attnzoo.compare.merge import merge_runs
+from attnzoo.compare.results import CompareResults
+from attnzoo.compare.verdicts import judge_all
+
+# An uptrained variant, so that a run that starts from another's weights waits for it on every engine.
+VARIANTS = ["mha+rope", "mha+rope+kv1+up0.5"]
+TIMINGS = ("train_seconds", "provenance")  # what may differ between two executions of the same run
+
+
+def _spec(text):
+    spec = resolve_spec("micro", variants=VARIANTS, corpus=str(text), tasks=[])
+    return dataclasses.replace(spec, evals=dataclasses.replace(spec.evals, bench_cases=()))
+
+
+def _compare(spec, out, executor=INLINE):
+    captured = io.StringIO()
+    with contextlib.redirect_stdout(captured):
+        result = run_compare(spec, out, progress=False, executor=executor)
+    assert result.interrupted_by is None
+    return captured.getvalue()
+
+
+@pytest.fixture(scope="module")
+def inline(tmp_path_factory):
+    root = tmp_path_factory.mktemp("executors")
+    text = write_text_corpus(root / "text.txt")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ATTNZOO_CACHE_DIR", str(root / "cache"))
+        _compare(_spec(text), root / "inline")
+    return {"out": root / "inline", "text": text, "cache": root / "cache"}
+
+
+@pytest.fixture
+def spec(inline, monkeypatch):
+    monkeypatch.setenv("ATTNZOO_CACHE_DIR", str(inline["cache"]))
+    return _spec(inline["text"])
+
+
+def _runs(out: Path) -> dict:
+    """Every run's record (its timings aside) and its final weights."""
+    found = {}
+    for record_file in sorted(out.glob("runs/*/seed*/compare_run.json")):
+        record = {k: v for k, v in json.loads(record_file.read_text()).items() if k not in TIMINGS}
+        final = sorted(record_file.parent.glob("checkpoints/step-*/model.safetensors"))[-1]
+        found[str(record_file.parent.relative_to(out))] = (record, load_file(final))
+    return found
+
+
+def _assert_same_runs(out: Path, reference: Path) -> None:
+    ours, theirs = _runs(out), _runs(reference)
+    assert sorted(ours) == sorted(theirs) and len(ours) == 4
+    for name, (record, weights) in ours.items():
+        assert record == theirs[name][0], name
+        assert weights.keys() == theirs[name][1].keys()
+        assert all(weights[key].equal(theirs[name][1][key]) for key in weights), name
+
+
+def _engines():
+    yield pytest.param(ExecutorConfig("local", jobs=2, options={"threads": 1}), id="local")
+    yield pytest.param(ExecutorConfig("slurm", options={"cluster": "local", "cpus_per_task": 1}), id="submitit")
+    yield pytest.param(ExecutorConfig("ray", options={"num_cpus": 1}), id="ray")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("executor", _engines())
+def test_every_engine_trains_the_inline_runs_bit_for_bit(inline, spec, tmp_path, executor):
+    if executor.name != "local":
+        pytest.importorskip({"slurm": "submitit", "ray": "ray"}[executor.name])
+    stdout = _compare(spec, tmp_path / "out", executor)
+    assert f"4 of 4 runs to train on executor {executor.name}" in stdout
+    assert stdout.count("reusing") == 4  # the inline loop then reads each record back, training nothing
+    _assert_same_runs(tmp_path / "out", inline["out"])
+    results = CompareResults.load(tmp_path / "out" / "results.json")
+    assert {run.provenance.executor for v in results.variants.values() for run in v.runs} == {executor.name}
+    assert (tmp_path / "out" / "logs" / "mha+rope" / "seed1.log").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_a_driver_started_again_submits_only_the_runs_still_missing(inline, spec, tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(inline["out"], out)
+    (out / "results.json").unlink()
+    # As if the driver died while these two ran: one had checkpointed midway, the other had not started.
+    shutil.rmtree(out / "runs/mha+rope/seed1")
+    shutil.rmtree(out / "runs/mha+rope+kv1+up0.5/seed1/checkpoints/step-0000003")
+    (out / "runs/mha+rope+kv1+up0.5/seed1/compare_run.json").unlink()
+    kept = {p: p.stat().st_mtime_ns for p in out.glob("runs/*/seed0/**/*") if p.is_file()}
+    stdout = _compare(spec, out, ExecutorConfig("local", jobs=2, options={"threads": 1}))
+    assert "2 of 4 runs to train on executor local" in stdout
+    assert {p: p.stat().st_mtime_ns for p in out.glob("runs/*/seed0/**/*") if p.is_file()} == kept
+    _assert_same_runs(out, inline["out"])
+
+
+def _work_that_fails_for_seed_1(spec, out_dir, job, threads):
+    """A worker's run: seed 1 raises, every time; the others leave a mark and each attempt is counted."""
+    attempts = Path(out_dir) / f"{job.label}-seed{job.seed}.attempts"
+    with open(attempts, "a") as f:
+        f.write("x")
+    if job.seed == 1:
+        raise RuntimeError("out of memory on this node")
+    (Path(out_dir) / f"{job.label}-seed{job.seed}.done").write_text("done")
+
+
+def test_a_run_that_fails_on_its_worker_is_reported_with_its_log_retried_once_and_spares_the_others(tmp_path):
+    spec = resolve_spec("micro", variants=VARIANTS, tasks=[])
+    jobs = [RunJob(label, seed, "local") for seed in (0, 1, 2) for label in VARIANTS]
+    said = []
+    with pytest.raises(RunsFailed, match=r"1 run\(s\) failed twice") as failure:
+        run_elsewhere(ExecutorConfig("local", jobs=2), spec, tmp_path, jobs, _work_that_fails_for_seed_1, said.append)
+    assert f"log: {tmp_path.resolve() / 'logs' / 'mha+rope' / 'seed1.log'}" in str(failure.value)
+    # The uptrained variant's wave never starts once a run it may start from has failed twice.
+    assert sorted(p.name for p in tmp_path.glob("*.done")) == ["mha+rope-seed0.done", "mha+rope-seed2.done"]
+    assert (tmp_path / "mha+rope-seed1.attempts").read_text() == "xx"
+    assert any("mha+rope · seed 1 failed on its worker (RuntimeError: out of memory" in line for line in said)
+    assert any("trying it once more" in line for line in said) and any("not trying again" in line for line in said)
+
+
+@pytest.mark.parametrize(
+    ("config", "words"),
+    [
+        (dict(name="spark"), "executor='spark' is unknown; choose one of"),
+        (dict(name="local", jobs=0), r"jobs=0 is invalid: --jobs is an integer in \[1, 1024\]"),
+        (dict(name="inline", jobs=2), "jobs=2 is invalid"),
+        (dict(name="ray", options={"partition": "gpu"}), r"option\(s\) \['partition'\] mean nothing to executor 'ray'"),
+    ],
+)
+def test_an_executor_config_that_cannot_run_is_refused_by_name(config, words):
+    with pytest.raises(ValueError, match=words):
+        ExecutorConfig(**config)
+
+
+def _args(*flags, config=None):
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return _with_config(parser.parse_args([*flags, *(["--config", str(config)] if config else [])]))
+
+
+def test_the_engine_and_its_options_come_from_the_flags_and_the_config_files_executor_table(tmp_path):
+    config = tmp_path / "compare.toml"
+    config.write_text('[compare]\nexecutor = "slurm"\n\n[executor]\nslurm_partition = "gpu"\ntimeout_min = 90\n')
+    slurm = ExecutorConfig("slurm", None, {"slurm_partition": "gpu", "timeout_min": 90})
+    assert _executor(_args(config=config)) == slurm
+    assert _executor(_args("--executor", "local", "--jobs", "3")) == ExecutorConfig("local", 3, {})
+    assert _executor(_args()) == INLINE
+    with pytest.raises(ValueError, match="--jobs=2 counts local processes: it needs --executor local, not ray"):
+        _executor(_args("--executor", "ray", "--jobs", "2"))
+    inline_with_options = tmp_path / "inline.toml"
+    inline_with_options.write_text('[compare]\npreset = "micro"\n\n[executor]\naddress = "auto"\n')
+    with pytest.raises(ValueError, match=r"\[executor\] table \{'address': 'auto'\} configures an engine"):
+        _executor(_args(config=inline_with_options))
+    stray = tmp_path / "stray.toml"
+    stray.write_text("[compare]\n\n[slurm]\npartition = 'gpu'\n")
+    with pytest.raises(ValueError, match=r"must hold a \[compare\] table and optionally an \[executor\] table"):
+        _args(config=stray)
+
+
+@pytest.mark.slow
+def test_two_partial_directories_merged_equal_one_full_run(inline, spec, tmp_path):
+    """Seed 0 made on one machine, seed 1 on another: merged and compared, the runs are the full compare's."""
+    for seed in (0, 1):
+        _compare(dataclasses.replace(spec, seeds=(seed,)), tmp_path / f"part{seed}")
+    copied = merge_runs([tmp_path / "part0", tmp_path / "part1"], tmp_path / "merged")
+    assert sorted(copied) == sorted(f"runs/{label}/seed{seed}" for label in VARIANTS for seed in (0, 1))
+    stdout = _compare(spec, tmp_path / "merged")
+    assert "attnzoo 0.1.0 →" not in stdout  # nothing trained again
+    _assert_same_runs(tmp_path / "merged", inline["out"])
+    merged, full = (CompareResults.load(out / "results.json") for out in (tmp_path / "merged", inline["out"]))
+    assert judge_all(merged) == judge_all(full)
+    with pytest.raises(ValueError, match=r"finished both in .* with different records"):
+        record = tmp_path / "part1" / "runs/mha+rope/seed1/compare_run.json"
+        record.write_text(record.read_text().replace('"seed": 1', '"seed": 1 '))
+        merge_runs([tmp_path / "part1"], tmp_path / "merged")
+
+
+def test_runs_from_different_commits_are_pooled_only_when_asked(inline, spec, tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(inline["out"], out)
+    (out / "results.json").unlink()
+    record_file = out / "runs/mha+rope/seed1/compare_run.json"
+    record = json.loads(record_file.read_text())
+    record["provenance"]["commit"] = "0" * 40
+    record_file.write_text(json.dumps(record))
+    with pytest.raises(ValueError, match=r"trained by 2 different commits .*mha\+rope seed 1: 0000000000"):
+        _compare(spec, out)
+    captured = io.StringIO()
+    with contextlib.redirect_stdout(captured):
+        assert run_compare(spec, out, progress=False, pool_commits=True).interrupted_by is None
+    assert f"commit {'0' * 40} on" in (out / "report.md").read_text()
