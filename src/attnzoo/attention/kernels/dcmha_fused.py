@@ -50,11 +50,8 @@ MAX_HEADS_PER_GROUP = 32  # the source's kMaxHeads: a row's M head scores are he
 # A task keeps up to three (M, rows, T) fp32 tile buffers (S, P and dP in the backward pass), written once and read
 # once per pass, while each key block of K_BLOCK columns is worked on in cache. Rows per tile: as many as keep one
 # buffer within SCRATCH_BYTES, between MIN_ROWS and MAX_ROWS. Wider blocks give the tile GEMMs better shapes and
-# fewer calls; buffers past about 2 MB fall out of cache between the passes. Fwd+bwd of (4096 / T, 8, T, 32) with
-# both compositions, 1 thread, best of 3 in each of two runs (2026-11-26, after the kernels stopped building tensor
-# views), 1024-key blocks: at T = 2048, 355–370 ms in 32-row tiles against 386–400 in 64; at T = 4096, 714–778 ms in
-# 16- or 32-row tiles against 826–882 in 64; at T = 1024 and 8192 the rows the budget gives changed nothing beyond
-# the noise (204–214 ms, 3.28–3.44 s).
+# fewer calls; buffers past about 2 MB fall out of cache between the passes, and 64-row tiles trained about 10%
+# slower than the budget's 16 or 32 at T = 2048 and 4096 (benchmarks/results/source-comments.md).
 SCRATCH_BYTES = 2 << 20
 MIN_ROWS, MAX_ROWS = 16, 64
 K_BLOCK = 1024
