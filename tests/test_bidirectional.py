@@ -6,13 +6,14 @@ import pytest
 import torch
 
 from attnzoo import ModelConfig, Transformer
+from attnzoo.attention import ATTENTION
 from attnzoo.attention.base import AttentionContext, visible
 from attnzoo.positions import POSITIONS
 from attnzoo.positions.alibi import alibi_slopes
 from attnzoo.training import TrainConfig
 from attnzoo.training.config import check_model_for_training
 
-MECHANISMS = ("mha", "diff", "diff_v2", "selective", "dcmha")
+MECHANISMS = ATTENTION.names()  # plugins included: a mechanism added later is tested, not skipped
 POSITIONS_TESTED = ("rope", "alibi", "learned", "none")
 
 
@@ -58,7 +59,7 @@ def test_a_later_token_changes_an_earlier_output_only_when_not_causal(attention,
 @pytest.mark.parametrize("attention", MECHANISMS)
 def test_eager_equals_every_fast_path_when_not_causal(attention, position):
     idx = torch.randint(0, 40, (2, 11))
-    backends = ["eager", "auto"] + ([] if attention == "dcmha" else ["sdpa"])
+    backends = ["eager", "auto"] + ([] if ATTENTION.get(attention).needs_scores else ["sdpa"])
     logits = {}
     for backend in backends:
         with torch.no_grad():

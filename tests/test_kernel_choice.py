@@ -10,6 +10,7 @@ makes the choice.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from types import ModuleType
 
@@ -17,11 +18,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 from kernel_checks import on_backend
+from training_helpers import TINY_FLAGS, write_text_corpus
 
 from attnzoo import ModelConfig, Transformer
 from attnzoo.attention import ATTENTION, dcmha_compiled, fused_cpu
 from attnzoo.attention.kernels import Call, choose, chunked, dcmha_fused, diff_flash, eager, sdpa
+from attnzoo.cli import main
 from attnzoo.positions import POSITIONS as POSITIONS_REGISTRY
+from attnzoo.training import read_checkpoint
 
 # label → the entry points whose calls show that kernel ran
 ENTRY_POINTS: dict[str, list[tuple[ModuleType, str]]] = {
@@ -362,8 +366,8 @@ def test_a_pinned_kernel_runs_where_it_serves_the_call_and_the_reference_elsewhe
 
 
 @pytest.mark.parametrize(("attention", "position"), [("mha", "alibi"), ("diff", "rope"), ("dcmha", "rope")])
-def test_info_and_a_run_name_the_same_kernel(capsys, attention, position):
-    """``attnzoo info`` asks choose for a planned call; a training forward on the CPU in fp32 records what ran."""
+def test_info_names_the_kernel_a_training_forward_runs(attention, position):
+    """``attnzoo info`` plans the call on a meta model, building nothing; a CPU fp32 training forward runs it."""
     from attnzoo.cli import info
 
     cfg = ModelConfig(vocab_size=32, dim=32, n_layers=2, n_heads=4, attention=attention, position=position)
@@ -372,6 +376,23 @@ def test_info_and_a_run_name_the_same_kernel(capsys, attention, position):
         described = info.cpu_kernels(Transformer(cfg))
     assert len(set(ran)) == 1 and len(described) == 1
     assert described[0].startswith(f"{ran[0]}: ")
+
+
+@pytest.mark.parametrize(("attention", "position"), [("diff", "alibi"), ("dcmha", "rope")])
+def test_info_names_the_kernel_a_run_records(tmp_path, capsys, attention, position):
+    """A tiny CPU run records each layer's kernel in run.json, the kernel its training forward runs; ``attnzoo info``
+    of the run names the same one."""
+    run = tmp_path / "run"
+    text = write_text_corpus(tmp_path / "text.txt")
+    flags = ["--attention", attention, "--position", position, "--steps", "1", "--eval-interval", "1"]
+    assert main(["train", "--data", str(text), "--out", str(run), *TINY_FLAGS, *flags]) == 0
+    recorded = json.loads((run / "run.json").read_text())["attention_kernels"]
+    model = Transformer.from_pretrained(read_checkpoint(run).directory)
+    assert model.train().attention_kernels(torch.randint(0, 256, (2, 32))) == recorded
+    capsys.readouterr()
+    assert main(["info", str(run)]) == 0
+    named = re.search(r"attention kernel \(CPU, fp32 training\)\n  ([\w-]+): ", capsys.readouterr().out)
+    assert named is not None and recorded == [named[1]] * model.config.n_layers
 
 
 @pytest.mark.parametrize("n_kv_heads", [4, 2, 1], ids=["mha", "gqa", "mqa"])

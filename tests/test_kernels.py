@@ -308,17 +308,20 @@ class KernelSpy:
         return {name for name, count in self.calls.items() if count}
 
 
-MECHANISMS = ["mha", "selective", "diff", "diff_v2", "dcmha"]
-# What the ModelConfig docstring and the README promise for each backend.
-EXPECTED = {
-    ("eager", "any"): {"eager"},
-    ("sdpa", "any"): {"sdpa"},
-    ("auto", "any"): {"sdpa"},
-    ("auto", "dcmha"): {"chunked", "eager"},  # the chunked form runs the eager kernel per block
-}
-# With the fused C++ kernels built (a compiler is present), DCMHA's and Diff's fresh sequences run their own kernels
-# instead.
-FUSED_ON_CPU = {"fused"}
+MECHANISMS = ATTENTION.names()  # plugins included: a mechanism added later is tested, not skipped
+FUSED_KERNELS = {"diff-flash", "dcmha-fused"}  # the C++ kernels KernelSpy counts as "fused"
+
+
+def documented_kernels(attention: str, backend: str) -> set[str]:
+    """What the ModelConfig docstring and the README promise for each backend: "eager" runs the reference, "sdpa"
+    SDPA; "auto" runs a mechanism's fused C++ kernel where it names one and a compiler is present, else SDPA, or the
+    chunked form (which runs the eager kernel per block) for a mechanism that acts on the scores."""
+    mechanism = ATTENTION.get(attention)
+    if backend == "eager":
+        return {"eager"}
+    if backend == "auto" and FUSED_KERNELS & set(mechanism.kernels) and fused_cpu.available():
+        return {"fused"}
+    return {"chunked", "eager"} if mechanism.needs_scores else {"sdpa"}
 
 
 def tiny_model(attention, backend):
@@ -340,9 +343,10 @@ def tiny_model(attention, backend):
 @pytest.mark.parametrize("backend", ["eager", "sdpa", "auto"])
 @pytest.mark.parametrize("attention", MECHANISMS)
 def test_backend_picks_the_documented_kernel(monkeypatch, attention, backend):
-    if (backend, attention) == ("sdpa", "dcmha"):
+    if backend == "sdpa" and ATTENTION.get(attention).needs_scores:
         # Deprecated, no longer refused at once: it runs as 'auto', and a saved config of it still loads.
-        with pytest.warns(FutureWarning, match=r"attn_backend='sdpa' with dcmha, .* deprecated .* from attnzoo 0.2"):
+        deprecated = rf"attn_backend='sdpa' with {attention}, .* deprecated .* from attnzoo 0.2"
+        with pytest.warns(FutureWarning, match=deprecated):
             model = tiny_model(attention, backend)
         assert model.config.attn_backend == "auto"
         backend = "auto"
@@ -352,10 +356,7 @@ def test_backend_picks_the_documented_kernel(monkeypatch, attention, backend):
     spy = KernelSpy(monkeypatch)
     with torch.no_grad():
         model(idx)
-    expected = EXPECTED.get((backend, attention), EXPECTED[(backend, "any")])
-    if backend == "auto" and attention in ("dcmha", "diff") and fused_cpu.available():
-        expected = FUSED_ON_CPU
-    assert spy.used() == expected
+    assert spy.used() == documented_kernels(attention, backend)
 
     # Recording maps always takes the eager reference over the full scores: one map per layer.
     spy.calls = dict.fromkeys(spy.calls, 0)

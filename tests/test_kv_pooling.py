@@ -8,12 +8,13 @@ import torch
 from training_helpers import TINY_FLAGS, write_text_corpus
 
 from attnzoo import ModelConfig, Transformer
+from attnzoo.attention import ATTENTION
 from attnzoo.attention.base import mean_pool_heads
 from attnzoo.cli import main
 from attnzoo.convert import pool_kv_heads
 from attnzoo.training import read_checkpoint
 
-MECHANISMS = ("mha", "selective", "dcmha", "diff", "diff_v2")
+MECHANISMS = ATTENTION.names()  # plugins included: a mechanism added later is tested, not skipped
 POOLED_OPTIONS = {
     "selective": {"per_head_coefficient": True, "temperature_fn": "shared"},
     "dcmha": {"window_type": "LG", "window_size": 4},

@@ -9,6 +9,7 @@ import torch
 from training_helpers import TINY_FLAGS, write_text_corpus
 
 from attnzoo import ModelConfig, Transformer
+from attnzoo.attention import ATTENTION
 from attnzoo.cli import main
 from attnzoo.evals.probes import (
     LayerProbe,
@@ -22,7 +23,7 @@ from attnzoo.evals.probes import (
     top_logit,
 )
 
-MECHANISMS = ("mha", "diff", "diff_v2", "selective", "dcmha")
+MECHANISMS = ATTENTION.names()  # plugins included: a mechanism added later is tested, not skipped
 
 
 def test_activation_outliers_of_a_known_tensor():

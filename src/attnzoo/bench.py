@@ -9,19 +9,15 @@ Throughput is the median over repeats, with min and max to show the spread; noth
 
 from __future__ import annotations
 
-import contextlib
 import json
 import multiprocessing
 import os
 import platform
 import queue as queue_module
 import resource
-import signal
 import statistics
 import sys
-import threading
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -32,6 +28,10 @@ from tqdm import tqdm
 from attnzoo.attention import fused_cpu
 from attnzoo.attention.kernels import dcmha_fused, diff_flash
 from attnzoo.config import ModelConfig
+
+# Interrupted and stop_on_signals are re-exported for compare.runner and tests/test_compare.py, which import them
+# from here until they name attnzoo.interrupts (their files are being edited elsewhere): then drop them.
+from attnzoo.interrupts import Interrupted, sigint_ignored, stop_on_signals  # noqa: F401
 from attnzoo.io import atomic_write_text
 from attnzoo.machine import is_busy
 from attnzoo.model import Transformer
@@ -290,47 +290,6 @@ def _child(queue, case, repeats, warmup, threads, device):
         queue.put({"error": f"{type(err).__name__}: {err}"})
 
 
-class Interrupted(KeyboardInterrupt):
-    """SIGINT or SIGTERM arrived while :func:`stop_on_signals` was in force."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-@contextlib.contextmanager
-def stop_on_signals() -> Iterator[None]:
-    """Raise :class:`Interrupted` on SIGINT or SIGTERM while the block runs (SIGTERM alone would end the process
-    without its cleanup), so a caller can keep what it has measured and name the signal."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise Interrupted(signum)
-
-    previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            if handler is not None:
-                signal.signal(s, handler)
-
-
-@contextlib.contextmanager
-def _sigint_ignored() -> Iterator[None]:
-    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        if previous is not None:  # None: a handler installed outside Python, which cannot be put back
-            signal.signal(signal.SIGINT, previous)
-
-
 def measure(
     case: BenchCase, *, repeats: int = 5, warmup: int = 1, threads: int = 1, device: str = "cpu"
 ) -> BenchResult:
@@ -343,7 +302,7 @@ def measure(
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     process = ctx.Process(target=_child, args=(queue, case, repeats, warmup, threads, device))
-    with _sigint_ignored():  # a spawned child starts with the dispositions of its parent; Python keeps SIG_IGN
+    with sigint_ignored():  # a spawned child starts with the dispositions of its parent; Python keeps SIG_IGN
         process.start()
     try:
         while True:  # a child that dies without reporting (killed, out of memory) must not hang the parent

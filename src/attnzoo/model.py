@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from attnzoo.attention import ATTENTION, AttentionContext
 from attnzoo.attention.base import residual_linear
+from attnzoo.attention.kernels import Call, Kernel, choose
 from attnzoo.cache import KVCache, LayerCache
 from attnzoo.config import ModelConfig
 from attnzoo.decoding import CompiledDecoder, cache_capacity
@@ -355,11 +356,34 @@ class Transformer(nn.Module):
     @torch.no_grad()
     def attention_kernels(self, idx: Tensor, *, cache: KVCache | None = None) -> list[str]:
         """The name of the kernel each layer's attention runs over ``idx`` (continuing ``cache``, which it extends,
-        where given), in the model's current mode: a forward pass whose output is dropped. What a run records, and
-        what ``attnzoo info`` names for a fresh fp32 training sequence on the CPU."""
+        where given), in the model's current mode: a forward pass whose output is dropped, which the tests hold
+        :meth:`planned_kernels` to."""
         kernels: dict[int, str] = {}
         self._hidden(idx, cache, kernels=kernels)
         return [kernels[layer] for layer in range(len(self.layers))]
+
+    def planned_kernels(
+        self,
+        *,
+        device_type: str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        length: int = 2,
+        compiling: bool = False,
+        build: bool = False,
+    ) -> list[Kernel]:
+        """The kernel :func:`~attnzoo.attention.kernels.choose` picks for each layer's attention on a fresh training
+        sequence (:meth:`Call.planned <attnzoo.attention.kernels.Call.planned>`, whose arguments these are), without
+        running the model: what a run records in ``run.json`` and ``attnzoo info`` names."""
+        call = Call.planned(
+            self.config,
+            self.position,
+            device_type=device_type,
+            dtype=dtype,
+            length=length,
+            compiling=compiling,
+            build=build,
+        )
+        return [choose(block.self_attn, call) for block in self.layers]
 
     @torch.no_grad()
     def generate(

@@ -139,7 +139,8 @@ class AttentionContext:
     def sdpa_mask(self, n_heads: int, key_len: int, bias_repeat: int, dtype: torch.dtype) -> Tensor:
         """The ``attn_mask`` for SDPA: the causal mask (T, S), or with a bias one additive (1, H, T, S) mask, −inf
         where masked. Four axes, not the bias's three: SDPA on the CPU sends a 3-D mask to its math path, which
-        made an ALiBi decoding step 0.6× MHA's (2026-11-26); 2-D and 4-D masks run its flash kernel."""
+        left an ALiBi decoding step far behind MHA's (benchmarks/results/source-comments.md); 2-D and 4-D masks run
+        its flash kernel."""
 
         def build() -> Tensor:
             bias = self.score_bias(n_heads, key_len, bias_repeat)

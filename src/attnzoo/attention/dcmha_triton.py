@@ -223,7 +223,7 @@ class FusedDCMHA(torch.autograd.Function):
         )  # fmt: skip
         # The key kernel holds every head's K, V, dK and dV tiles for its whole loop; Triton's default software
         # pipelining (3 stages on Hopper) adds copies of each query tile it loads, and that overflowed an H100's
-        # 227 KiB of shared memory at 6 heads of 64 (GPU kit, 2026-11-25). One stage keeps it inside.
+        # shared memory at 6 heads of 64 (benchmarks/results/gpu-2026-11-25). One stage keeps it inside.
         _backward_key_kernel[(triton.cdiv(seq_len, const["BS"]), bg)](
             q, k, v, grad_out, query_w, key_w, lse, delta, grad_k, grad_v, grad_key_w,
             *strides, *common, **options, **const, num_stages=1,

@@ -148,6 +148,13 @@ def status() -> str:
     return f"not built yet in this process: builds on first use with {compiler}, then cached"
 
 
+def ensure_built() -> None:
+    """Builds the kernels the first time; raises, naming why, where they cannot be built (a kernel's record asks
+    :func:`available` first, so this raises only for a direct call)."""
+    if not available():
+        raise RuntimeError(f"the fused CPU kernels are {status()}")
+
+
 def use_blas(enabled: bool) -> bool:
     """Whether the kernels' tile products call BLAS directly (``csrc/fused_common.h``: without ATen's per-call
     dispatch, which a tile's product at head size 32 does not amortise) or ATen's matmul; returns whether they now
@@ -155,8 +162,7 @@ def use_blas(enabled: bool) -> bool:
     rounding; the tests run each kernel both ways. Builds the library if needed."""
     if not isinstance(enabled, bool):
         raise ValueError(f"enabled={enabled!r} is invalid: must be true or false")
-    if not available():
-        raise RuntimeError(f"the fused CPU kernels are {status()}")
+    ensure_built()
     return bool(torch.ops.attnzoo.fused_use_blas(enabled))
 
 

@@ -8,7 +8,6 @@ import argparse
 import torch
 
 from attnzoo.attention import ATTENTION
-from attnzoo.attention.kernels import Call, choose
 from attnzoo.cli.command import path_argument
 from attnzoo.cli.flags import (
     add_config_argument,
@@ -88,17 +87,14 @@ def cache_lines(cfg: ModelConfig, context: int, batch_size: int) -> list[str]:
 
 
 def cpu_kernels(model: Transformer) -> list[str]:
-    """The kernel each layer's attention runs on a fresh fp32 training sequence on the CPU, as
-    :func:`~attnzoo.attention.kernels.choose` picks it for that call (without building anything): its name, what
-    runs, and the layers where the layers differ."""
-    cfg = model.config
-    call = Call.planned(cfg, model.position)
+    """The kernel each layer's attention runs on a fresh fp32 training sequence on the CPU, as a run on the CPU
+    records it (:meth:`~attnzoo.Transformer.planned_kernels`, here without building anything): its name, what runs,
+    and the layers where the layers differ."""
     chosen: dict[str, list[int]] = {}
     described = {}
-    for block in model.layers:
-        kernel = choose(block.self_attn, call)
-        chosen.setdefault(kernel.name, []).append(block.self_attn.layer_idx)
-        described[kernel.name] = kernel.description(cfg, model.position)
+    for layer, kernel in enumerate(model.planned_kernels()):
+        chosen.setdefault(kernel.name, []).append(layer)
+        described[kernel.name] = kernel.description(model.config, model.position)
     if len(chosen) == 1:
         return [f"{name}: {described[name]}" for name in chosen]
     return [f"{name}: {described[name]} (layers {layers})" for name, layers in chosen.items()]

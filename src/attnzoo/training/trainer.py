@@ -330,6 +330,7 @@ class Trainer:
             "dtype": str(self.dtype).removeprefix("torch."),
             "world_size": self.env.world_size,
             "torch_threads": torch.get_num_threads(),
+            "attention_kernels": self.attention_kernels(),
             "parameters": self.raw_model.num_parameters(),
             "trainable_parameters": count_trainable(self.raw_model),
             "init_from": self.pretrained_init.to_dict() if self.pretrained_init is not None else None,
@@ -338,6 +339,18 @@ class Trainer:
             "command": sys.argv,
         }
         atomic_write_text(self.run_dir / "run.json", json.dumps(run, indent=2) + "\n")
+
+    def attention_kernels(self) -> list[str]:
+        """The kernel each layer's attention runs in this run's training steps, by name: asked before the first step,
+        which would build the C++ extension where a kernel needs it, so the answer may build it."""
+        kernels = self.raw_model.planned_kernels(
+            device_type=self.env.device.type,
+            dtype=self.dtype,
+            length=self.cfg.seq_len,
+            compiling=self.cfg.compile,
+            build=True,
+        )
+        return [kernel.name for kernel in kernels]
 
     def describe(self) -> str:
         m, c = self.model_config, self.cfg

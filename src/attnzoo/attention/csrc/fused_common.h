@@ -59,7 +59,7 @@ inline int64_t balanced_tile(int64_t i, int64_t n) {
 
 // A 2-D fp32 matrix over memory a tensor owns: rows × cols at any strides. A block or a transpose of it is pointer
 // arithmetic, where an at::Tensor view (select, narrow, t) passes through the dispatcher at about 1 µs a view: the
-// tile loops took 200,000 of them, 8% of a DCMHA training step at T = 4096 (profiled 2026-11-26).
+// tile loops took enough of them to cost a DCMHA training step 8% (benchmarks/results/source-comments.md).
 struct Mat {
   float* data;
   int64_t rows, cols, row_stride, col_stride;

@@ -36,14 +36,13 @@ import torch
 from torch import Tensor
 
 from attnzoo.attention import fused_cpu
-from attnzoo.attention.kernels.cpu import cpu_reasons, extension_reasons
-from attnzoo.attention.kernels.kernel import Call, Kernel, register_kernel
+from attnzoo.attention.kernels.cpu import register_cpu_kernel
 
 if TYPE_CHECKING:
     from attnzoo.attention.base import AttentionContext
     from attnzoo.attention.dcmha import Composed, DynamicallyComposableAttention
+    from attnzoo.attention.kernels.kernel import Call
     from attnzoo.config import ModelConfig
-    from attnzoo.positions import PositionalEncoding
 
 KERNEL_NAME = "dcmha-fused (C++, CPU)"
 DECODE_KERNEL_NAME = "dcmha-decode (C++, CPU)"
@@ -51,11 +50,8 @@ MAX_HEADS_PER_GROUP = 32  # the source's kMaxHeads: a row's M head scores are he
 # A task keeps up to three (M, rows, T) fp32 tile buffers (S, P and dP in the backward pass), written once and read
 # once per pass, while each key block of K_BLOCK columns is worked on in cache. Rows per tile: as many as keep one
 # buffer within SCRATCH_BYTES, between MIN_ROWS and MAX_ROWS. Wider blocks give the tile GEMMs better shapes and
-# fewer calls; buffers past about 2 MB fall out of cache between the passes. Fwd+bwd of (4096 / T, 8, T, 32) with
-# both compositions, 1 thread, best of 3 in each of two runs (2026-11-26, after the kernels stopped building tensor
-# views), 1024-key blocks: at T = 2048, 355–370 ms in 32-row tiles against 386–400 in 64; at T = 4096, 714–778 ms in
-# 16- or 32-row tiles against 826–882 in 64; at T = 1024 and 8192 the rows the budget gives changed nothing beyond
-# the noise (204–214 ms, 3.28–3.44 s).
+# fewer calls; buffers past about 2 MB fall out of cache between the passes, and 64-row tiles trained about 10%
+# slower than the budget's 16 or 32 at T = 2048 and 4096 (benchmarks/results/source-comments.md).
 SCRATCH_BYTES = 2 << 20
 MIN_ROWS, MAX_ROWS = 16, 64
 K_BLOCK = 1024
@@ -125,8 +121,7 @@ def dcmha_attention(
     ``slopes`` (H,) adds ALiBi's m_h·(s − t) to the logits; ``window``: a query sees its last ``window`` keys.
     Query head h reads kv head h // (H / H_kv). Returns (B, H, T, d_v) in q's dtype; raises where the extension
     cannot be built (the record's reasons say so beforehand)."""
-    if not fused_cpu.available():  # builds the library the first time
-        raise RuntimeError(f"the fused CPU kernels are {fused_cpu.status()}")
+    fused_cpu.ensure_built()
     matrices = [None if m is None else m.contiguous() for m in matrices]
     return FusedDCMHA.apply(q, k, v, slopes, groups, window, *matrices)
 
@@ -147,8 +142,7 @@ def decode_attention(
     ``query_position`` over a cache's k (B, H_kv, S, d), v (B, H_kv, S, d_v) whose slot s holds position
     ``key_positions[s]``, in any order (a local layer's ring), fp32. ``matrices`` as :func:`dcmha_attention`'s, QW
     (B, G, 1, M, M) and KW (B, G, M, M, S) read in place from the cache. Returns (B, H, 1, d_v)."""
-    if not fused_cpu.available():
-        raise RuntimeError(f"the fused CPU kernels are {fused_cpu.status()}")
+    fused_cpu.ensure_built()
     query_side = [None if m is None else m.contiguous() for m in matrices[::2]]
     matrices = [query_side[0], matrices[1], query_side[1], matrices[3]]
     scale = 1.0 / math.sqrt(q.shape[-1])
@@ -208,18 +202,15 @@ def layer_reasons(layer: DynamicallyComposableAttention, call: Call, dtypes: tup
         yield "attention dropout is on"
     if call.dtype not in dtypes or call.key_dtype != call.dtype:
         yield f"dtype {call.dtype} is not one of {list(dtypes)}"
-    yield from extension_reasons(call)
 
 
 def fused_reasons(layer: DynamicallyComposableAttention, call: Call) -> Iterator[str]:
-    yield from cpu_reasons(call)
     if call.start != 0:  # a prefill into an empty cache is a fresh sequence
         yield "the queries continue a cache"
     yield from layer_reasons(layer, call, fused_cpu.DTYPES)
 
 
 def decode_reasons(layer: DynamicallyComposableAttention, call: Call) -> Iterator[str]:
-    yield from cpu_reasons(call)
     if not call.cached or call.start == 0:
         yield "the queries do not continue a cache"
     if call.queries != 1 or call.static:
@@ -270,33 +261,19 @@ def run_decode(
     )
 
 
-def describe_fused(cfg: ModelConfig, position: PositionalEncoding) -> str:
-    return f"{KERNEL_NAME}, {fused_cpu.status()}"
-
-
-def describe_decode(cfg: ModelConfig, position: PositionalEncoding) -> str:
-    return f"{DECODE_KERNEL_NAME}, {fused_cpu.status()}"
-
-
-DCMHA_FUSED = register_kernel(
-    Kernel(
-        name="dcmha-fused",
-        display_name=KERNEL_NAME,
-        run=run_fused,
-        serves=("dcmha",),
-        static_reasons=static_reasons,
-        call_reasons=fused_reasons,
-        describe=describe_fused,
-    )
+DCMHA_FUSED = register_cpu_kernel(
+    name="dcmha-fused",
+    display_name=KERNEL_NAME,
+    run=run_fused,
+    serves=("dcmha",),
+    static_reasons=static_reasons,
+    call_reasons=fused_reasons,
 )
-DCMHA_DECODE = register_kernel(
-    Kernel(
-        name="dcmha-decode",
-        display_name=DECODE_KERNEL_NAME,
-        run=run_decode,
-        serves=("dcmha",),
-        static_reasons=static_reasons,
-        call_reasons=decode_reasons,
-        describe=describe_decode,
-    )
+DCMHA_DECODE = register_cpu_kernel(
+    name="dcmha-decode",
+    display_name=DECODE_KERNEL_NAME,
+    run=run_decode,
+    serves=("dcmha",),
+    static_reasons=static_reasons,
+    call_reasons=decode_reasons,
 )

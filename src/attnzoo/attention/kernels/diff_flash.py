@@ -21,14 +21,13 @@ import torch
 from torch import Tensor
 
 from attnzoo.attention import fused_cpu
-from attnzoo.attention.kernels.cpu import cpu_reasons, extension_reasons
-from attnzoo.attention.kernels.kernel import Call, Kernel, register_kernel
+from attnzoo.attention.kernels.cpu import register_cpu_kernel
 
 if TYPE_CHECKING:
     from attnzoo.attention.base import AttentionContext
     from attnzoo.attention.diff import DifferentialAttention
+    from attnzoo.attention.kernels.kernel import Call
     from attnzoo.config import ModelConfig
-    from attnzoo.positions import PositionalEncoding
 
 KERNEL_NAME = "diff-flash (fused C++, CPU)"
 
@@ -68,8 +67,7 @@ def diff_attention(q: Tensor, k: Tensor, v: Tensor, lam: Tensor, slopes: Tensor 
     Returns (softmax(S1) − λ·softmax(S2))·V, (B, H, T, 2d) in q's dtype, with S_m = q_m·k_mᵀ/√d plus ALiBi's
     m_h·(j − i) where ``slopes`` (H,) is given; differentiable in q, k, v and the scalar λ. Raises where the
     extension cannot be built (the record's reasons say so beforehand)."""
-    if not fused_cpu.available():  # builds the library the first time
-        raise RuntimeError(f"the fused CPU kernels are {fused_cpu.status()}")
+    fused_cpu.ensure_built()
     if slopes is None:
         slopes = torch.zeros(q.shape[1] // 2, dtype=torch.float32)
     return FusedDiff.apply(q, k, v, lam, slopes)
@@ -81,7 +79,6 @@ def static_reasons(cfg: ModelConfig) -> Iterator[str]:
 
 
 def call_reasons(layer: DifferentialAttention, call: Call) -> Iterator[str]:
-    yield from cpu_reasons(call)
     if call.start != 0 or call.queries != call.keys:
         yield "the queries continue a cache"
     if call.position.adds_bias and call.position.bias_slopes(layer.n_heads) is None:
@@ -90,7 +87,6 @@ def call_reasons(layer: DifferentialAttention, call: Call) -> Iterator[str]:
         yield "attention dropout is on"
     if call.dtype not in fused_cpu.DTYPES or call.key_dtype != call.dtype:
         yield f"dtype {call.dtype} is not fp32 or bf16"
-    yield from extension_reasons(call)
 
 
 def run(layer: DifferentialAttention, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, *, lam: Tensor) -> Tensor:
@@ -98,18 +94,11 @@ def run(layer: DifferentialAttention, q: Tensor, k: Tensor, v: Tensor, ctx: Atte
     return diff_attention(q, k, v, lam, slopes)
 
 
-def describe(cfg: ModelConfig, position: PositionalEncoding) -> str:
-    return f"{KERNEL_NAME}, {fused_cpu.status()}"
-
-
-DIFF_FLASH = register_kernel(
-    Kernel(
-        name="diff-flash",
-        display_name=KERNEL_NAME,
-        run=run,
-        serves=("diff",),
-        static_reasons=static_reasons,
-        call_reasons=call_reasons,
-        describe=describe,
-    )
+DIFF_FLASH = register_cpu_kernel(
+    name="diff-flash",
+    display_name=KERNEL_NAME,
+    run=run,
+    serves=("diff",),
+    static_reasons=static_reasons,
+    call_reasons=call_reasons,
 )

@@ -63,12 +63,25 @@ class Call:
         )
 
     @classmethod
-    def planned(cls, cfg: ModelConfig, position: PositionalEncoding, length: int = 2) -> Call:
-        """A fresh fp32 training sequence on the CPU, the call ``attnzoo info`` describes, without building anything."""
+    def planned(
+        cls,
+        cfg: ModelConfig,
+        position: PositionalEncoding,
+        *,
+        device_type: str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        length: int = 2,
+        compiling: bool = False,
+        build: bool = False,
+    ) -> Call:
+        """A fresh training sequence of ``length`` tokens on ``device_type`` at ``dtype`` (autocast's, where it is
+        on), planned from the config without any tensor: the call a run records and ``attnzoo info`` describes.
+        ``build``: whether a reason may build the C++ extension to answer, as a run's first step would anyway;
+        ``info`` only reads whether a build failed."""
         return cls(
-            device_type="cpu",
-            dtype=torch.float32,
-            key_dtype=torch.float32,
+            device_type=device_type,
+            dtype=dtype,
+            key_dtype=dtype,
             queries=length,
             keys=length,
             start=0,
@@ -76,9 +89,9 @@ class Call:
             static=False,
             records_scores=False,
             dropout=cfg.dropout,
-            compiling=False,
+            compiling=compiling,
             position=position,
-            build=False,
+            build=build,
         )
 
 

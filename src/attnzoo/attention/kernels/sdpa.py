@@ -174,8 +174,8 @@ def sdpa_attention(
 
 
 # A decode step on CUDA leaves cuDNN out: cuDNN's attention builds an execution graph for each new key length, and
-# a growing cache brings one at every step (9 ms a call on an H100 against a whole 4 ms step of a 6-layer model,
-# eager, 2026-11-26: benchmarks/results/gpu-2026-11-26). Flash and memory-efficient attention take any length.
+# a growing cache brings one at every step, which made an eager step on an H100 about 12× slower
+# (benchmarks/results/gpu-2026-11-26). Flash and memory-efficient attention take any length.
 DECODE_BACKENDS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
 
 
