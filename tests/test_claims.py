@@ -8,6 +8,7 @@ import re
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 from scipy import stats
 
@@ -22,7 +23,9 @@ from attnzoo.compare.claims import (
     Gate,
     LanguageModelGate,
     Measure,
+    Part,
     TaskLearned,
+    task_probe,
 )
 from attnzoo.compare.ladder import Ladder
 from attnzoo.compare.paper_claims import claim_tasks, claim_variants
@@ -516,3 +519,200 @@ def test_the_task_gate_counts_seeds_not_the_mean_and_compares_the_counts_exactly
     levels = learned.gate.levels
     assert levels["mha+rope: seeds past the gate"] == 4 and levels["dcmha+rope: seeds past the gate"] == 1
     assert levels["Fisher's exact p of the counts"] == pytest.approx(stats.fisher_exact([[1, 4], [4, 1]]).pvalue)
+
+
+# ------------------------------------------------------------------------- each claim measures what it says
+
+GRAPH_SELECTIVE = "selective[position_temperature=false,value_temperature=false]+none"
+ROWS = {1: 4, 2: 6, 4: 5, 8: 9}  # the graph task's degree classes and their rows (cliques of 2, 2, 3, 3, 5, 9)
+JITTER = (-0.02, 0.01, 0.0, 0.015, -0.005)  # one per seed: a spread to form an interval from
+
+
+def graph_records(norms, taus, spikiness=None) -> CompareResults:
+    """The stored claims run with the graph task's probes replaced: ``norms[label]`` and ``spikiness[label]`` one
+    value per seed, ``taus`` one {degree: τ_q} per seed of selective attention."""
+    data = json.loads((STORED / "results.json").read_text())
+    for label, runs in data["tasks"]["graph"]["runs"].items():
+        for i, run in enumerate(runs):
+            probe = {k: v for k, v in run["probe"].items() if not k.startswith("inverse_temperature/")}
+            probe["qk_operator_norm"] = norms[label][i]
+            if label == GRAPH_SELECTIVE:
+                probe |= {f"inverse_temperature/degree_{d}": tau for d, tau in taus[i].items()}
+            if spikiness is not None:
+                probe["spikiness"] = spikiness[label][i]
+            run["probe"] = probe
+    return CompareResults.from_dict(data)
+
+
+VANILLA_NORMS = [1.8 + j for j in JITTER]
+
+
+def test_a_norm_halved_by_a_temperature_at_its_ceiling_is_no_smaller_logit_scale():
+    """τ_q = 2 on every row and ‖W_q W_kᵀ‖ halved is vanilla attention reparameterised: the raw norm reads it as a
+    smaller norm, the effective scale τ̄·‖W_q W_kᵀ‖ as none; and the measure is the row-weighted mean τ_q times the
+    norm, by hand."""
+    claim = CLAIMS["selective.query_temperature_norm"]
+    halved = [n / 2 + 0.01 * j for n, j in zip(VANILLA_NORMS, (1, -1, 2, 0, -2), strict=True)]
+    ceiling = graph_records({"mha+none": VANILLA_NORMS, GRAPH_SELECTIVE: halved}, [dict.fromkeys(ROWS, 2.0)] * 5)
+    raw = dataclasses.replace(claim, measure=task_probe("graph", "qk_operator_norm", "‖W_q W_kᵀ‖"), parts=())
+    assert judge(raw, ceiling).outcome == "supported"  # what the claim measured before: a reparameterisation
+    verdict = judge(claim, ceiling)
+    assert (
+        verdict.parts[0].outcome == "not run" and "these stored runs do not record" in verdict.parts[0].reason
+    )  # no spikiness
+    assert verdict.outcome == "negligible" and "negligible in part 1" in verdict.reason
+    assert verdict.levels[f"{GRAPH_SELECTIVE}: τ_q, mean over the rows"] == pytest.approx(2.0)
+
+    taus = [{1: 1.9, 2: 1.5, 4: 1.2, 8: 1.0}] * 5
+    uneven = graph_records({"mha+none": VANILLA_NORMS, GRAPH_SELECTIVE: halved}, taus)
+    mean_tau = (4 * 1.9 + 6 * 1.5 + 5 * 1.2 + 9 * 1.0) / 24
+    assert claim.measure.read(uneven, GRAPH_SELECTIVE)[2] == pytest.approx(mean_tau * halved[2])
+    assert claim.measure.read(uneven, "mha+none")[2] == pytest.approx(VANILLA_NORMS[2])  # τ ≡ 1
+
+
+def test_the_spikier_half_decides_with_the_norm_half_and_its_absence_is_said():
+    """A genuinely smaller logit scale (τ_q = 1, ‖W‖ 0.3 smaller) is half the claim: supported only with a spikier
+    map; a flatter map contradicts the whole; a run without the spikiness probe leaves it not run, and says why."""
+    claim = CLAIMS["selective.query_temperature_norm"]
+    smaller = [n - 0.3 + j for n, j in zip(VANILLA_NORMS, JITTER[::-1], strict=True)]
+    norms = {"mha+none": VANILLA_NORMS, GRAPH_SELECTIVE: smaller}
+    flat_tau = [dict.fromkeys(ROWS, 1.0)] * 5
+
+    def spiky(shift):
+        return {"mha+none": [0.40] * 5, GRAPH_SELECTIVE: [0.40 + shift + j for j in JITTER]}
+
+    assert judge(claim, graph_records(norms, flat_tau, spiky(0.1))).outcome == "supported"
+    flatter = judge(claim, graph_records(norms, flat_tau, spiky(-0.1)))
+    assert flatter.outcome == "contradicted" and "contradicted in part 2" in flatter.reason
+    assert [p.outcome for p in flatter.parts] == ["contradicted"] and flatter.parts[0].effect == pytest.approx(-0.1)
+    unprobed = judge(claim, graph_records(norms, flat_tau))
+    assert unprobed.outcome == "not run" and "part 2 is not run, so the whole claim is" in unprobed.reason
+    assert "(1) effective logit scale" in unprobed.reason and ": supported:" in unprobed.reason
+
+
+def test_fewer_neighbours_lower_temperature_is_read_off_the_temperature_by_degree():
+    """Half 2 of selective.graph_temperature: Pearson's r of τ_q against log₂ degree per seed (scipy's), against
+    vanilla attention's 0; τ falling with the degree (fewer neighbours, lower temperature) supports it, τ rising
+    contradicts the whole claim whatever the error says."""
+    claim = CLAIMS["selective.graph_temperature"]
+    norms = {"mha+none": VANILLA_NORMS, GRAPH_SELECTIVE: VANILLA_NORMS}
+    falling = [{1: 1.99, 2: 1.9 + j, 4: 1.7 - j, 8: 1.5} for j in JITTER]
+    records = graph_records(norms, falling)
+    values = claim.parts[0].measure.read(records, GRAPH_SELECTIVE)
+    degrees = sorted(ROWS)
+    expected = stats.pearsonr([math.log2(d) for d in degrees], [falling[1][d] for d in degrees]).statistic
+    assert values[1] == pytest.approx(expected) and claim.parts[0].measure.read(records, "mha+none") == dict.fromkeys(
+        range(5), 0.0
+    )
+    verdict = judge(claim, records)
+    assert verdict.parts[0].outcome == "supported"
+    assert verdict.outcome == judge(dataclasses.replace(claim, parts=()), records).outcome  # the error half decides
+    rising = judge(claim, graph_records(norms, [{d: 4 - t for d, t in tau.items()} for tau in falling]))
+    assert rising.parts[0].outcome == "contradicted" and rising.outcome == "contradicted"
+
+
+def bench_records(alibi_rates, sinusoidal_rates, alibi_mb=100.0, sinusoidal_mb=100.0, at=2) -> CompareResults:
+    """The stored claims run with two more bench measurements: mha+alibi at L and mha+sinusoidal at ``at``·L."""
+    data = json.loads((STORED / "results.json").read_text())
+    length = data["budget"]["seq_len"]
+    cores = 2
+    for label, rates, mb, multiple in (
+        ("mha+alibi", alibi_rates, alibi_mb, 1),
+        ("mha+sinusoidal", sinusoidal_rates, sinusoidal_mb, at),
+    ):
+        measurements = data["bench"]["measurements"]
+        measurements[:] = [m for m in measurements if not (m["variant"] == label and m["seq_len"] == multiple * length)]
+        timing = {
+            "tokens_per_s": float(np.median(rates)),
+            "tokens_per_s_min": min(rates),
+            "tokens_per_s_max": max(rates),
+            "peak_mem_mb": mb,
+            "load_average": 0.5,
+            "cores": cores,
+            "rates": list(rates),
+            "round_load_averages": [0.5],
+            "rounds": 1,
+        }
+        measurements.append(
+            {"variant": label, "mode": "train", "seq_len": multiple * length, "batch_size": 8, "timing": timing}
+        )
+    return CompareResults.from_dict(data)
+
+
+def test_alibis_speed_and_memory_halves_are_read_off_the_bench_at_l_against_2l():
+    """The stored bench holds mha+sinusoidal at 1× and 8× the training length, not 2×: both halves not run, saying
+    so. With a 2L case: decided on the repeats' range beyond ±ln(1.11)/2 (speed) and on the peaks (memory); a slower
+    or heavier ALiBi contradicts the whole primary though its loss half is not built."""
+    claim = CLAIMS["alibi.short_matches_long"]
+    stored = judge(claim, CompareResults.load(STORED / "results.json"))
+    assert stored.outcome == "not run" and [p.outcome for p in stored.parts] == ["not run", "not run"]
+    assert "no 'train' bench of mha+sinusoidal at 2L = 512 tokens" in stored.parts[0].reason
+    assert "at 256 and 2,048 tokens, the claims preset's bench cases being 1× and 8×" in stored.parts[0].reason
+    assert stored.parts[1].levels["mha+alibi at 256 (peak MB)"] == pytest.approx(104.734375)
+
+    def halves(*args, **kwargs):
+        verdict = judge(claim, bench_records(*args, **kwargs))
+        return verdict.outcome, [p.outcome for p in verdict.parts], verdict.parts
+
+    outcome, parts, found = halves([130, 135, 140], [95, 100, 105], alibi_mb=80)
+    assert parts == ["supported", "supported"] and outcome == "not run"  # the loss at 2L is still not built
+    assert found[0].effect == pytest.approx(math.log(135 / 100))
+    assert found[0].bounds == pytest.approx((math.log(130 / 105), math.log(140 / 95)))
+    assert found[1].effect == pytest.approx(math.log(0.8)) and found[1].bounds == (found[1].effect,) * 2
+    assert halves([101, 104, 130], [95, 100, 105])[1][0] == "inconclusive"  # the ranges reach across +δ
+    assert halves([99, 100, 101], [99, 100, 101])[1] == ["negligible", "negligible"]
+    outcome, parts, _ = halves([60, 62, 64], [95, 100, 105], alibi_mb=120)
+    assert parts == ["contradicted", "contradicted"] and outcome == "contradicted"
+
+
+def test_a_primary_of_several_halves_enters_holm_with_its_largest_p(ladder, registered):
+    """ "Every half holds" is an intersection–union test: its p is the largest of the halves', so a strong half never
+    carries a weak one through Holm's family."""
+    strong = {"diff+rope": [1.0, 1.1, 0.9, 1.05], "mha+rope": BASELINE}
+    weak = {"diff+rope": [1.6, 1.95, 1.4, 1.85], "mha+rope": BASELINE}
+    own = _claim(strong, primary=True, id="test.halves")
+    half_measure = Measure("y", "the test's runs", lambda _, label: dict(enumerate(weak[label])))
+    claim = dataclasses.replace(own, parts=(Part(half_measure, LOWER, 0.1, "a reason"),))
+    registered(claim)
+    [verdict] = judge_all(ladder)
+    p_own = paired_over_seeds(strong["diff+rope"], BASELINE).p_beyond(0.1)
+    p_half = paired_over_seeds(weak["diff+rope"], BASELINE).p_beyond(0.1)
+    assert p_own < p_half and verdict.p_raw == pytest.approx(p_own)
+    assert verdict.p_adjusted == pytest.approx(p_half)  # a family of one: Holm leaves the largest p as it is
+    assert verdict.parts[0].p_raw == pytest.approx(p_half)
+
+
+def test_the_stored_run_says_what_each_rewritten_claim_measured():
+    """docs/claims re-rendered (nothing trained): the effective logit scale is larger under selective attention
+    (its τ sits near the ceiling 2), the spikiness is not in the stored probes, τ_q falls with the degree while the
+    error's half stays inconclusive, and ALiBi's speed and memory halves are not benched at 2L."""
+    verdicts = {v.claim.id: v for v in judge_all(CompareResults.load(STORED / "results.json"))}
+    norm = verdicts["selective.query_temperature_norm"]
+    assert norm.outcome == "contradicted" and norm.difference.mean == pytest.approx(0.3896, abs=1e-3)
+    assert norm.levels[f"{GRAPH_SELECTIVE}: ‖W_q W_kᵀ‖ alone"] < norm.levels["mha+none: ‖W_q W_kᵀ‖ alone"]
+    assert norm.parts[0].outcome == "not run" and "made before the task's probe recorded it" in norm.parts[0].reason
+    graph = verdicts["selective.graph_temperature"]
+    assert graph.outcome == "inconclusive" and graph.parts[0].outcome == "supported"
+    assert graph.parts[0].effect == pytest.approx(-0.6729, abs=1e-3)
+    assert verdicts["alibi.short_matches_long"].outcome == "not run"
+    record = verdicts_record(CompareResults.load(STORED / "results.json"), list(verdicts.values()))
+    rows = {row["id"]: row for row in record["claims"]}
+    assert [p["outcome"] for p in rows["alibi.short_matches_long"]["parts"]] == ["not run", "not run"]
+    assert rows["selective.graph_temperature"]["parts"][0]["bounds"] == pytest.approx(
+        list(graph.parts[0].bounds), abs=1e-12
+    )
+
+
+SEEDS_DIR = Path(__file__).parents[2] / "shared" / "seeds"  # the reviews the sources cite, beside the clone
+
+
+@pytest.mark.skipif(not SEEDS_DIR.is_dir(), reason="the reviews in shared/seeds are not beside this clone")
+def test_a_statement_that_quotes_a_review_quotes_it_verbatim():
+    quoted = 0
+    for claim in CLAIMS.values():
+        for quote in re.findall(r'"([^"]*[\uac00-\ud7a3][^"]*)"', claim.statement):  # a quote in Korean
+            number = re.search(r"shared/seeds/(\d{3})", claim.source)[1]
+            [review] = SEEDS_DIR.glob(f"{number}_*.txt")
+            assert quote in review.read_text(encoding="utf-8"), (claim.id, quote)
+            quoted += 1
+    assert quoted >= 2

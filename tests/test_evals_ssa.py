@@ -266,6 +266,24 @@ def test_the_graph_model_is_one_attention_map_and_its_errors_are_exact():
     assert graph_chance(cfg) == pytest.approx(math.log(10) - (2 * math.log(1) + 3 * math.log(2) + 5 * math.log(4)) / 10)
 
 
+def test_the_graph_probe_measures_how_spiky_the_rows_are_by_hand():
+    """‖p‖₂/‖p‖₁, the largest weight and the entropy of each row, against the true map (a degree-d row is uniform
+    over d neighbours: ‖p‖₂ = 1/√d, entropy log d) and the uniform one (1/√K, 1/K, log K)."""
+    cfg, model = graph_model("mha")  # cliques of 2, 3 and 5: degrees 1 (2 rows), 2 (3) and 4 (5)
+    graph = clique_graph(cfg)
+    model.log_transition = lambda: graph.transition.clamp(min=1e-300).log()
+    probe = graph_probe(model, cfg)
+    assert probe["spikiness"] == pytest.approx((2 * 1 + 3 / math.sqrt(2) + 5 / 2) / 10)
+    assert probe["spikiness/degree_2"] == pytest.approx(1 / math.sqrt(2))
+    assert probe["max_attention"] == pytest.approx((2 * 1 + 3 / 2 + 5 / 4) / 10)
+    assert probe["attention_entropy"] == pytest.approx((3 * math.log(2) + 5 * math.log(4)) / 10)
+    model.log_transition = lambda: torch.full((10, 10), -math.log(10), dtype=torch.float64)
+    uniform = graph_probe(model, cfg)
+    assert uniform["spikiness"] == pytest.approx(1 / math.sqrt(10)) and uniform["max_attention"] == pytest.approx(0.1)
+    assert uniform["attention_entropy"] == pytest.approx(math.log(10))
+    assert uniform["spikiness"] < probe["spikiness"]
+
+
 def test_the_graph_model_reads_the_query_temperature():
     _, vanilla = graph_model("mha")
     assert vanilla.inverse_temperatures() is None
@@ -278,8 +296,8 @@ def test_the_graph_model_reads_the_query_temperature():
     logits = selective.attention.q_proj(x) @ selective.attention.k_proj(x).T / math.sqrt(8)
     torch.testing.assert_close(selective.log_transition(), torch.log_softmax(logits * tau[:, None], dim=-1))
     probe = graph_probe(selective, cfg)
-    assert set(probe) == {"qk_operator_norm"} | {
-        f"{name}/degree_{d}" for name in ("excess_loss", "inverse_temperature") for d in (1, 2, 4)
+    assert set(probe) == {"qk_operator_norm", "spikiness", "max_attention", "attention_entropy"} | {
+        f"{name}/degree_{d}" for name in ("excess_loss", "spikiness", "inverse_temperature") for d in (1, 2, 4)
     }
     with pytest.raises(ValueError, match="n_heads"):
         GraphModel(ModelConfig(vocab_size=10, dim=8, n_layers=1, n_heads=2, position="none"), cfg)

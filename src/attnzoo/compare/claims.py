@@ -66,6 +66,8 @@ class Measure:
     # A measure read across model sizes (a compute multiple off the baseline's scaling curve): given every size and
     # the one to read; ``read`` then answers None for a size on its own.
     across: Callable[[Ladder, CompareResults, str], Values | None] | None = None
+    # What else to show beside the measure's mean, for one variant (e.g. the factors of a product): name → mean.
+    levels: Callable[[CompareResults, str], dict[str, float]] | None = None
 
 
 # ------------------------------------------------------------------------------------------------- the gates
@@ -401,6 +403,64 @@ class TaskLearned:
         return Gate(True, self.describe(), levels)
 
 
+# ------------------------------------------------------------------------------------------------ the parts
+
+
+@dataclass(frozen=True)
+class Part:
+    """A further part of a claim's statement ("spikier *and* with a smaller norm"), measured like the claim's own
+    measure: the same variant, baseline and gate, its own measure, rule and smallest effect of interest."""
+
+    measure: Measure
+    rule: Rule
+    smallest_effect: float
+    smallest_effect_source: str
+
+    @property
+    def name(self) -> str:
+        return self.measure.label
+
+    def describe(self, variant: str, baseline: str) -> str:
+        return f"`{variant}` − `{baseline}`: {self.measure.label}, {_RULE_WORDS[self.rule]}"
+
+
+@dataclass(frozen=True)
+class BenchPart:
+    """A part of a claim read off the comparison's bench (ALiBi's "11% faster, 11% less memory"): ``quantity`` of
+    ``variant`` benched at ``variant_multiple`` times the training length against ``baseline``'s at
+    ``baseline_multiple`` times, in the ``mode`` case (a bench case holds the tokens per step, so a longer case is
+    fewer, longer sequences). Judged in ln of the ratio: the speed on the range of every timed repeat, the memory
+    on each side's peak (one value, no interval)."""
+
+    quantity: Literal["speed", "memory"]
+    variant: str
+    baseline: str
+    baseline_multiple: int
+    rule: Rule
+    smallest_effect: float
+    smallest_effect_source: str
+    variant_multiple: int = 1
+    mode: str = "train"
+
+    def __post_init__(self) -> None:
+        if self.rule == NONINFERIOR:
+            raise ValueError("a bench part is directional: lower or higher")
+
+    @property
+    def name(self) -> str:
+        what = "training throughput (tokens/s)" if self.quantity == "speed" else "peak training memory"
+        return (
+            f"{what} of {self.variant} at {self.variant_multiple}L ÷ {self.baseline}'s at {self.baseline_multiple}L, "
+            "from the bench (ln of the ratio)"
+        )
+
+    def describe(self, variant: str, baseline: str) -> str:
+        return f"{self.name}, {_RULE_WORDS[self.rule]}"
+
+
+_RULE_WORDS = {LOWER: "claimed lower", HIGHER: "claimed higher", NONINFERIOR: "claimed no worse by the margin"}
+
+
 # ------------------------------------------------------------------------------------------------ the record
 
 
@@ -422,15 +482,21 @@ class Claim:
     checks: tuple[str, ...] = ()  # what was checked to rule out a setup error, shown with every verdict
     preset: str = "claims"  # the preset that runs its experiment
     needs_gpu: bool = False
-    experiment: str = ""  # for a claim no preset runs yet: what would test it
+    experiment: str = ""  # for a claim no preset runs yet: what would test it (its own measure; parts still run)
+    # The statement's other parts, each measured on its own: the claim holds only as a whole (verdicts.py).
+    parts: tuple[Part | BenchPart, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.smallest_effect <= 0:
-            raise ValueError(f"claim {self.id!r}: smallest_effect must be > 0, got {self.smallest_effect}")
-        if isinstance(self.gate, TaskLearned) != (self.measure.task is not None):
+        for effect in (self.smallest_effect, *(part.smallest_effect for part in self.parts)):
+            if effect <= 0:
+                raise ValueError(f"claim {self.id!r}: a smallest effect must be > 0, got {effect}")
+        measures = [self.measure, *(part.measure for part in self.parts if isinstance(part, Part))]
+        if any(isinstance(self.gate, TaskLearned) != (measure.task is not None) for measure in measures):
             raise ValueError(
                 f"claim {self.id!r}: a task's measure takes TaskLearned, a language model's LanguageModelGate"
             )
+        if any(measure.task != self.measure.task for measure in measures):
+            raise ValueError(f"claim {self.id!r}: every part is read off the same task (or language model)")
 
     @property
     def is_run(self) -> bool:

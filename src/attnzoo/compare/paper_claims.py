@@ -9,14 +9,22 @@ needs a GPU, or that no preset runs yet, are registered all the same: they are r
 from __future__ import annotations
 
 import math
+from collections import Counter
+from typing import TYPE_CHECKING
+
+import numpy as np
+from scipy import stats
 
 from attnzoo.compare.claims import (
     CLAIMS,
     HIGHER,
     LOWER,
     NONINFERIOR,
+    BenchPart,
     Claim,
     LanguageModelGate,
+    Measure,
+    Part,
     TaskLearned,
     compute_multiple,
     lm_metric,
@@ -27,7 +35,12 @@ from attnzoo.compare.claims import (
     task_metric,
     task_probe,
 )
-from attnzoo.evals.task import TaskSpec
+from attnzoo.evals.ssa_tasks import clique_graph
+from attnzoo.evals.task import TaskSpec, get_task
+
+if TYPE_CHECKING:
+    from attnzoo.compare.claims import Values
+    from attnzoo.compare.results import CompareResults, TaskRun
 
 BASELINE = "mha+rope"
 VAL_LOSS = lm_metric("val_loss", "validation loss (nats/token)")
@@ -74,6 +87,114 @@ SELECTIVE_CHECKS = (
     *SETUP_CHECKS,
     "with the token and position temperatures off, selective attention is exactly MHA (tests/test_selective.py)",
 )
+
+# ---------------------------------------------------------------------------- the graph task's query temperature
+# The graph probe (attnzoo.evals.ssa_tasks.graph_probe) records ‖W_q W_kᵀ‖ and, for selective attention, the mean
+# inverse temperature τ_q of each degree class; vanilla attention's τ is 1 for every row.
+TAU = "inverse_temperature/degree_"
+
+
+def _has_query_temperature(run: TaskRun) -> bool:
+    model = run.identity.get("model", {})
+    return model.get("attention") == "selective" and model.get("attention_options", {}).get("query_temperature", True)
+
+
+def _temperatures(run: TaskRun) -> dict[int, float] | None:
+    """τ_q by degree class; ``{}`` for a model without a query temperature (τ ≡ 1); None where a model with one has
+    no record of it."""
+    found = {int(key.removeprefix(TAU)): value for key, value in run.probe.items() if key.startswith(TAU)}
+    if not _has_query_temperature(run):
+        return {}
+    return found or None
+
+
+def _rows_by_degree(results: CompareResults, task: str) -> Counter[int]:
+    """How many of the graph's K rows have each degree, from the task's configuration as it was run."""
+    return Counter(clique_graph(get_task(task).config(**results.tasks[task].budget.options)).degrees)
+
+
+def _task_runs(results: CompareResults, task: str, variant: str) -> list[TaskRun] | None:
+    found = results.tasks.get(task)
+    return found.runs.get(variant) if found else None
+
+
+def effective_logit_scale(task: str = "graph") -> Measure:
+    """τ̄_q·‖W_q W_kᵀ‖, the review's effective weight τ(q)·W_q W_k (shared/seeds/002:83) with τ_q averaged over the
+    map's K rows (each degree class's mean weighted by its rows): the scale of the logits a row actually gets. A
+    temperature at its ceiling lets ‖W_q W_kᵀ‖ shrink by reparameterisation alone; this product does not."""
+
+    def scale(results: CompareResults, run: TaskRun) -> float | None:
+        tau = _temperatures(run)
+        if "qk_operator_norm" not in run.probe or tau is None:
+            return None
+        rows = _rows_by_degree(results, task)
+        if tau and set(tau) != set(rows):
+            return None
+        mean_tau = sum(rows[d] * tau[d] for d in rows) / sum(rows.values()) if tau else 1.0
+        return mean_tau * run.probe["qk_operator_norm"]
+
+    def read(results: CompareResults, variant: str) -> Values | None:
+        runs = _task_runs(results, task, variant)
+        values = {run.seed: scale(results, run) for run in runs or []}
+        return values if values and None not in values.values() else None  # type: ignore[return-value]
+
+    def levels(results: CompareResults, variant: str) -> dict[str, float]:
+        runs = _task_runs(results, task, variant) or []
+        norms = [run.probe["qk_operator_norm"] for run in runs]
+        scales = [scale(results, run) for run in runs]
+        shown = {"‖W_q W_kᵀ‖ alone": float(np.mean(norms))}
+        if any(_temperatures(run) for run in runs):
+            shown["τ_q, mean over the rows"] = float(np.mean([s / n for s, n in zip(scales, norms, strict=True)]))
+        return shown
+
+    return Measure(
+        "effective logit scale τ̄_q·‖W_q W_kᵀ‖ (τ_q's mean over the map's rows; τ ≡ 1 for vanilla attention)",
+        f"task {task!r} with its probe",
+        read,
+        task,
+        levels=levels,
+    )
+
+
+def temperature_order(task: str = "graph") -> Measure:
+    """Pearson's r between log₂ of a degree class's degree and its mean τ_q, per seed (negative: fewer neighbours, a
+    higher inverse temperature, i.e. a lower temperature); 0 for a model without a query temperature, whose τ ≡ 1
+    orders nothing, and for a τ equal in every class. A correlation, not a rank correlation: over the task's four
+    classes a rank correlation takes a handful of values, and seeds that all order τ perfectly would leave no
+    spread to form an interval from."""
+
+    def correlation(run: TaskRun) -> float | None:
+        tau = _temperatures(run)
+        if tau is None:
+            return None
+        if len(set(tau.values())) < 2:  # no temperature, or the same in every class
+            return 0.0
+        if len(tau) < 3:  # two classes always correlate ±1
+            return None
+        degrees = sorted(tau)
+        return float(stats.pearsonr(np.log2(degrees), [tau[d] for d in degrees]).statistic)
+
+    def read(results: CompareResults, variant: str) -> Values | None:
+        runs = _task_runs(results, task, variant)
+        values = {run.seed: correlation(run) for run in runs or []}
+        return values if values and None not in values.values() else None  # type: ignore[return-value]
+
+    def levels(results: CompareResults, variant: str) -> dict[str, float]:
+        runs = _task_runs(results, task, variant) or []
+        taus = [_temperatures(run) or {} for run in runs]
+        degrees = sorted(set().union(*taus)) if taus else []
+        return {f"τ_q at degree {d}": float(np.mean([tau[d] for tau in taus])) for d in degrees}
+
+    return Measure(
+        "Pearson r of the mean τ_q (inverse temperature) against log₂ degree, over the degree classes",
+        f"task {task!r} with its probe",
+        read,
+        task,
+        levels=levels,
+    )
+
+
+GRAPH_SPIKINESS = task_probe("graph", "spikiness", "‖p‖₂/‖p‖₁ of the map's rows, mean over the rows")
 
 ALIBI = "ALiBi (Press et al., 2022)"
 DIFF = "Diff Transformer (Ye et al., 2024)"
@@ -164,7 +285,27 @@ for claim in (
         primary=True,
         paper_scale="1.3B parameters, trained at 1024, evaluated at 2048",
         experiment="a sinusoidal language model trained at twice the length on the same tokens, evaluated with "
-        "ALiBi's at 2L, with both models' training speed and memory from the bench (the 11% halves)",
+        "ALiBi's at 2L",
+        parts=(
+            BenchPart(
+                "speed",
+                "mha+alibi",
+                "mha+sinusoidal",
+                2,
+                HIGHER,
+                math.log(1.11) / 2,
+                "half the paper's 11% in ln of the throughput ratio: ln(1.11)/2 = 0.052, ×1.054",
+            ),
+            BenchPart(
+                "memory",
+                "mha+alibi",
+                "mha+sinusoidal",
+                2,
+                LOWER,
+                -math.log(0.89) / 2,
+                "half the paper's 11% in ln of the memory ratio: −ln(0.89)/2 = 0.058, ×0.943",
+            ),
+        ),
     ),
     # ----------------------------------------------------------------------------------------------- Diff
     Claim(
@@ -352,9 +493,10 @@ for claim in (
     Claim(
         "selective.graph_temperature",
         SELECTIVE,
-        "On next-token prediction over a graph, selective attention assigns a lower temperature to tokens with fewer "
-        "neighbours, and fits the target with lower error (figure not available).",
-        "shared/seeds/002:104–112",
+        "On next-token prediction over a graph, selective attention fits the target with lower error and assigns a "
+        'lower temperature to tokens with fewer neighbours: "SSA의 결과가 더 낮은 값을 가지며, 자연히 SSA가 fewer '
+        'neighbors에 대해서 낮은 temperature를 assign한다" (figure not available).',
+        "shared/seeds/002:104–112 (the quote: 002:112)",
         "selective[position_temperature=false,value_temperature=false]+none",
         "mha+none",
         task_metric("graph", "excess loss over the true transitions (nats)"),
@@ -366,6 +508,15 @@ for claim in (
         checks=(
             "one attention map over all tokens' embeddings is the next-token distribution, as the review's task",
             "the query temperature alone (value and position temperatures off) against vanilla attention",
+        ),
+        parts=(
+            Part(
+                temperature_order("graph"),
+                LOWER,
+                0.3,
+                "our choice: Cohen's medium correlation, r = 0.3, over the graph's degree classes (1, 2, 4 and 8 "
+                "neighbours)",
+            ),
         ),
     ),
     Claim(
@@ -386,17 +537,30 @@ for claim in (
     Claim(
         "selective.query_temperature_norm",
         SELECTIVE,
-        "The query temperature gives a spikier map with a smaller ‖W_q W_kᵀ‖ (figure not available).",
-        "shared/seeds/002:30, 002:93",
+        'Query selectivity makes the attention map spikier with a smaller attention-map parameter norm: "더 작은 '
+        'attn map parameter norm을 가지도록 만들어서 spikier attention map을 만들 수 있도록 해" (002:30), the '
+        "effective weight being τ(q)·W_q W_k (002:83); so a smaller norm counts only as the logits' effective scale "
+        "τ·‖W_q W_kᵀ‖, since a temperature at its ceiling shrinks ‖W_q W_kᵀ‖ by reparameterisation alone (figure "
+        "not available).",
+        "shared/seeds/002:30, 002:83, 002:93",
         "selective[position_temperature=false,value_temperature=false]+none",
         "mha+none",
-        task_probe("graph", "qk_operator_norm", "‖W_q W_kᵀ‖ (operator norm)"),
+        effective_logit_scale("graph"),
         LOWER,
         0.1,
-        "our choice: 0.1 in operator norm, about 5% of what vanilla attention reaches on the graph task",
+        "our choice: 0.1 in logit scale, about 5% of vanilla attention's ‖W_q W_kᵀ‖ on the graph task (1.87 in "
+        "the stored claims run)",
         LEARNED,
         paper_scale="small synthetic models (sizes not given in the review)",
         checks=("the query temperature alone (value and position temperatures off) against vanilla attention",),
+        parts=(
+            Part(
+                GRAPH_SPIKINESS,
+                HIGHER,
+                0.02,
+                "0.02 in ‖p‖₂/‖p‖₁, as selective.spikiness; about 3.5% of the true map's own 0.58 on the graph task",
+            ),
+        ),
     ),
     # ------------------------------------------------------------------------------------------- DCFormer
     Claim(

@@ -20,9 +20,18 @@ comparison is a ladder of one size). In order, the first that applies:
    the interval's upper end is below the margin (the one-sided test at 5%, Holm-adjusted for a primary);
    **contradicted** when its lower end is above it; else **inconclusive**.
 
+A claim whose statement has several parts (a spikier map *with* a smaller norm; the same perplexity, 11% faster
+*and* with 11% less memory) measures each (:class:`~attnzoo.compare.claims.Part`,
+:class:`~attnzoo.compare.claims.BenchPart`), each decided on its own at the raw 5% level, and holds only as a whole:
+**contradicted** when any part is; else **negligible** when any part is; **supported** when every part is; else the
+verdict of its first undecided part (its own measure first). A bench part has no seeds: it
+is decided on the range of its timed repeats (the speed) or on one peak each (the memory), beyond ±δ in ln of the
+ratio.
+
 The primaries, one per paper, always form the family that Holm's procedure corrects: a primary not judged on this
-run enters it with p = 1, so the correction never depends on which claims happened to be measurable. Every other
-claim is exploratory and says so.
+run enters it with p = 1, so the correction never depends on which claims happened to be measurable, and a primary
+of several parts with the largest of its parts' p (the intersection–union test). Every other claim is exploratory
+and says so.
 """
 
 from __future__ import annotations
@@ -34,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from attnzoo.compare.claims import CLAIMS, DIVERGED, LOWER, NONINFERIOR, Claim
+from attnzoo.compare.claims import CLAIMS, DIVERGED, LOWER, NONINFERIOR, BenchPart, Claim, Part
 from attnzoo.compare.ladder import Ladder, as_ladder, head_dim, parameters
 from attnzoo.compare.stats import (
     ALPHA,
@@ -90,6 +99,30 @@ class SizeVerdict:
         return f"{self.parameters / 1e6:.2f}M (head {self.head_dim}): {effect}, {self.outcome}"
 
 
+DECIDED: tuple[Outcome, ...] = ("supported", "contradicted", "negligible")
+
+
+@dataclass(frozen=True)
+class PartVerdict:
+    """A further part of a claim's statement, decided on its own at the raw 5% level. ``effect`` and ``bounds``: for
+    a part measured over seeds, the paired difference's mean and 90% interval; for a bench part, ln of the ratio and
+    the range of the timed repeats (one value for the memory)."""
+
+    part: Part | BenchPart
+    outcome: Outcome
+    reason: str
+    difference: PairedDifference | None = None
+    p_raw: float | None = None
+    levels: dict[str, float] = dataclasses.field(default_factory=dict)
+    would_change: str = ""
+    effect: float | None = None
+    bounds: tuple[float, float] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.part.name
+
+
 @dataclass(frozen=True)
 class Verdict:
     claim: Claim
@@ -103,6 +136,7 @@ class Verdict:
     conditions: str = ""  # the deciding size's scale: seeds, tokens per run, parameters
     levels: dict[str, float] = dataclasses.field(default_factory=dict)  # means reached, and chance where defined
     sizes: tuple[SizeVerdict, ...] = ()  # every size that ran the claim, smallest first
+    parts: tuple[PartVerdict, ...] = ()  # the statement's other parts; the outcome is the whole's
 
     @property
     def interval(self) -> tuple[float, float] | None:
@@ -117,20 +151,33 @@ def judge_all(results: CompareResults | Ladder) -> list[Verdict]:
     """Every registered claim's verdict, in registration order, the primaries Holm-corrected together."""
     ladder = as_ladder(results)
     verdicts = [_measure(claim, ladder) for claim in CLAIMS.values()]
+    judged_parts = [_judge_parts(claim, ladder) for claim in CLAIMS.values()]
     family = [i for i, v in enumerate(verdicts) if v.claim.primary]
-    p_values = [verdicts[i].p_raw if _pending(verdicts[i]) else 1.0 for i in family]
-    for i, p in zip(family, holm(p_values), strict=True):  # type: ignore[arg-type]
+    p_values = [_family_p(verdicts[i], judged_parts[i]) for i in family]
+    for i, p in zip(family, holm(p_values), strict=True):
         if _pending(verdicts[i]):
             verdicts[i] = dataclasses.replace(verdicts[i], p_adjusted=p)
-    return [_decide(v) if _pending(v) else v for v in verdicts]
+    return [
+        _with_parts(_decide(v) if _pending(v) else v, parts) for v, parts in zip(verdicts, judged_parts, strict=True)
+    ]
 
 
 def judge(claim: Claim, results: CompareResults | Ladder) -> Verdict:
     """One claim's verdict on its own: a primary is then a family of one (its adjusted p is its raw p)."""
-    verdict = _measure(claim, as_ladder(results))
+    ladder = as_ladder(results)
+    verdict, parts = _measure(claim, ladder), _judge_parts(claim, ladder)
     if _pending(verdict) and claim.primary:
-        verdict = dataclasses.replace(verdict, p_adjusted=verdict.p_raw)
-    return _decide(verdict) if _pending(verdict) else verdict
+        verdict = dataclasses.replace(verdict, p_adjusted=_family_p(verdict, parts))
+    return _with_parts(_decide(verdict) if _pending(verdict) else verdict, parts)
+
+
+def _family_p(verdict: Verdict, parts: tuple[PartVerdict, ...]) -> float:
+    """A primary's p in Holm's family: 1 where its own measure was not judged; else the largest of its parts' p,
+    the intersection–union test of "every part holds" (a bench part has no p: it must hold on its own)."""
+    if not _pending(verdict):
+        return 1.0
+    assert verdict.p_raw is not None
+    return max([verdict.p_raw, *(part.p_raw for part in parts if part.p_raw is not None)])
 
 
 def _pending(verdict: Verdict) -> bool:
@@ -208,6 +255,13 @@ def _at_size(claim: Claim, ladder: Ladder, rung: CompareResults) -> SizeVerdict 
     ours, theirs = _read(claim, ladder, rung, claim.variant), _read(claim, ladder, rung, claim.baseline)
     missing = [label for label, values in ((claim.variant, ours), (claim.baseline, theirs)) if values is None]
     missing = [label for label in claim.measure.trains if label not in rung.variants] or missing
+    task = rung.tasks.get(claim.measure.task) if claim.measure.task is not None else None
+    if missing and task is not None and all(label in task.runs for label in missing):
+        return (
+            f"the {task.name} task ran {' and '.join(missing)}, but these stored runs do not record "
+            f"{claim.measure.label}: they were made before the task's probe recorded it, and a run of the task now "
+            "would measure it"
+        )
     if missing:
         return f"needs {claim.measure.needs} for {' and '.join(missing)}, which this comparison did not run"
     assert ours is not None and theirs is not None
@@ -366,8 +420,12 @@ def _remedy(claim: Claim, size: SizeVerdict) -> str:
 def _levels(
     claim: Claim, results: CompareResults, ours: dict[int, float], theirs: dict[int, float]
 ) -> dict[str, float]:
-    """The measure's mean over seeds for both, and the level of a uniform guess where the measure has one."""
+    """The measure's mean over seeds for both, what else the measure shows of each, and the level of a uniform guess
+    where the measure has one."""
     levels = {claim.baseline: float(np.mean(list(theirs.values()))), claim.variant: float(np.mean(list(ours.values())))}
+    if claim.measure.levels is not None:
+        for label in (claim.baseline, claim.variant):
+            levels |= {f"{label}: {name}": value for name, value in claim.measure.levels(results, label).items()}
     if claim.measure.task is not None:
         task = results.tasks[claim.measure.task]
         levels |= {
@@ -390,6 +448,176 @@ def _conditions(claim: Claim, results: CompareResults, paired: list[int]) -> str
     return (
         f"{seeds}; {found.runs[0].tokens:,} tokens/run at T={budget.seq_len}, {found.parameters / 1e6:.2f}M params "
         f"(head size {head_dim(results)}), {results.corpus.name}"
+    )
+
+
+# ------------------------------------------------------------------------------------------------ the parts
+
+
+def _judge_parts(claim: Claim, ladder: Ladder) -> tuple[PartVerdict, ...]:
+    return tuple(
+        _judge_bench(part, ladder) if isinstance(part, BenchPart) else _judge_part(claim, part, ladder)
+        for part in claim.parts
+    )
+
+
+def _judge_part(claim: Claim, part: Part, ladder: Ladder) -> PartVerdict:
+    """A part measured over seeds: the claim with the part's measure, rule and δ, decided at the raw 5% level."""
+    alone = dataclasses.replace(
+        claim,
+        measure=part.measure,
+        rule=part.rule,
+        smallest_effect=part.smallest_effect,
+        smallest_effect_source=part.smallest_effect_source,
+        primary=False,
+        experiment="",
+        parts=(),
+    )
+    verdict = _measure(alone, ladder)
+    verdict = _decide(verdict) if _pending(verdict) else verdict
+    d = verdict.difference
+    return PartVerdict(
+        part,
+        verdict.outcome,
+        verdict.reason,
+        d,
+        verdict.p_raw,
+        verdict.levels,
+        verdict.would_change,
+        d.mean if d else None,
+        d.interval(EQUIVALENCE_CONFIDENCE) if d and d.has_spread else None,
+    )
+
+
+def _judge_bench(part: BenchPart, ladder: Ladder) -> PartVerdict:
+    """A bench part at the largest size: ln(variant's ÷ baseline's), decided beyond ±δ on the range of every timed
+    repeat (the slowest against the fastest, both ways) for the speed, on the one peak each for the memory."""
+    rung = ladder.largest
+    length = rung.budget.seq_len
+    speed = part.quantity == "speed"
+    unit = "tokens/s" if speed else "peak MB"
+    benched = {(m.variant, m.seq_len): m for m in rung.bench.measurements if m.mode == part.mode}
+    levels = {
+        f"{label} at {seq_len:,} ({unit})": m.timing.tokens_per_s if speed else m.timing.peak_mem_mb
+        for (label, seq_len), m in sorted(benched.items(), key=lambda item: (item[0][0] != part.variant, item[0][1]))
+        if label in (part.variant, part.baseline) and m.timing is not None
+    }
+    wanted = ((part.variant, part.variant_multiple), (part.baseline, part.baseline_multiple))
+    for label, multiple in wanted:
+        found = benched.get((label, multiple * length))
+        if found is not None and found.timing is not None:
+            continue
+        lengths = sorted(seq for (other, seq), m in benched.items() if other == label and m.timing is not None)
+        cases = sorted({seq // length for (_, seq) in benched if seq % length == 0})
+        if not benched:
+            why = f"the {rung.preset} preset ran no {part.mode!r} bench (its bench_cases hold none)"
+        elif not lengths:
+            why = f"the bench measured no {label}"
+        else:
+            why = (
+                f"the bench measured {label} at {_and(f'{seq:,}' for seq in lengths)} tokens, the {rung.preset} "
+                f"preset's bench cases being {_and(f'{c}×' for c in cases)} the training length"
+            )
+        unavailable = f" ({found.unavailable})" if found is not None and found.unavailable else ""
+        return PartVerdict(
+            part,
+            "not run",
+            f"no {part.mode!r} bench of {label} at {multiple}L = {multiple * length:,} tokens{unavailable}: {why}, "
+            "so this part is not measured",
+            levels=levels,
+            would_change=f"a bench case ({part.mode!r}, {multiple}) in the preset's bench_cases",
+        )
+    ours = benched[part.variant, part.variant_multiple * length].timing
+    theirs = benched[part.baseline, part.baseline_multiple * length].timing
+    assert ours is not None and theirs is not None
+    if speed and (ours.busy or theirs.busy):
+        load = max(ours.load_average or 0, theirs.load_average or 0)
+        return PartVerdict(
+            part,
+            "not measurable",
+            f"the bench measured it on a busy machine (load average {load:.2f} on {ours.cores} cores): its speeds "
+            "are unreliable",
+            levels=levels,
+            would_change="a bench on an idle machine",
+        )
+    if speed:
+        effect = math.log(ours.tokens_per_s / theirs.tokens_per_s)
+        low, high = (
+            math.log(ours.tokens_per_s_min / theirs.tokens_per_s_max),
+            math.log(ours.tokens_per_s_max / theirs.tokens_per_s_min),
+        )
+        spread = f"the repeats' range {math.exp(low):.3g}–{math.exp(high):.3g}×"
+    else:
+        if ours.peak_mem_mb <= 0 or theirs.peak_mem_mb <= 0:
+            return PartVerdict(
+                part,
+                "not measurable",
+                "a peak memory of 0 or less was recorded",
+                levels=levels,
+                would_change="a bench whose peak memory is measured",
+            )
+        effect = low = high = math.log(ours.peak_mem_mb / theirs.peak_mem_mb)
+        spread = "one peak each: no interval"
+    delta, sign = part.smallest_effect, -1 if part.rule == LOWER else 1
+    claimed_low, claimed_high = sorted((sign * low, sign * high))  # on the claimed side: above +δ
+    shown = (
+        f"{part.variant} at {part.variant_multiple}L {'trains at' if speed else 'peaks at'} {math.exp(effect):.3g}× "
+        f"{part.baseline}'s at "
+        f"{part.baseline_multiple}L ({spread}); ±δ is ×{math.exp(-delta):.3g}–{math.exp(delta):.3g}"
+    )
+    outcome: Outcome
+    if claimed_low > delta:
+        outcome, why = "supported", "beyond δ on the claimed side"
+    elif claimed_high < -delta:
+        outcome, why = "contradicted", "beyond δ on the side opposite to the claim"
+    elif -delta < low and high < delta:
+        outcome, why = "negligible", "inside ±δ"
+    else:
+        outcome, why = "inconclusive", "reaching across ±δ"
+    return PartVerdict(
+        part,
+        outcome,
+        f"{shown}: {why}",
+        levels=levels,
+        would_change="" if outcome in DECIDED else "more bench repeats (bench_repeats, bench_rounds)",
+        effect=effect,
+        bounds=(low, high),
+    )
+
+
+def _and(items) -> str:
+    items = list(items)
+    return ", ".join(items[:-1]) + " and " + items[-1] if len(items) > 1 else "".join(items)
+
+
+def _with_parts(verdict: Verdict, parts: tuple[PartVerdict, ...]) -> Verdict:
+    """The whole claim from its parts: contradicted when any part is; else negligible when any part is (the claimed
+    effect is absent there); supported when every part is; else its first undecided part's verdict (its own measure
+    first)."""
+    if not parts:
+        return verdict
+    entries = [(verdict.claim.measure.label, verdict.outcome, verdict.reason, verdict.would_change)]
+    entries += [(part.name, part.outcome, part.reason, part.would_change) for part in parts]
+    listed = " ".join(f"({i}) {name}: {outcome}: {reason}." for i, (name, outcome, reason, _) in enumerate(entries, 1))
+    outcomes = [outcome for _, outcome, _, _ in entries]
+    would_change = verdict.would_change
+    outcome: Outcome
+    decisive = next((o for o in ("contradicted", "negligible") if o in outcomes), None)
+    if decisive is not None:  # one part shown false, or shown absent, is the whole claim's
+        outcome = decisive
+        head = f"{decisive} in part " + ", ".join(str(i) for i, o in enumerate(outcomes, 1) if o == decisive)
+    elif all(o == "supported" for o in outcomes):
+        outcome, head = "supported", "every part supported"
+    else:
+        first = next(i for i, o in enumerate(outcomes) if o not in DECIDED)
+        outcome, would_change = outcomes[first], entries[first][3]
+        head = f"part {first + 1} is {outcome}, so the whole claim is"
+    return dataclasses.replace(
+        verdict,
+        outcome=outcome,
+        reason=f"{len(entries)} parts, the claim holding only as a whole: {head}. {listed}",
+        would_change=would_change,
+        parts=parts,
     )
 
 
@@ -453,6 +681,20 @@ def verdicts_record(results: CompareResults | Ladder, verdicts: list[Verdict]) -
                         "gate": _gate_record(s.gate),
                     }
                     for s in v.sizes
+                ],
+                "parts": [
+                    {
+                        "measure": part.name,
+                        "rule": part.part.rule,
+                        "smallest_effect": part.part.smallest_effect,
+                        "outcome": part.outcome,
+                        "reason": part.reason,
+                        "effect": part.effect,
+                        "bounds": list(part.bounds) if part.bounds else None,
+                        "p_raw": part.p_raw,
+                        "levels": part.levels,
+                    }
+                    for part in v.parts
                 ],
                 "conditions": v.conditions,
                 "would_change": v.would_change,

@@ -277,19 +277,29 @@ def evaluate_graph(
 
 
 def graph_probe(model: nn.Module, cfg: GraphConfig, n_samples: int = 0) -> dict[str, float]:
-    """By degree class: the excess loss and, for selective attention, the mean inverse temperature τ_q; and
-    ‖W_q W_kᵀ‖ (operator norm, the 1/√d scale included), which the review says the temperature keeps smaller."""
+    """‖W_q W_kᵀ‖ (operator norm, the 1/√d scale included), which the review says the temperature keeps smaller;
+    how spiky the map's rows are, which it says the temperature makes spikier, as means over the K rows:
+    ``spikiness`` ‖p‖₂/‖p‖₁ (selective.spikiness's measure; 1 for a one-hot row, 1/√K for a uniform one),
+    ``max_attention`` the largest weight and ``attention_entropy`` the entropy in nats; and by degree class, the
+    excess loss, the spikiness and, for selective attention, the mean inverse temperature τ_q."""
     graph = clique_graph(cfg)
     degrees = torch.tensor(graph.degrees)
     with evaluating(model):
-        errors = graph_errors(model.log_transition(), graph)
+        log_transition = model.log_transition().double()
+        errors = graph_errors(log_transition, graph)
         tau = model.inverse_temperatures()
         attention = model.attention
         bilinear = attention.q_proj.weight.T @ attention.k_proj.weight / math.sqrt(attention.head_dim)
         probe = {"qk_operator_norm": torch.linalg.matrix_norm(bilinear.double(), ord=2).item()}
+    rows_p = log_transition.exp()
+    spikiness = rows_p.norm(dim=1) / rows_p.sum(dim=1)
+    probe["spikiness"] = spikiness.mean().item()
+    probe["max_attention"] = rows_p.max(dim=1).values.mean().item()
+    probe["attention_entropy"] = -torch.special.xlogy(rows_p, rows_p).sum(dim=1).mean().item()
     for degree in sorted(set(graph.degrees)):
         rows = degrees == degree
         probe[f"excess_loss/degree_{degree}"] = errors["excess_loss"][rows].mean().item()
+        probe[f"spikiness/degree_{degree}"] = spikiness[rows].mean().item()
         if tau is not None:
             probe[f"inverse_temperature/degree_{degree}"] = tau[rows].mean().item()
     return probe
