@@ -20,7 +20,7 @@ import pytest
 import torch
 from training_helpers import write_text_corpus
 
-from attnzoo.bench import BenchResult, Interrupted
+from attnzoo.bench import BenchResult
 from attnzoo.cli.compare import add_arguments, run
 from attnzoo.compare import (
     PRESETS,
@@ -40,6 +40,7 @@ from attnzoo.compare.tasks import task_configs
 from attnzoo.compare.verdicts import counts, judge_all
 from attnzoo.evals import TASKS, Task, TaskBatch, greedy_predictions, register_task, scored_accuracy
 from attnzoo.evals.base import as_generator
+from attnzoo.interrupts import Interrupted
 from attnzoo.training import CheckpointError, read_checkpoint
 from attnzoo.variants import Variant, count_parameters, matched_configs
 
@@ -299,7 +300,7 @@ def test_micro_compare_writes_results_report_and_plots(micro):
     tally = ", ".join(f"{n} {outcome}" for outcome, n in found.items() if n)
     assert claims == f"claims: {tally} — every claim with its reason in {out / 'report.md'}"
     assert re.search(r"estimated time: about \d+(m\d\ds|s) for the training left", stdout)
-    assert re.search(r"── \[2/4\] diff\+rope · seed 0 · \d+s elapsed · about \d+(m\d\ds|s) left ──", stdout)
+    assert re.search(r"── \[2/4\] diff\+rope · seed 0 · \d+(m\d\ds|s) elapsed · about \d+(m\d\ds|s) left ──", stdout)
     assert re.search(r"diff\+rope\s+2\s+\d\.\d{4} ± \d\.\d{4}", stdout)  # mean ± std once both seeds are in
 
 

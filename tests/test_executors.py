@@ -54,18 +54,21 @@ def spec(inline, monkeypatch):
     return _spec(inline["text"])
 
 
-def _runs(out: Path) -> dict:
-    """Every run's record (its timings aside) and its final weights."""
+def _runs(out: Path, maps_aside: bool = False) -> dict:
+    """Every run's record (its timings aside, and with ``maps_aside`` whether it kept attention maps) and its final
+    weights."""
     found = {}
     for record_file in sorted(out.glob("runs/*/seed*/compare_run.json")):
         record = {k: v for k, v in json.loads(record_file.read_text()).items() if k not in TIMINGS}
+        if maps_aside:
+            record = {**record, "has_maps": None, "evals": {**record["evals"], "maps": None}}
         final = sorted(record_file.parent.glob("checkpoints/step-*/model.safetensors"))[-1]
         found[str(record_file.parent.relative_to(out))] = (record, load_file(final))
     return found
 
 
-def _assert_same_runs(out: Path, reference: Path) -> None:
-    ours, theirs = _runs(out), _runs(reference)
+def _assert_same_runs(out: Path, reference: Path, maps_aside: bool = False) -> None:
+    ours, theirs = _runs(out, maps_aside), _runs(reference, maps_aside)
     assert sorted(ours) == sorted(theirs) and len(ours) == 4
     for name, (record, weights) in ours.items():
         assert record == theirs[name][0], name
@@ -82,8 +85,12 @@ def _engines():
 @pytest.mark.slow
 @pytest.mark.parametrize("executor", _engines())
 def test_every_engine_trains_the_inline_runs_bit_for_bit(inline, spec, tmp_path, executor):
-    if executor.name != "local":
-        pytest.importorskip({"slurm": "submitit", "ray": "ray"}[executor.name])
+    if executor.name == "slurm":
+        pytest.importorskip("submitit", reason="the slurm extra is not installed (the dev extra installs it)")
+    if executor.name == "ray":
+        # Not in the dev extra: Ray's local runtime took 517 s for these four micro runs on 2 loaded cores, where
+        # submitit's took 85 s; pip install -e ".[ray]" runs it.
+        pytest.importorskip("ray", reason="the ray extra is not installed (CI leaves it out: its runtime is slow)")
     stdout = _compare(spec, tmp_path / "out", executor)
     assert f"4 of 4 runs to train on executor {executor.name}" in stdout
     assert stdout.count("reusing") == 4  # the inline loop then reads each record back, training nothing
@@ -180,8 +187,9 @@ def test_two_partial_directories_merged_equal_one_full_run(inline, spec, tmp_pat
     copied = merge_runs([tmp_path / "part0", tmp_path / "part1"], tmp_path / "merged")
     assert sorted(copied) == sorted(f"runs/{label}/seed{seed}" for label in VARIANTS for seed in (0, 1))
     stdout = _compare(spec, tmp_path / "merged")
-    assert "attnzoo 0.1.0 →" not in stdout  # nothing trained again
-    _assert_same_runs(tmp_path / "merged", inline["out"])
+    # Nothing trained or evaluated again: seed 1 kept its maps as the first seed of its part, which is no loss.
+    assert stdout.count("reusing") == 4 and "attnzoo 0.1.0 →" not in stdout
+    _assert_same_runs(tmp_path / "merged", inline["out"], maps_aside=True)
     merged, full = (CompareResults.load(out / "results.json") for out in (tmp_path / "merged", inline["out"]))
     assert judge_all(merged) == judge_all(full)
     with pytest.raises(ValueError, match=r"finished both in .* with different records"):

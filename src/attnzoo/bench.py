@@ -28,10 +28,7 @@ from tqdm import tqdm
 from attnzoo.attention import fused_cpu
 from attnzoo.attention.kernels import dcmha_fused, diff_flash
 from attnzoo.config import ModelConfig
-
-# Interrupted and stop_on_signals are re-exported for compare.runner and tests/test_compare.py, which import them
-# from here until they name attnzoo.interrupts (their files are being edited elsewhere): then drop them.
-from attnzoo.interrupts import Interrupted, sigint_ignored, stop_on_signals  # noqa: F401
+from attnzoo.interrupts import sigint_ignored
 from attnzoo.io import atomic_write_text
 from attnzoo.machine import is_busy
 from attnzoo.model import Transformer

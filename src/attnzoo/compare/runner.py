@@ -42,7 +42,7 @@ from tqdm import tqdm
 
 from attnzoo import __version__
 from attnzoo.attention import ATTENTION
-from attnzoo.bench import BenchCase, Interrupted, machine_description, measure, stop_on_signals
+from attnzoo.bench import BenchCase, machine_description, measure
 from attnzoo.compare.executors import INLINE, ExecutorConfig, RunJob, run_elsewhere
 from attnzoo.compare.ladder import Ladder, load_ladder
 from attnzoo.compare.progress import Schedule, duration, final_summary, progress_table
@@ -75,6 +75,7 @@ from attnzoo.evals.lm import LMEvalConfig, evaluate_lm, length_extrapolation, wi
 from attnzoo.evals.ngram import NGramLevel, kneser_ney_level
 from attnzoo.evals.probes import probe_model
 from attnzoo.evals.task import TaskSpec
+from attnzoo.interrupts import Interrupted, stop_on_signals
 from attnzoo.io import atomic_write_text, locked_directory
 from attnzoo.model import Transformer
 from attnzoo.records import from_dict, to_dict
@@ -164,6 +165,12 @@ def run_ladder(
     paths = write_ladder_report(ladder, dirs, out)
     tqdm.write("ladder report: " + ", ".join(str(path) for path in paths.values()))
     return LadderResult(out, ladder, None)
+
+
+def _evaluated_as_asked(stored: dict[str, Any], asked: dict[str, Any]) -> bool:
+    """Whether a run's evaluations are the ones asked for. A run that also kept its attention maps (the first seed
+    of the comparison it was made in, e.g. one part of a merged comparison) is as good as one without."""
+    return {**stored, "maps": asked["maps"]} == asked and stored["maps"] >= asked["maps"]
 
 
 def source_commit() -> str | None:
@@ -360,7 +367,7 @@ class Comparison:
         when the record is read back)."""
         run_dir, _, evals = self.run_plan(label, seed)
         record = _read_record(LMRun, run_dir / RUN_RECORD)
-        return record is not None and record.evals == evals
+        return record is not None and _evaluated_as_asked(record.evals, evals)
 
     def train_one(self, label: str, seed: int) -> None:
         """One run, trained and evaluated where this process is (an executor's worker): its record on disk."""
@@ -389,7 +396,7 @@ class Comparison:
                 ) from None
         finished = checkpoint is not None and checkpoint.step == train_config.steps
         record = _read_record(LMRun, run_dir / RUN_RECORD)
-        if finished and record is not None and record.evals == evals:
+        if finished and record is not None and _evaluated_as_asked(record.evals, evals):
             self.say(f"reusing {run_dir} (finished earlier)")
             return record, None, True
         if checkpoint is None and run_dir.exists():
