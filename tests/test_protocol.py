@@ -122,6 +122,15 @@ def test_two_curves_that_cross_late_are_caught_though_the_end_gap_is_large():
     assert gate.levels["gap at 100% (nats)"] == pytest.approx(-0.05)
 
 
+def test_curves_that_run_together_pass_though_their_tiny_gap_changes_sign():
+    """Every gap within δ/2 = 0.01 of zero: noise around a negligible effect, not a crossing; one gap past it is."""
+    gate = gate_of(records(gaps=(-0.004, 0.003, -0.002)))
+    stability = next(part for part in gate.parts if part.name == "(c) gap stability")
+    assert gate.passed and "the curves ran together (-0.0040 at 50%" in stability.detail
+    crossing = gate_of(records(gaps=(-0.012, 0.003, -0.002)))
+    assert failed_parts(crossing) == ["(c) gap stability"] and "the curves cross" in crossing.reason
+
+
 def _claim(values_by_size: dict[int, dict[str, list[float]]], primary=False) -> Claim:
     """A claim whose measure reads, at the size with that many parameters, ``values[label]`` per seed."""
 
