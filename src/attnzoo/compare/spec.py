@@ -500,9 +500,9 @@ def _rung(name: str, model: dict[str, Any], steps: int, variants: tuple[str, ...
 # Shakespeare's 4.55M-token training split. Four heads at both sizes: Diff pairs them into two of twice the size,
 # and DCMHA composes four. Why not smaller: a 60,912-parameter rung (dim 48, heads of 12) at 21 tokens per
 # parameter reached 2.41 nats/byte (mha, seed 0, 2026-11-27), far above the trigram level (2.03), so it cannot pass
-# the competent-model gate. Cost, estimated and not yet measured as a whole: the small rung's runs took about 4
-# minutes each on one thread of a machine loaded by other work (2026-11-27); the large rung costs about 4× as much a
-# run (2× the tokens at 2× the FLOPs per token), so the ladder is an hour or more on 2 quiet cores.
+# the competent-model gate. Cost, measured on 2 cores loaded by other work (2026-11-27): the small rung 38 min of
+# training on one thread; the large rung 135 min of training summed over its runs, 76 min of wall time as two
+# processes of one thread (--executor local --jobs 2 does the same), so the ladder is about 2 hours on 2 cores.
 _LADDER_VARIANTS = ("mha+rope", "diff+rope", "selective+rope", "dcmha+rope", "mha+rope+kv2+up0.05")
 LADDERS: dict[str, LadderSpec] = {
     "ladder": LadderSpec(
