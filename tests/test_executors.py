@@ -7,6 +7,7 @@ import dataclasses
 import io
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -212,3 +213,11 @@ def test_runs_from_different_commits_are_pooled_only_when_asked(inline, spec, tm
     with contextlib.redirect_stdout(captured):
         assert run_compare(spec, out, progress=False, pool_commits=True).interrupted_by is None
     assert f"commit {'0' * 40} on" in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize(("engine", "module"), [("slurm", "submitit"), ("ray", "ray")])
+def test_an_engine_that_is_not_installed_names_the_extra_to_install(engine, module, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, module, None)  # import fails, as where the extra is not installed
+    spec = resolve_spec("micro", variants=VARIANTS, tasks=[])
+    with pytest.raises(ValueError, match=rf'runs on {module}, which is not installed: pip install -e "\.\[{engine}\]"'):
+        run_elsewhere(ExecutorConfig(engine), spec, tmp_path, [RunJob("mha+rope", 0, engine)], print, print)

@@ -210,8 +210,8 @@ def _engine(module: str, extra: str) -> Any:
         return __import__(module)
     except ImportError:
         raise ValueError(
-            f"--executor {extra} runs on {module}, which is not installed: pip install 'attnzoo[{extra}]' "
-            f"(or pip install {module})"
+            f'--executor {extra} runs on {module}, which is not installed: pip install -e ".[{extra}]" in your '
+            f"attnzoo clone (or pip install {module})"
         ) from None
 
 
