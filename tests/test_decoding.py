@@ -95,7 +95,7 @@ def test_static_ring_writes_in_place_and_returns_the_whole_ring():
 
 
 @pytest.mark.parametrize("heads", KV_HEADS)
-@pytest.mark.parametrize(("attention", "position"), itertools.product(MECHANISMS, POSITION_NAMES))
+@pytest.mark.parametrize(("attention", "position"), list(itertools.product(MECHANISMS, POSITION_NAMES)))
 def test_static_step_equals_growing_cache_and_full_forward(attention, position, heads):
     model = make_model(attention, position, KV_HEADS[heads])
     idx = torch.randint(0, VOCAB, (2, 14))  # 11 single steps: DCMHA's ring of 5 wraps twice

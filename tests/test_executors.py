@@ -77,14 +77,15 @@ def _assert_same_runs(out: Path, reference: Path, maps_aside: bool = False) -> N
         assert all(weights[key].equal(theirs[name][1][key]) for key in weights), name
 
 
-def _engines():
-    yield pytest.param(ExecutorConfig("local", jobs=2, options={"threads": 1}), id="local")
-    yield pytest.param(ExecutorConfig("slurm", options={"cluster": "local", "cpus_per_task": 1}), id="submitit")
-    yield pytest.param(ExecutorConfig("ray", options={"num_cpus": 1}), id="ray")
+ENGINES = [
+    pytest.param(ExecutorConfig("local", jobs=2, options={"threads": 1}), id="local"),
+    pytest.param(ExecutorConfig("slurm", options={"cluster": "local", "cpus_per_task": 1}), id="submitit"),
+    pytest.param(ExecutorConfig("ray", options={"num_cpus": 1}), id="ray"),
+]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("executor", _engines())
+@pytest.mark.parametrize("executor", ENGINES)
 def test_every_engine_trains_the_inline_runs_bit_for_bit(inline, spec, tmp_path, executor):
     if executor.name == "slurm":
         pytest.importorskip("submitit", reason="the slurm extra is not installed (the dev extra installs it)")
