@@ -408,7 +408,8 @@ def gpu_check_stage(kit: Kit) -> Outcome:
 def tests_stage(kit: Kit) -> Outcome:
     junit = kit.out / "tests" / "junit.xml"
     junit.parent.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "pytest", "-m", "cuda or triton", "-q", "-p", "no:cacheprovider"]
+    # -n 0: one process, not the suite's worker per core (pyproject's addopts): the CUDA tests share one GPU.
+    command = [sys.executable, "-m", "pytest", "-m", "cuda or triton", "-q", "-p", "no:cacheprovider", "-n", "0"]
     command += [*kit.plan.test_args, "--deselect", REPEATED_TEST, f"--junitxml={junit}"]
     code, _ = run_logged(kit, "tests", command)
     # pytest's exit codes: 0 all passed, 1 some failed, 5 none collected; others (interrupted, internal or usage

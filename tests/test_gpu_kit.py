@@ -343,7 +343,8 @@ def test_the_dry_run_runs_every_stage_and_a_second_run_resumes_with_nothing_left
     assert {"compare/report.md", "compare/results.json"} <= set(state["compare"]["outputs"])
     for name in ("gpu_check", "tests", "dcmha_triton"):  # the stages run as commands
         assert (out / "logs" / f"{name}.log").is_file()
-    capsys.readouterr()
+    pytest_command = next(line for line in capsys.readouterr().out.splitlines() if " -m pytest " in line)
+    assert " -n 0 " in pytest_command  # one process, not a worker per core: the CUDA tests share one GPU
 
     assert gpu_kit.main(["--dry-run", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
