@@ -3,6 +3,7 @@ import base64
 import contextlib
 import dataclasses
 import io
+import itertools
 import json
 import math
 import os
@@ -36,12 +37,14 @@ from attnzoo.compare import (
 )
 from attnzoo.compare.progress import Schedule
 from attnzoo.compare.report import write_report
+from attnzoo.compare.spec import LADDERS
 from attnzoo.compare.tasks import task_configs
 from attnzoo.compare.verdicts import counts, judge_all
 from attnzoo.evals import TASKS, Task, TaskBatch, greedy_predictions, register_task, scored_accuracy
 from attnzoo.evals.base import as_generator
 from attnzoo.interrupts import Interrupted
 from attnzoo.training import CheckpointError, read_checkpoint
+from attnzoo.training.optim import learning_rate
 from attnzoo.variants import Variant, count_parameters, matched_configs
 
 VARIANTS = ["mha+rope", "diff+rope"]
@@ -374,6 +377,22 @@ def test_an_uptrained_variant_starts_from_its_sources_pooled_weights(micro, copy
         assert (copy_of / "runs" / "mha+rope+kv1+up0.5" / f"seed{record.seed}-converted" / "config.json").is_file()
     with pytest.raises(ValueError, match=r"uptrain mha\+rope\+kv1\+up0\.5 from mha\+rope, which must be compared"):
         resolve_spec("micro", variants=["diff+rope", "mha+rope+kv1+up0.5"])
+
+
+def test_uptraining_rewarms_decays_to_the_floor_and_spends_its_fraction_of_the_steps(tmp_path):
+    """Ainslie et al.'s recipe: pre-training's schedule again over α of its steps, from a fresh warmup to the floor."""
+    rung = LADDERS["ladder"].rungs[-1]
+    pretraining = rung.train
+    for fraction in (0.05, 0.1, 0.2):
+        _, up, _ = runner.Comparison(rung, tmp_path, progress=False).run_plan(f"mha+rope+kv2+up{fraction:g}", 3)
+        rates = [learning_rate(step, up) for step in range(up.steps)]
+        assert up.steps == round(fraction * pretraining.steps) and up.seed == 3
+        assert up.warmup_steps / up.steps == pytest.approx(pretraining.warmup_steps / pretraining.steps, abs=0.01)
+        assert rates[0] < pretraining.lr / 2 and max(rates) == pytest.approx(pretraining.lr)  # re-warmed
+        assert rates[-1] == pytest.approx(pretraining.lr * pretraining.min_lr_ratio)  # pre-training's floor
+        after_warmup = rates[up.warmup_steps - 1 :]
+        assert all(a >= b for a, b in itertools.pairwise(after_warmup))
+        assert up.eval_interval * 4 == up.steps  # the gates' 50, 75 and 100%
 
 
 def test_an_interrupted_compare_resumes_where_it_stopped(micro, copy_of):

@@ -131,6 +131,18 @@ def test_curves_that_run_together_pass_though_their_tiny_gap_changes_sign():
     assert failed_parts(crossing) == ["(c) gap stability"] and "the curves cross" in crossing.reason
 
 
+def test_a_claim_that_names_its_budget_is_read_where_that_budget_ends_though_the_gap_still_moves():
+    """GQA's uptraining fraction α is the claim: a gap still closing at α's end is its result, not an open run."""
+    moving = records(gaps=(0.2, 0.1, 0.05))
+    assert failed_parts(gate_of(moving)) == ["(c) gap stability"]
+    fixed = dataclasses.replace(CLAIM, gate=dataclasses.replace(CLAIM.gate, fixed_budget=True))
+    gate = judge(fixed, CompareResults.from_dict(moving)).gate
+    stability = next(part for part in gate.parts if part.name == "(c) gap stability")
+    assert gate.passed and stability.detail.startswith("read at the end of the budget the claim names (+0.2000 at 50%")
+    assert "the gap read at the end of the budget the claim names" in fixed.gate.describe()
+    assert CLAIMS["gqa.uptrained_close_to_mha"].gate.fixed_budget and not CLAIMS["diff.lm_loss"].gate.fixed_budget
+
+
 def _claim(values_by_size: dict[int, dict[str, list[float]]], primary=False) -> Claim:
     """A claim whose measure reads, at the size with that many parameters, ``values[label]`` per seed."""
 

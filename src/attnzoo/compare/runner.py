@@ -358,7 +358,7 @@ class Comparison:
         spec, variant = self.spec, Variant.parse(label)
         train_config = dataclasses.replace(spec.train, seed=seed, steps=variant.steps(spec.train.steps))
         if variant.uptrain is not None:
-            train_config = uptraining_config(train_config)
+            train_config = uptraining_config(dataclasses.replace(spec.train, seed=seed), train_config.steps)
         evals = _jsonable({**asdict(spec.evals), "maps": seed == spec.seeds[0]})
         return self.out_dir / "runs" / label / f"seed{seed}", train_config, evals
 
@@ -800,16 +800,15 @@ def with_ngram_level(results: CompareResults) -> CompareResults:
     return dataclasses.replace(results, corpus=dataclasses.replace(results.corpus, ngram=corpus_ngram_level(corpus)))
 
 
-def uptraining_config(train: TrainConfig) -> TrainConfig:
-    """GQA uptraining continues the pre-training recipe where it ended: at its final learning rate (lr ×
-    min_lr_ratio), constant after a warmup of a quarter of the steps for the fresh optimiser, evaluated four times
-    so the gates can read its curve. A restart at the peak rate would spend the few steps undoing noise."""
-    steps = train.steps
+def uptraining_config(pretraining: TrainConfig, steps: int) -> TrainConfig:
+    """GQA uptraining as Ainslie et al. (2023, arXiv 2305.13245) describe it: the pre-training recipe again, for a
+    fraction α of its steps (``steps``). The converted model's fresh optimiser re-warms to the peak learning rate
+    over the same share of its steps as pre-training's warmup and decays on the same cosine to the same floor;
+    it is evaluated four times so the gates can read its curve."""
+    schedule = pretraining.with_steps(steps)
     return dataclasses.replace(
-        train,
-        lr=train.lr * train.min_lr_ratio,
-        min_lr_ratio=1.0,
-        warmup_steps=max(1, steps // 4) if steps > 1 else 0,
+        schedule,
+        warmup_steps=min(max(1, schedule.warmup_steps), steps - 1),
         eval_interval=max(1, steps // 4),
         checkpoint_interval=steps,
     )

@@ -488,7 +488,7 @@ def _rung(name: str, model: dict[str, Any], steps: int, variants: tuple[str, ...
             lr=3e-3,
             keep_checkpoints=1,
         ),
-        seeds=(0, 1, 2),
+        seeds=(0, 1, 2, 3, 4),
         variants=variants,
         evals=EvalSpec(extrapolation_multiples=(1, 2), extrapolation_blocks=4, bench_cases=()),
     )
@@ -503,7 +503,13 @@ def _rung(name: str, model: dict[str, Any], steps: int, variants: tuple[str, ...
 # the competent-model gate. Cost, measured on 2 cores loaded by other work (2026-11-27): the small rung 38 min of
 # training on one thread; the large rung 135 min of training summed over its runs, 76 min of wall time as two
 # processes of one thread (--executor local --jobs 2 does the same), so the ladder is about 2 hours on 2 cores.
-_LADDER_VARIANTS = ("mha+rope", "diff+rope", "selective+rope", "dcmha+rope", "mha+rope+kv2+up0.05")
+_LADDER_VARIANTS = (
+    "mha+rope",
+    "diff+rope",
+    "selective+rope",
+    "dcmha+rope",
+    *(f"mha+rope+kv2+up{fraction:g}" for fraction in (0.05, 0.1, 0.2)),  # Ainslie et al.'s α, and twice and 4×
+)
 LADDERS: dict[str, LadderSpec] = {
     "ladder": LadderSpec(
         name="ladder",
