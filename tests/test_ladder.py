@@ -25,7 +25,7 @@ def _micro_ladder(text) -> LadderSpec:
         micro,
         name="small",
         train=dataclasses.replace(micro.train, data=data),
-        variants=("mha+rope", "diff+rope"),
+        variants=("mha+rope", "diff+rope", "mha+rope+kv1+up0.5"),
         tasks=(),
         evals=dataclasses.replace(micro.evals, bench_cases=(), val_windows=16),
     )
@@ -53,6 +53,11 @@ def test_a_ladder_runs_each_rung_in_its_directory_and_judges_them_together(ladde
     assert len(diff["sizes"]) == 2 and diff["outcome"] == "not measurable"  # 6 steps meet no budget
     report = (out / "report.md").read_text()
     assert "| [small](small/report.md) |" in report and "## The papers' claims" in report
+    uptrained = result.ladder.largest.versus_baseline("mha+rope+kv1+up0.5", "val_loss")
+    assert (
+        "## Uptraining by fraction" in report
+        and f"| large | mha+rope+kv1+up0.5 | 50% | {uptrained.mean:+.4f} |" in report
+    )
 
 
 def test_rungs_run_apart_merge_by_being_copied_side_by_side(ladder_run, tmp_path):
