@@ -21,16 +21,9 @@ from attnzoo.evals import (
     make_graph,
     random_walk_batch,
 )
-from attnzoo.evals.ssa_tasks import (
-    DenoisingBatch,
-    Graph,
-    GraphModel,
-    graph_chance,
-    graph_probe,
-    naive_average,
-    random_walks,
-    signal_mean,
-)
+from attnzoo.evals.denoising import DenoisingBatch, naive_average, signal_mean
+from attnzoo.evals.graph import Graph, GraphModel, graph_chance, graph_probe
+from attnzoo.evals.random_walk import random_walks
 
 CFG = RandomWalkConfig(n_nodes=8, degrees=(1, 2, 4), walk_len=12)
 

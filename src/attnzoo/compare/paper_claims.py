@@ -35,7 +35,7 @@ from attnzoo.compare.claims import (
     task_metric,
     task_probe,
 )
-from attnzoo.evals.ssa_tasks import clique_graph
+from attnzoo.evals.graph import clique_graph
 from attnzoo.evals.task import TaskSpec, get_task
 
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ SELECTIVE_CHECKS = (
 )
 
 # ---------------------------------------------------------------------------- the graph task's query temperature
-# The graph probe (attnzoo.evals.ssa_tasks.graph_probe) records ‖W_q W_kᵀ‖ and, for selective attention, the mean
+# The graph probe (attnzoo.evals.graph.graph_probe) records ‖W_q W_kᵀ‖ and, for selective attention, the mean
 # inverse temperature τ_q of each degree class; vanilla attention's τ is 1 for every row.
 TAU = "inverse_temperature/degree_"
 

@@ -6,13 +6,22 @@ evaluator ``evaluate(model, cfg, n_samples, seed, batch_size) -> {metric: value}
 :func:`~attnzoo.evals.task.register_task` call that declares the task as a record (:class:`Task`: its metric,
 direction, sweep, probe, report columns and budgets). Pass an int seed for a fixed evaluation set, or one
 ``torch.Generator`` for fresh batches every training step. The language-model metrics (``lm``) read a token
-stream instead and are not a registered task; the denoising and graph tasks (``ssa_tasks``) train their own
-attention-only models (``Task.build_model``). Protocols: ``eval_protocols.md``, cited per module.
+stream instead and are not a registered task; the selective-attention paper's ``denoising`` and ``graph`` tasks
+train their own attention-only models (``Task.build_model``, one layer from ``single_layer``). Protocols:
+``eval_protocols.md``, cited per module.
 """
 
 from __future__ import annotations
 
-from attnzoo.evals import composition, mqar, needles, passkey, ssa_tasks  # noqa: F401  (each registers its task)
+from attnzoo.evals import (  # noqa: F401  (each registers its task)
+    composition,
+    denoising,
+    graph,
+    mqar,
+    needles,
+    passkey,
+    random_walk,
+)
 from attnzoo.evals.base import (
     IGNORE_INDEX,
     LengthDepthSweep,
@@ -25,6 +34,8 @@ from attnzoo.evals.base import (
     scored_accuracy,
 )
 from attnzoo.evals.composition import CompositionConfig, composition_batch, evaluate_composition
+from attnzoo.evals.denoising import DenoisingBatch, DenoisingConfig, bayes_optimal, denoising_batch, evaluate_denoising
+from attnzoo.evals.graph import GraphConfig, clique_graph, evaluate_graph, graph_batch
 from attnzoo.evals.lm import ExtrapolationPoint, LMEvalConfig, LMScore, evaluate_lm, length_extrapolation
 from attnzoo.evals.mqar import MQARConfig, evaluate_mqar, mqar_batch, steps_to_threshold
 from attnzoo.evals.needles import (
@@ -39,19 +50,10 @@ from attnzoo.evals.needles import (
     noise_probe,
 )
 from attnzoo.evals.passkey import PasskeyBatch, PasskeyConfig, evaluate_passkey, passkey_batch, passkey_sweep
-from attnzoo.evals.ssa_tasks import (
-    DenoisingBatch,
-    DenoisingConfig,
-    GraphConfig,
+from attnzoo.evals.random_walk import (
     RandomWalkConfig,
-    bayes_optimal,
-    clique_graph,
-    denoising_batch,
     entropy_floor,
-    evaluate_denoising,
-    evaluate_graph,
     evaluate_random_walk,
-    graph_batch,
     make_graph,
     random_walk_batch,
 )
