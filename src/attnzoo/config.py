@@ -9,6 +9,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from attnzoo.records import check_keys
 from attnzoo.validation import is_int, is_number, require
 
 if TYPE_CHECKING:
@@ -216,10 +217,7 @@ class ModelConfig:
     def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
         if not isinstance(data, dict):
             raise ValueError(f"ModelConfig.from_dict({data!r:.80}) is invalid: needs a dict of field: value")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown ModelConfig field(s) {unknown}; allowed: {sorted(known)}")
+        check_keys(cls, data, "ModelConfig field(s)")
         return cls(**data)
 
     @classmethod

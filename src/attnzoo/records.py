@@ -3,6 +3,8 @@
 Results files are records (``compare``'s ``results.json`` and what it holds), so a renamed field fails where
 the file is read, with the field's path, and not after every run has trained. Fields may be dataclasses,
 ``list``/``tuple``/``dict`` of them, ``X | None``, and JSON scalars; ``Any`` passes through unchanged.
+:func:`check_keys` is the unknown-key half alone, for settings a user writes (a config file's table, a model's
+options) that build a dataclass directly and are validated by its own ``__post_init__``.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
 R = TypeVar("R")
@@ -31,6 +34,24 @@ def from_dict(cls: type[R], data: Any, where: str = "") -> R:
     return _build(cls, data, where or cls.__name__)
 
 
+def check_keys(cls: type, data: Mapping[str, Any], what: str, where: str = "") -> None:
+    """Refuse the keys of ``data`` that are no field of the dataclass ``cls``, naming them and the allowed fields
+    (``what`` names the keys, e.g. "[train] setting(s)"; ``where``, when given, leads the message): ``cls(**data)``
+    would raise a TypeError naming only the first and not what is allowed."""
+    unknown = _unknown_keys(cls, data)
+    if unknown:
+        allowed = sorted(_init_fields(cls)) or "none"
+        raise ValueError(f"{where + ': ' if where else ''}unknown {what} {unknown}; allowed: {allowed}")
+
+
+def _init_fields(cls: type) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(cls) if f.init}
+
+
+def _unknown_keys(cls: type, data: Mapping[str, Any]) -> list[str]:
+    return sorted(set(data) - set(_init_fields(cls)))
+
+
 def _build(annotation: Any, data: Any, where: str) -> Any:
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if annotation is Any:
@@ -42,9 +63,9 @@ def _build(annotation: Any, data: Any, where: str) -> Any:
         return _build(inner, data, where)
     if dataclasses.is_dataclass(annotation):
         _expect(isinstance(data, dict), where, "an object", data)
-        fields = {f.name: f for f in dataclasses.fields(annotation) if f.init}
+        fields = _init_fields(annotation)
         missing = sorted(name for name, f in fields.items() if name not in data and _required(f))
-        unknown = sorted(set(data) - set(fields))
+        unknown = _unknown_keys(annotation, data)
         if missing or unknown:
             raise ValueError(f"{where}: missing field(s) {missing}, unknown field(s) {unknown}")
         hints = typing.get_type_hints(annotation)

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from attnzoo.evals.base import LengthDepthSweep, TaskBatch
+from attnzoo.records import check_keys
 from attnzoo.validation import MAX_COUNT, is_count, is_int, is_number, require
 
 # From a smoke test to a GPU-sized budget; a task without a budget at a scale uses the nearest larger one.
@@ -120,9 +121,10 @@ class Task:
 
     def check(self, budget: TaskBudget) -> None:
         """Refuse a budget this task cannot run, naming the field."""
+        check_keys(self.config, budget.options, "option(s)", f"task {self.name!r}: bad options {budget.options}")
         try:
             self.config(**budget.options)
-        except TypeError as err:  # an unknown option
+        except TypeError as err:  # a value of the wrong type, which a check cannot compute with
             raise ValueError(f"task {self.name!r}: bad options {budget.options}: {err}") from None
         require(
             budget.stop_at is None or (self.higher_is_better and 0 < budget.stop_at <= 1),

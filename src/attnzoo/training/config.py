@@ -30,6 +30,7 @@ from typing import Any
 
 from attnzoo.config import ModelConfig
 from attnzoo.data.tokenizers import TOKENIZER_CHOICES, is_tokenizer_name
+from attnzoo.records import check_keys
 from attnzoo.validation import MAX_COUNT, MAX_SEED, is_count, is_int, is_number, is_seed, require
 
 if sys.version_info >= (3, 11):
@@ -67,10 +68,7 @@ def option(default: Any, help: str) -> Any:
 def _from_dict(cls: type, data: dict[str, Any], section: str) -> Any:
     if not isinstance(data, dict):
         raise ValueError(f"[{section}] must be a table of settings, got {type(data).__name__}")
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ValueError(f"unknown [{section}] setting(s) {unknown}; allowed: {sorted(known)}")
+    check_keys(cls, data, f"[{section}] setting(s)")
     return cls(**data)
 
 
