@@ -9,7 +9,7 @@ graph's P*[i, j] = 1/deg(i) over i's neighbours. The graph is a union of cliques
 its clique's size − 1 and nodes fall into degree classes (the review's "nodes with the same number of neighbours
 receive the same temperature"). Vanilla attention must make a degree-1 row spiky through ‖W‖ alone; a per-query
 temperature τ(e_i) scales each row. The claim: fewer neighbours → a larger inverse temperature (lower
-temperature) and lower error. :class:`Graph` is also the directed graph of the random walks (``random_walk``).
+temperature) and lower error. :class:`Graph` is the random walks' directed graph (``random_walk``).
 """
 
 from __future__ import annotations
@@ -23,30 +23,13 @@ from torch import Tensor, nn
 
 from attnzoo.config import ModelConfig
 from attnzoo.evals.base import TaskBatch, as_generator, evaluating
+from attnzoo.evals.random_walk import Graph
 from attnzoo.evals.single_layer import attention_layer
 from attnzoo.evals.task import Task, TaskBudget, register_task
 from attnzoo.validation import require
 
 # Mechanisms whose map is one softmax of (temperature-scaled) q·kᵀ, which the graph model reads off directly.
 GRAPH_MECHANISMS = ("mha", "selective")
-
-
-@dataclass(frozen=True)
-class Graph:
-    successors: tuple[tuple[int, ...], ...]  # node i steps to one of successors[i], uniformly
-
-    @property
-    def transition(self) -> Tensor:
-        """(n, n) row-stochastic float64 matrix P[i, j] = 1/deg(i) for each successor j of i."""
-        n = len(self.successors)
-        matrix = torch.zeros(n, n, dtype=torch.float64)
-        for i, successors in enumerate(self.successors):
-            matrix[i, list(successors)] = 1 / len(successors)
-        return matrix
-
-    @property
-    def degrees(self) -> list[int]:
-        return [len(successors) for successors in self.successors]
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,26 @@ import torch
 from torch import Tensor, nn
 
 from attnzoo.evals.base import TINY_LOOP, TaskBatch, as_generator, summed_loss
-from attnzoo.evals.graph import Graph
 from attnzoo.evals.task import Task, TaskBudget, register_task
 from attnzoo.validation import require
+
+
+@dataclass(frozen=True)
+class Graph:
+    successors: tuple[tuple[int, ...], ...]  # node i steps to one of successors[i], uniformly
+
+    @property
+    def transition(self) -> Tensor:
+        """(n, n) row-stochastic float64 matrix P[i, j] = 1/deg(i) for each successor j of i."""
+        n = len(self.successors)
+        matrix = torch.zeros(n, n, dtype=torch.float64)
+        for i, successors in enumerate(self.successors):
+            matrix[i, list(successors)] = 1 / len(successors)
+        return matrix
+
+    @property
+    def degrees(self) -> list[int]:
+        return [len(successors) for successors in self.successors]
 
 
 @dataclass(frozen=True)
