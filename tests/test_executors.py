@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import io
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -140,6 +141,25 @@ def test_a_run_that_fails_on_its_worker_is_reported_with_its_log_retried_once_an
     assert (tmp_path / "mha+rope-seed1.attempts").read_text() == "xx"
     assert any("mha+rope · seed 1 failed on its worker (RuntimeError: out of memory" in line for line in said)
     assert any("trying it once more" in line for line in said) and any("not trying again" in line for line in said)
+
+
+def _work_whose_worker_dies_once(spec, out_dir, job, threads):
+    """A worker's run: the first attempt at seed 1 ends its process, as running out of memory would."""
+    died = Path(out_dir) / "died"
+    if job.seed == 1 and not died.exists():
+        died.write_text("once")
+        os._exit(1)
+    (Path(out_dir) / f"{job.label}-seed{job.seed}.done").write_text("done")
+
+
+def test_a_worker_that_dies_is_explained_and_the_runs_tried_again_get_a_fresh_pool(tmp_path):
+    spec = resolve_spec("micro", variants=["mha+rope"], tasks=[])
+    jobs = [RunJob("mha+rope", seed, "local") for seed in (0, 1, 2)]
+    said = []
+    run_elsewhere(ExecutorConfig("local", jobs=2), spec, tmp_path, jobs, _work_whose_worker_dies_once, said.append)
+    assert sorted(p.name for p in tmp_path.glob("*.done")) == [f"mha+rope-seed{seed}.done" for seed in (0, 1, 2)]
+    died = [line for line in said if "BrokenProcessPool: a worker process died outside the run" in line]
+    assert died and 'if __name__ == "__main__":' in died[0] and "trying it once more" in died[0]
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -122,22 +123,40 @@ class LocalProcesses(Executor):
         self.jobs = jobs or gpus or os.cpu_count() or 1
         self.threads = threads or max(1, (os.cpu_count() or 1) // self.jobs)
         self.gpus = gpus >= self.jobs > 1  # one GPU each
+        self.pool = self._new_pool()
+
+    def _new_pool(self) -> ProcessPoolExecutor:
         context = multiprocessing.get_context("spawn")  # a fork would share torch's threads and CUDA state
         slots = context.Queue()
         for slot in range(self.jobs):
             slots.put(slot)
-        self.pool = ProcessPoolExecutor(self.jobs, context, initializer=_take_slot, initargs=(slots, self.gpus))
+        return ProcessPoolExecutor(self.jobs, context, initializer=_take_slot, initargs=(slots, self.gpus))
 
     def execute(self, jobs: list[RunJob]) -> Iterator[tuple[RunJob, str | None]]:
         pending = {self.pool.submit(self.work, self.spec, str(self.out_dir), job, self.threads): job for job in jobs}
+        broken = False
         while pending:
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
             for future in done:
                 error = future.exception()
-                yield pending.pop(future), None if error is None else f"{type(error).__name__}: {error}"
+                broken |= isinstance(error, BrokenProcessPool)
+                yield pending.pop(future), None if error is None else _described(error)
+        if broken:  # a dead worker takes the pool with it: the runs tried again get a fresh one
+            self.pool.shutdown(cancel_futures=True)
+            self.pool = self._new_pool()
 
     def close(self) -> None:
         self.pool.shutdown(cancel_futures=True)
+
+
+def _described(error: BaseException) -> str:
+    if isinstance(error, BrokenProcessPool):
+        return (
+            "BrokenProcessPool: a worker process died outside the run, so it may have written no log: out of memory, "
+            'a crash in native code, or a script that calls run_compare without `if __name__ == "__main__":` '
+            "(the workers are spawned, and each imports the calling script)"
+        )
+    return f"{type(error).__name__}: {error}"
 
 
 def _take_slot(slots: Any, one_gpu_each: bool) -> None:
