@@ -42,10 +42,8 @@ import json
 import math
 import os
 import platform
-import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 import xml.etree.ElementTree as ElementTree
@@ -59,14 +57,12 @@ import torch
 
 import attnzoo
 from attnzoo.compare import PRESETS, CompareSpec, run_compare
-from attnzoo.config import ModelConfig
-from attnzoo.data.corpora import Corpus, prepare_corpus
+from attnzoo.data.corpora import prepare_corpus
 from attnzoo.distributed import Distributed, resolve_device
 from attnzoo.io import atomic_write_text, describe_os_error, file_kind, locked_directory
 from attnzoo.tables import Table
-from attnzoo.training.config import TrainConfig
-from attnzoo.training.metrics import MetricsLog
-from attnzoo.training.trainer import METRICS, Trainer, load_corpus
+from attnzoo.training.timing import seconds_per_step
+from attnzoo.training.trainer import load_corpus
 from attnzoo.validation import MAX_COUNT, is_count
 from attnzoo.variants import Variant, matched_configs
 
@@ -439,27 +435,6 @@ def dcmha_triton_stage(kit: Kit) -> Outcome:
     if code == 2 and refusal:
         return Outcome(NOT_RUN, refusal[0].removeprefix("bench_dcmha_triton: "))
     return Outcome(ERROR, f"exited {code} (logs/dcmha_triton.log)", completed=False)
-
-
-def seconds_per_step(config: ModelConfig, train: TrainConfig, corpus: Corpus, env: Distributed, steps: int) -> float:
-    """Median seconds of a training step of ``config`` trained as ``train`` says, from the trainer's own throughput
-    log; the first log interval is left out, since it holds CUDA's start-up, cuDNN's choices and Triton's
-    compilation."""
-    interval = max(1, steps // 5)
-    train = dataclasses.replace(
-        train,
-        steps=steps,
-        warmup_steps=0,
-        log_interval=interval,
-        eval_interval=steps,
-        eval_windows=1,
-        checkpoint_interval=steps,
-        keep_checkpoints=1,
-    )
-    with tempfile.TemporaryDirectory(prefix="gpu-kit-timing-") as run_dir:
-        Trainer(config, train, corpus, run_dir, env=env, progress=False).fit()
-        rates = [r["tokens_per_s"] for r in MetricsLog(Path(run_dir) / METRICS).read() if "tokens_per_s" in r]
-    return train.tokens_per_step / statistics.median(rates[1:] or rates)
 
 
 def timing_stage(kit: Kit) -> Outcome:

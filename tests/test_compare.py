@@ -310,6 +310,20 @@ def test_micro_compare_writes_results_report_and_plots(micro):
     assert re.search(r"diff\+rope\s+2\s+\d\.\d{4} ± \d\.\d{4}", stdout)  # mean ± std once both seeds are in
 
 
+def test_without_a_train_bench_the_estimate_comes_from_steps_timed_here(micro, copy_of, monkeypatch):
+    """A ladder benches nothing: each variant with a run left is timed for a few steps, not estimated at 0 s."""
+    spec = resolve_spec("micro", variants=VARIANTS, corpus=str(micro["text"]), tasks=[])
+    comparison = runner.Comparison(spec, copy_of, progress=False)
+    corpus = runner.load_corpus(spec.train.data, comparison.env)
+    configs, no_bench = comparison.configs(corpus), runner.BenchRecord({}, "", [])
+    assert comparison.lm_estimates(no_bench, configs, corpus) == {label: 0.0 for label in VARIANTS}  # all finished
+    shutil.rmtree(copy_of / "runs" / "diff+rope" / "seed1")
+    timed = []
+    monkeypatch.setattr(runner, "seconds_per_step", lambda config, *_: timed.append(config) or 0.5)
+    estimates = comparison.lm_estimates(no_bench, configs, corpus)
+    assert estimates == {"mha+rope": 0.0, "diff+rope": 0.5 * spec.train.steps} and timed == [configs["diff+rope"]]
+
+
 def test_the_schedule_scales_what_is_left_by_how_the_estimates_held():
     schedule = Schedule({"a": 10.0, "b": 20.0, "c": 30.0})
     assert schedule.remaining() == 60.0

@@ -88,6 +88,7 @@ from attnzoo.training.checkpoint import (
 )
 from attnzoo.training.config import DataConfig, TrainConfig
 from attnzoo.training.metrics import MetricsLog
+from attnzoo.training.timing import seconds_per_step
 from attnzoo.training.trainer import METRICS, Trainer, check_resumable, load_corpus
 from attnzoo.variants import Variant, matched_configs
 
@@ -97,6 +98,7 @@ BENCH = "bench.json"
 BENCH_PARTIAL = "bench.partial.json"  # the cases measured so far, while the bench is unfinished
 RESULTS = "results.json"
 NGRAM = "ngram.json"  # the corpus's trigram level, counted once
+TIMED_STEPS = 6  # a variant's step time where the bench measured none: the median after the first interval
 
 
 @dataclass(frozen=True)
@@ -256,8 +258,9 @@ class Comparison:
             self.say(f"compare interrupted; run the same command again to continue from {self.out_dir}")
             return CompareResult(self.out_dir, None, interrupted_by)
         jobs = list(product(spec.seeds, self.labels))
+        per_run = self.lm_estimates(bench, configs, corpus)
         self.schedule = Schedule(
-            {("lm", label, seed): self.lm_estimate(bench, label) for seed, label in jobs}
+            {("lm", label, seed): per_run[label] for seed, label in jobs}
             | {key: seconds for task in spec.tasks for key, seconds in self.task_estimates(task).items()}
         )
         self.say(
@@ -321,15 +324,26 @@ class Comparison:
     def _left(self) -> str:
         return f" · about {duration(self.schedule.remaining())} left" if self.schedule.remaining() else ""
 
-    def lm_estimate(self, bench: BenchRecord, label: str) -> float:
-        """Training seconds of one run from its token budget and the throughput just measured at its length."""
-        train, variant = self.spec.train, Variant.parse(label)
-        rates = [
-            m.timing.tokens_per_s
-            for m in bench.measurements
-            if m.variant == variant.model_label and m.mode == "train" and m.seq_len == train.seq_len and m.timing
-        ]
-        return variant.steps(train.steps) * train.tokens_per_step / rates[0] if rates else 0.0
+    def lm_estimates(self, bench: BenchRecord, configs: dict[str, ModelConfig], corpus: Corpus) -> dict[str, float]:
+        """Training seconds of one run of each variant, from its token budget and the throughput the bench just
+        measured at its length, or where the bench measured none (a ladder benches nothing), from a few steps
+        timed here for each variant with a run still to train."""
+        train, estimates = self.spec.train, {}
+        for label in self.labels:
+            variant = Variant.parse(label)
+            rates = [
+                m.timing.tokens_per_s
+                for m in bench.measurements
+                if m.variant == variant.model_label and m.mode == "train" and m.seq_len == train.seq_len and m.timing
+            ]
+            if rates:
+                per_step = train.tokens_per_step / rates[0]
+            elif all(self.finished(label, seed) for seed in self.spec.seeds):
+                per_step = 0.0
+            else:
+                per_step = seconds_per_step(configs[label], train, corpus, self.env, TIMED_STEPS)
+            estimates[label] = variant.steps(train.steps) * per_step
+        return estimates
 
     def task_estimates(self, spec: TaskSpec) -> dict[tuple, float]:
         """Training seconds of each task run still to do, from a few timed steps of each variant's model."""
