@@ -15,6 +15,7 @@ from training_helpers import tiny_model_config, tiny_train_config, write_text_co
 
 from attnzoo import Transformer
 from attnzoo.data import prepare_corpus
+from attnzoo.distributed import Distributed
 from attnzoo.training import (
     CheckpointError,
     DataConfig,
@@ -26,6 +27,7 @@ from attnzoo.training import (
 )
 from attnzoo.training.checkpoint import complete_checkpoints, latest_checkpoint
 from attnzoo.training.optim import learning_rate, parameter_groups
+from attnzoo.training.timing import seconds_per_step
 from attnzoo.training.trainer import DivergenceWatch
 
 
@@ -44,6 +46,13 @@ def _train(text, run_dir, model_config=None, **changes):
     corpus = prepare_corpus(str(text), train_config.data.tokenizer)
     trainer = Trainer(model_config or tiny_model_config(), train_config, corpus, run_dir, progress=False)
     return trainer, trainer.fit()
+
+
+def test_a_step_is_timed_from_the_trainers_own_log_and_says_nothing(text, capsys):
+    train_config = tiny_train_config(text)
+    corpus = prepare_corpus(str(text), train_config.data.tokenizer)
+    seconds = seconds_per_step(tiny_model_config(), train_config, corpus, Distributed(device=torch.device("cpu")), steps=5)
+    assert 0 < seconds < 60 and capsys.readouterr().out == ""
 
 
 # --------------------------------------------------------------------------------------------------- config

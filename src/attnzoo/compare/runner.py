@@ -328,7 +328,7 @@ class Comparison:
         """Training seconds of one run of each variant, from its token budget and the throughput the bench just
         measured at its length, or where the bench measured none (a ladder benches nothing), from a few steps
         timed here for each variant with a run still to train."""
-        train, estimates = self.spec.train, {}
+        train, estimates, timed = self.spec.train, {}, {}
         for label in self.labels:
             variant = Variant.parse(label)
             rates = [
@@ -340,8 +340,11 @@ class Comparison:
                 per_step = train.tokens_per_step / rates[0]
             elif all(self.finished(label, seed) for seed in self.spec.seeds):
                 per_step = 0.0
-            else:
-                per_step = seconds_per_step(configs[label], train, corpus, self.env, TIMED_STEPS)
+            else:  # a model several variants share (uptrained at several fractions) is timed once
+                model = json.dumps(configs[label].to_dict(), sort_keys=True)
+                if model not in timed:
+                    timed[model] = seconds_per_step(configs[label], train, corpus, self.env, TIMED_STEPS)
+                per_step = timed[model]
             estimates[label] = variant.steps(train.steps) * per_step
         return estimates
 

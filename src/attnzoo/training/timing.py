@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import statistics
 import tempfile
 from pathlib import Path
@@ -30,7 +32,8 @@ def seconds_per_step(config: ModelConfig, train: TrainConfig, corpus: Corpus, en
         checkpoint_interval=steps,
         keep_checkpoints=1,
     )
-    with tempfile.TemporaryDirectory(prefix="attnzoo-timing-") as run_dir:
+    # The timing's banner and log lines would read as a run of the caller's.
+    with tempfile.TemporaryDirectory(prefix="attnzoo-timing-") as run_dir, contextlib.redirect_stdout(io.StringIO()):
         Trainer(config, train, corpus, run_dir, env=env, progress=False).fit()
         rates = [r["tokens_per_s"] for r in MetricsLog(Path(run_dir) / METRICS).read() if "tokens_per_s" in r]
     return train.tokens_per_step / statistics.median(rates[1:] or rates)
