@@ -154,9 +154,10 @@ def test_non_inferiority_is_scipys_one_sided_test_against_the_margin(results):
     assert verdict.outcome == "supported" and verdict.p_raw == pytest.approx(expected)
     assert "upper end" in verdict.reason and verdict.interval[1] < margin
     worse = [b + 0.3 + 0.01 * i for i, b in enumerate(BASELINE)]
-    assert judge(_claim({"diff+rope": worse, "mha+rope": BASELINE}, NONINFERIOR, margin), results).outcome == (
-        "contradicted"
-    )
+    contradicted = judge(_claim({"diff+rope": worse, "mha+rope": BASELINE}, NONINFERIOR, margin), results)
+    beyond = stats.ttest_rel(worse, [b + margin for b in BASELINE], alternative="greater").pvalue
+    assert contradicted.outcome == "contradicted" and contradicted.p_raw == pytest.approx(beyond) and beyond < 0.05
+    assert "lower end is above the margin" in contradicted.reason
     spread = [2.1, 1.9, 2.2, 1.85]
     unclear = judge(_claim({"diff+rope": spread, "mha+rope": BASELINE}, NONINFERIOR, margin), results)
     assert unclear.outcome == "inconclusive" and "crosses the margin" in unclear.reason

@@ -51,7 +51,8 @@ def _train(text, run_dir, model_config=None, **changes):
 def test_a_step_is_timed_from_the_trainers_own_log_and_says_nothing(text, capsys):
     train_config = tiny_train_config(text)
     corpus = prepare_corpus(str(text), train_config.data.tokenizer)
-    seconds = seconds_per_step(tiny_model_config(), train_config, corpus, Distributed(device=torch.device("cpu")), steps=5)
+    env = Distributed(device=torch.device("cpu"))
+    seconds = seconds_per_step(tiny_model_config(), train_config, corpus, env, steps=5)
     assert 0 < seconds < 60 and capsys.readouterr().out == ""
 
 
