@@ -500,9 +500,11 @@ def _rung(name: str, model: dict[str, Any], steps: int, variants: tuple[str, ...
 # Shakespeare's 4.55M-token training split. Four heads at both sizes: Diff pairs them into two of twice the size,
 # and DCMHA composes four. Why not smaller: a 60,912-parameter rung (dim 48, heads of 12) at 21 tokens per
 # parameter reached 2.41 nats/byte (mha, seed 0, 2026-11-27), far above the trigram level (2.03), so it cannot pass
-# the competent-model gate. Cost, measured on 2 cores loaded by other work (2026-11-27): the small rung 38 min of
-# training on one thread; the large rung 135 min of training summed over its runs, 76 min of wall time as two
-# processes of one thread (--executor local --jobs 2 does the same), so the ladder is about 2 hours on 2 cores.
+# the competent-model gate. Five seeds: at three, Diff's and DCFormer's multiples were contradicted at each size but
+# not after Holm's adjustment (0.054, 0.061; docs/ladder at 83ab204). Cost (2026-11-27, single-thread runs on 2
+# loaded cores): 322 min of training summed over the 70 runs; at the fastest run of each kind seen (0.12M about
+# 140 s, 0.25M about 420 s, uptraining α of it) about 200 min, so about 1 h 45 min as two processes of one thread
+# (--executor local --jobs 2) on 2 quiet cores, evaluations on top.
 _LADDER_VARIANTS = (
     "mha+rope",
     "diff+rope",
@@ -515,8 +517,9 @@ LADDERS: dict[str, LadderSpec] = {
         name="ladder",
         description=(
             "the primary language-model claims at two sizes 2× apart (0.12M and 0.25M parameters, 21 tokens "
-            "per parameter): MHA, Diff, selective, DCMHA and 5%-uptrained GQA × 3 seeds, evaluated at 50, 75 and "
-            "100% of training on 1,024 windows"
+            "per parameter): MHA, Diff, selective, DCMHA and GQA uptrained with 5, 10 and 20% of the steps × 5 "
+            "seeds, evaluated at 50, 75 and 100% of training on 1,024 windows; about 1 h 45 min on 2 cores with "
+            "--executor local --jobs 2 (estimated from its runs' times)"
         ),
         rungs=(
             _rung("small", {"dim": 64, "n_layers": 2, "n_heads": 4}, 640, _LADDER_VARIANTS),
