@@ -106,8 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("name a task, or pass --table")
 
     spec = calibrated_spec(args.task, args.scale, args.budget, args.option, args.model)
-    labels = [Variant.parse(v).label for v in args.variants]
-    configs = task_configs(spec, labels)
+    configs = task_configs(spec, Variant.parse_all(args.variants))
+    labels = list(configs)
     task = spec.task
     chance = task.chance(spec.config()) if task.chance is not None else None
     shortcut = task.shortcut(spec.config()) if task.shortcut is not None else None

@@ -164,7 +164,7 @@ class KitPlan:
             "plan": self.name,
             "budget_s": self.budget_s,
             "preset": self.spec.name,
-            "variants": list(self.spec.variants),
+            "variants": self.spec.variant_labels,
             "seeds": list(self.spec.seeds),
             "steps": self.spec.train.steps,
             "bench": [list(case) for case in self.spec.evals.bench_cases],
@@ -185,7 +185,7 @@ def make_plan(
     plan = _make_plan(dry_run, budget_min)
     narrowed: dict[str, Any] = {}
     if variants:
-        narrowed["variants"] = tuple(Variant.parse(v).label for v in variants)
+        narrowed["variants"] = Variant.parse_all(variants)
     if seeds is not None:
         narrowed["seeds"] = tuple(range(seeds))
     if steps is not None:
@@ -442,9 +442,7 @@ def timing_stage(kit: Kit) -> Outcome:
     env = Distributed(device=resolve_device(spec.train.device))
     corpus = load_corpus(spec.train.data, env)
     train = spec.train
-    configs = matched_configs(
-        [Variant.parse(v) for v in spec.variants], spec.baseline_config(corpus.tokenizer.vocab_size)
-    )
+    configs = matched_configs(spec.variants, spec.baseline_config(corpus.tokenizer.vocab_size))
     per_step = {
         label: seconds_per_step(config, train, corpus, env, plan.timing_steps) for label, config in configs.items()
     }

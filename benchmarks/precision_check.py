@@ -29,7 +29,7 @@ from attnzoo.io import atomic_write_text
 from attnzoo.tables import Table
 from attnzoo.training.metrics import MetricsLog
 from attnzoo.training.trainer import METRICS, Trainer, load_corpus
-from attnzoo.variants import Variant, matched_configs
+from attnzoo.variants import matched_configs
 
 REPO = Path(__file__).resolve().parents[1]
 DTYPES = ("float32", "bfloat16")
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = PRESETS[args.preset]
     env = Distributed(device=resolve_device(spec.train.device))
     corpus = load_corpus(spec.train.data, env)
-    baseline = Variant.parse(spec.variants[0] if spec.variants else "mha+rope")
+    baseline = spec.variants[0]
     model_config = matched_configs([baseline], spec.baseline_config(corpus.tokenizer.vocab_size))[baseline.label]
     results: dict[str, dict[int, dict]] = {dtype: {} for dtype in DTYPES}
     for seed in args.seeds:

@@ -266,7 +266,7 @@ def test_every_claim_cites_its_source_and_each_paper_names_one_primary():
         assert claim.is_run or claim.experiment  # either a preset runs it or it says what would
     claims = PRESETS["claims"]
     assert set(claim_variants()) <= set(claims.variant_labels)
-    tasks = {task.name: set(claims.task_variants(task)) for task in claims.tasks}
+    tasks = {task.name: {v.label for v in claims.task_variants(task)} for task in claims.tasks}
     assert set(tasks) == {task.name for task in claim_tasks("claims")}
     for claim in CLAIMS.values():
         if not claim.is_run or claim.preset != "claims":

@@ -187,7 +187,7 @@ def test_every_preset_matches_its_variants_and_never_ranks_on_one_seed(name):
     assert len(spec.seeds) >= 2
     baseline = spec.baseline_config(vocab_size=256)
     target = count_parameters(baseline)
-    variants = [Variant.parse(v) for v in spec.variants]
+    variants = spec.variants
     configs = matched_configs(variants, baseline)
     for variant in variants:
         if variant.uptrain is None:
@@ -196,9 +196,9 @@ def test_every_preset_matches_its_variants_and_never_ranks_on_one_seed(name):
             expected = dataclasses.replace(configs[variant.source.label], n_kv_heads=variant.n_kv_heads)
             assert configs[variant.label] == expected
     for task in spec.tasks:  # each task builds the model of every variant it trains (the graph model refuses rope)
-        labels = spec.task_variants(task)
-        configs = task_configs(task, labels)
-        assert list(configs) == labels
+        variants = spec.task_variants(task)
+        configs = task_configs(task, variants)
+        assert list(configs) == [variant.label for variant in variants]
         with torch.device("meta"):
             for config in configs.values():
                 task.task.new_model(config, task.config())
@@ -206,7 +206,7 @@ def test_every_preset_matches_its_variants_and_never_ranks_on_one_seed(name):
 
 def test_overrides_replace_only_what_they_name():
     spec = resolve_spec("quick", variants=["mha+rope", "mha+rope+kv1"], seeds=range(3), steps=7, tasks=["mqar"])
-    assert spec.variants == ("mha+rope", "mha+rope+kv1") and spec.seeds == (0, 1, 2)
+    assert spec.variant_labels == ["mha+rope", "mha+rope+kv1"] and spec.seeds == (0, 1, 2)
     assert spec.train.steps == 7 and spec.train.seq_len == PRESETS["quick"].train.seq_len
     assert [t.name for t in spec.tasks] == ["mqar"]
     assert resolve_spec("quick", tasks=[]).tasks == ()
@@ -401,7 +401,9 @@ def test_uptraining_rewarms_decays_to_the_floor_and_spends_its_fraction_of_the_s
     rung = LADDERS["ladder"].rungs[-1]
     pretraining = rung.train
     for fraction in (0.05, 0.1, 0.2):
-        _, up, _ = runner.Comparison(rung, tmp_path, progress=False).run_plan(f"mha+rope+kv2+up{fraction:g}", 3)
+        _, up, _ = runner.Comparison(rung, tmp_path, progress=False).run_plan(
+            Variant.parse(f"mha+rope+kv2+up{fraction:g}"), 3
+        )
         rates = [learning_rate(step, up) for step in range(up.steps)]
         assert up.steps == round(fraction * pretraining.steps) and up.seed == 3
         assert up.warmup_steps / up.steps == pytest.approx(pretraining.warmup_steps / pretraining.steps, abs=0.01)

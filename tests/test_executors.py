@@ -21,6 +21,7 @@ from attnzoo.compare.executors import INLINE, ExecutorConfig, RunJob, RunsFailed
 from attnzoo.compare.merge import merge_runs
 from attnzoo.compare.results import CompareResults
 from attnzoo.compare.verdicts import judge_all
+from attnzoo.variants import Variant
 
 # An uptrained variant, so that a run that starts from another's weights waits for it on every engine.
 VARIANTS = ["mha+rope", "mha+rope+kv1+up0.5"]
@@ -121,17 +122,17 @@ def test_a_driver_started_again_submits_only_the_runs_still_missing(inline, spec
 
 def _work_that_fails_for_seed_1(spec, out_dir, job, threads):
     """A worker's run: seed 1 raises, every time; the others leave a mark and each attempt is counted."""
-    attempts = Path(out_dir) / f"{job.label}-seed{job.seed}.attempts"
+    attempts = Path(out_dir) / f"{job.variant.label}-seed{job.seed}.attempts"
     with open(attempts, "a") as f:
         f.write("x")
     if job.seed == 1:
         raise RuntimeError("out of memory on this node")
-    (Path(out_dir) / f"{job.label}-seed{job.seed}.done").write_text("done")
+    (Path(out_dir) / f"{job.variant.label}-seed{job.seed}.done").write_text("done")
 
 
 def test_a_run_that_fails_on_its_worker_is_reported_with_its_log_retried_once_and_spares_the_others(tmp_path):
     spec = resolve_spec("micro", variants=VARIANTS, tasks=[])
-    jobs = [RunJob(label, seed, "local") for seed in (0, 1, 2) for label in VARIANTS]
+    jobs = [RunJob(Variant.parse(label), seed, "local") for seed in (0, 1, 2) for label in VARIANTS]
     said = []
     with pytest.raises(RunsFailed, match=r"1 run\(s\) failed twice") as failure:
         run_elsewhere(ExecutorConfig("local", jobs=2), spec, tmp_path, jobs, _work_that_fails_for_seed_1, said.append)
@@ -149,12 +150,12 @@ def _work_whose_worker_dies_once(spec, out_dir, job, threads):
     if job.seed == 1 and not died.exists():
         died.write_text("once")
         os._exit(1)
-    (Path(out_dir) / f"{job.label}-seed{job.seed}.done").write_text("done")
+    (Path(out_dir) / f"{job.variant.label}-seed{job.seed}.done").write_text("done")
 
 
 def test_a_worker_that_dies_is_explained_and_the_runs_tried_again_get_a_fresh_pool(tmp_path):
     spec = resolve_spec("micro", variants=["mha+rope"], tasks=[])
-    jobs = [RunJob("mha+rope", seed, "local") for seed in (0, 1, 2)]
+    jobs = [RunJob(Variant.parse("mha+rope"), seed, "local") for seed in (0, 1, 2)]
     said = []
     # One worker: its death breaks the pool under the runs still queued, which a fresh pool must then run.
     run_elsewhere(ExecutorConfig("local", jobs=1), spec, tmp_path, jobs, _work_whose_worker_dies_once, said.append)
@@ -242,4 +243,6 @@ def test_an_engine_that_is_not_installed_names_the_extra_to_install(engine, modu
     monkeypatch.setitem(sys.modules, module, None)  # import fails, as where the extra is not installed
     spec = resolve_spec("micro", variants=VARIANTS, tasks=[])
     with pytest.raises(ValueError, match=rf'runs on {module}, which is not installed: pip install -e "\.\[{engine}\]"'):
-        run_elsewhere(ExecutorConfig(engine), spec, tmp_path, [RunJob("mha+rope", 0, engine)], print, print)
+        run_elsewhere(
+            ExecutorConfig(engine), spec, tmp_path, [RunJob(Variant.parse("mha+rope"), 0, engine)], print, print
+        )

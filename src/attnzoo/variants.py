@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,6 +104,11 @@ class Variant:
             raise ValueError(f"variant {spec!r}: uptraining (+upF) converts to fewer kv heads; name them with +kvN")
         return cls(attention, position, kv, tuple(sorted(options.items())), compute or 1.0, uptrain)
 
+    @classmethod
+    def parse_all(cls, specs: Iterable[Variant | str]) -> tuple[Variant, ...]:
+        """Records for a list that may hold labels as a user wrote them (a preset, a config file, ``--variants``)."""
+        return tuple(spec if isinstance(spec, Variant) else cls.parse(spec) for spec in specs)
+
 
 def _multiple(spec: str, parts: list[str], prefix: str, what: str, expected: str, most: float) -> float | None:
     """Pop a trailing ``PREFIX<number>`` part (``x1.5``, ``up0.05``) off ``parts``; None if there is none."""
@@ -163,7 +169,9 @@ def match_parameters(cfg: ModelConfig, target: int, tolerance: float = 0.02) -> 
     return matched
 
 
-def matched_configs(variants: list[Variant], baseline: ModelConfig, tolerance: float = 0.02) -> dict[str, ModelConfig]:
+def matched_configs(
+    variants: Iterable[Variant], baseline: ModelConfig, tolerance: float = 0.02
+) -> dict[str, ModelConfig]:
     """Parameter-matched configs keyed by variant label; the target is the baseline's parameter count."""
     target = count_parameters(baseline)
     configs = {}

@@ -77,15 +77,15 @@ INLINE = ExecutorConfig()
 class RunJob:
     """One language-model run of a comparison."""
 
-    label: str
+    variant: Variant
     seed: int
     executor: str  # the engine it runs on, recorded with the run
 
     def log_path(self, out_dir: Path) -> Path:
-        return out_dir / "logs" / self.label / f"seed{self.seed}.log"
+        return out_dir / "logs" / self.variant.label / f"seed{self.seed}.log"
 
     def __str__(self) -> str:
-        return f"{self.label} · seed {self.seed}"
+        return f"{self.variant.label} · seed {self.seed}"
 
 
 # A run on a worker: (spec, output directory, run, threads or None for the engine's default). A module-level
@@ -256,8 +256,8 @@ def run_elsewhere(
     the uptrained ones; a run that fails is reported with its log and tried once more, and the others are kept.
     Raises :class:`RunsFailed` naming each run that failed twice."""
     waves = [
-        [job for job in todo if Variant.parse(job.label).uptrain is None],
-        [job for job in todo if Variant.parse(job.label).uptrain is not None],
+        [job for job in todo if job.variant.uptrain is None],
+        [job for job in todo if job.variant.uptrain is not None],
     ]
     executor = make_executor(config, spec, out_dir, work)
     started, finished = time.perf_counter(), 0

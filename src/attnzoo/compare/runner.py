@@ -201,7 +201,7 @@ def train_run(spec: CompareSpec, out_dir: str, job: RunJob, threads: int | None)
     with open(log, "a", encoding="utf-8") as stream, redirect_stdout(stream), redirect_stderr(stream):
         if threads is not None:
             torch.set_num_threads(threads)
-        Comparison(spec, Path(out_dir), False, executor=ExecutorConfig(job.executor)).train_one(job.label, job.seed)
+        Comparison(spec, Path(out_dir), False, executor=ExecutorConfig(job.executor)).train_one(job.variant, job.seed)
 
 
 class Comparison:
@@ -257,10 +257,10 @@ class Comparison:
         if bench is None:
             self.say(f"compare interrupted; run the same command again to continue from {self.out_dir}")
             return CompareResult(self.out_dir, None, interrupted_by)
-        jobs = list(product(spec.seeds, self.labels))
+        jobs = list(product(spec.seeds, spec.variants))
         per_run = self.lm_estimates(bench, configs, corpus)
         self.schedule = Schedule(
-            {("lm", label, seed): per_run[label] for seed, label in jobs}
+            {("lm", variant.label, seed): per_run[variant.label] for seed, variant in jobs}
             | {key: seconds for task in spec.tasks for key, seconds in self.task_estimates(task).items()}
         )
         self.say(
@@ -268,14 +268,17 @@ class Comparison:
             "budget and the step times just measured; evaluations come on top)"
         )
         if self.executor.name != "inline":
-            todo = [RunJob(label, seed, self.executor.name) for seed, label in jobs if not self.finished(label, seed)]
+            todo = [
+                RunJob(variant, seed, self.executor.name) for seed, variant in jobs if not self.finished(variant, seed)
+            ]
             self.say(f"{len(todo)} of {len(jobs)} runs to train on executor {self.executor.name}")
             run_elsewhere(self.executor, spec, self.out_dir, todo, train_run, self.say)
         lm_runs: dict[str, dict[int, LMRun]] = {label: {} for label in self.labels}
-        for i, (seed, label) in enumerate(jobs, start=1):
+        for i, (seed, variant) in enumerate(jobs, start=1):
+            label = variant.label
             self.say(f"\n── [{i}/{len(jobs)}] {label} · seed {seed} · {self._elapsed()} elapsed{self._left()} ──")
             started = time.perf_counter()
-            record, interrupted_by, reused = self.lm_run(label, configs[label], seed, corpus)
+            record, interrupted_by, reused = self.lm_run(variant, configs[label], seed, corpus)
             if interrupted_by is not None:
                 self.say(f"compare interrupted; run the same command again to continue from {self.out_dir}")
                 return CompareResult(self.out_dir, None, interrupted_by)
@@ -329,8 +332,8 @@ class Comparison:
         measured at its length, or where the bench measured none (a ladder benches nothing), from a few steps
         timed here for each variant with a run still to train."""
         train, estimates, timed = self.spec.train, {}, {}
-        for label in self.labels:
-            variant = Variant.parse(label)
+        for variant in self.spec.variants:
+            label = variant.label
             rates = [
                 m.timing.tokens_per_s
                 for m in bench.measurements
@@ -338,7 +341,7 @@ class Comparison:
             ]
             if rates:
                 per_step = train.tokens_per_step / rates[0]
-            elif all(self.finished(label, seed) for seed in self.spec.seeds):
+            elif all(self.finished(variant, seed) for seed in self.spec.seeds):
                 per_step = 0.0
             else:  # a model several variants share (uptrained at several fractions) is timed once
                 model = json.dumps(configs[label].to_dict(), sort_keys=True)
@@ -350,10 +353,9 @@ class Comparison:
 
     def task_estimates(self, spec: TaskSpec) -> dict[tuple, float]:
         """Training seconds of each task run still to do, from a few timed steps of each variant's model."""
-        labels = self.spec.task_variants(spec)
-        configs = task_configs(spec, labels)
+        configs = task_configs(spec, self.spec.task_variants(spec))
         estimates = {}
-        for label in labels:
+        for label in configs:
             todo = [s for s in self.spec.task_seed_list if not self._task_path(spec, label, s).is_file()]
             if todo:
                 per_step = step_seconds(spec, configs[label], self.env.device)
@@ -368,39 +370,38 @@ class Comparison:
     def configs(self, corpus: Corpus) -> dict[str, ModelConfig]:
         """Every variant's model, parameter-matched to the baseline's."""
         baseline = self.spec.baseline_config(corpus.tokenizer.vocab_size)
-        return matched_configs([Variant.parse(v) for v in self.spec.variants], baseline)
+        return matched_configs(self.spec.variants, baseline)
 
-    def run_plan(self, label: str, seed: int) -> tuple[Path, TrainConfig, dict[str, Any]]:
+    def run_plan(self, variant: Variant, seed: int) -> tuple[Path, TrainConfig, dict[str, Any]]:
         """Where a run lives, how it trains and how it is evaluated."""
-        spec, variant = self.spec, Variant.parse(label)
+        spec = self.spec
         train_config = dataclasses.replace(spec.train, seed=seed, steps=variant.steps(spec.train.steps))
         if variant.uptrain is not None:
             train_config = uptraining_config(dataclasses.replace(spec.train, seed=seed), train_config.steps)
         evals = _jsonable({**asdict(spec.evals), "maps": seed == spec.seeds[0]})
-        return self.out_dir / "runs" / label / f"seed{seed}", train_config, evals
+        return self.out_dir / "runs" / variant.label / f"seed{seed}", train_config, evals
 
-    def finished(self, label: str, seed: int) -> bool:
+    def finished(self, variant: Variant, seed: int) -> bool:
         """Whether the run's record is written, under this comparison's evaluations (its checkpoint is checked
         when the record is read back)."""
-        run_dir, _, evals = self.run_plan(label, seed)
+        run_dir, _, evals = self.run_plan(variant, seed)
         record = _read_record(LMRun, run_dir / RUN_RECORD)
         return record is not None and _evaluated_as_asked(record.evals, evals)
 
-    def train_one(self, label: str, seed: int) -> None:
+    def train_one(self, variant: Variant, seed: int) -> None:
         """One run, trained and evaluated where this process is (an executor's worker): its record on disk."""
         corpus = load_corpus(self.spec.train.data, self.env)
         with stop_on_signals():
-            record, interrupted_by, _ = self.lm_run(label, self.configs(corpus)[label], seed, corpus)
+            record, interrupted_by, _ = self.lm_run(variant, self.configs(corpus)[variant.label], seed, corpus)
         if record is None:
             raise Interrupted(interrupted_by or signal.SIGTERM)
 
     def lm_run(
-        self, label: str, config: ModelConfig, seed: int, corpus: Corpus
+        self, variant: Variant, config: ModelConfig, seed: int, corpus: Corpus
     ) -> tuple[LMRun | None, int | None, bool]:
         """Train (or reuse, or resume) one run and evaluate it: its record or the stopping signal, and whether
         the record was reused as it was."""
-        variant = Variant.parse(label)
-        run_dir, train_config, evals = self.run_plan(label, seed)
+        run_dir, train_config, evals = self.run_plan(variant, seed)
         found = latest_checkpoint(run_dir)
         checkpoint = read_checkpoint(found) if found is not None else None
         if checkpoint is not None:
@@ -440,7 +441,7 @@ class Comparison:
         else:
             self.say(f"{run_dir} finished training earlier; evaluating it")
             model, _ = load_pretrained(run_dir, self.env.device)
-        record = self.evaluate_lm_run(model, label, seed, train_config, corpus, run_dir, evals)
+        record = self.evaluate_lm_run(model, variant.label, seed, train_config, corpus, run_dir, evals)
         _write_record(record, run_dir / RUN_RECORD)
         return record, None, False
 
@@ -565,8 +566,8 @@ class Comparison:
             return stored, None
         # A variant trained with more compute is another variant's model: measured once, under the model's label.
         models: dict[str, str] = {}  # the model's label → the first variant that trains it
-        for label in self.labels:
-            models.setdefault(Variant.parse(label).model_label, label)
+        for variant in self.spec.variants:
+            models.setdefault(variant.model_label, variant.label)
         cases = [
             BenchCase(model, configs[label], max(1, train.batch_size // multiple), train.seq_len * multiple, mode)
             for (mode, multiple), (model, label) in product(spec.bench_cases, models.items())
@@ -635,14 +636,13 @@ class Comparison:
     # -------------------------------------------------------------------------------------------- tasks
 
     def task(self, spec: TaskSpec) -> TaskResult:
-        labels = self.spec.task_variants(spec)
-        configs = task_configs(spec, labels)
-        runs: dict[str, dict[int, TaskRun]] = {label: {} for label in labels}
+        configs = task_configs(spec, self.spec.task_variants(spec))
+        runs: dict[str, dict[int, TaskRun]] = {label: {} for label in configs}
         task, budget = spec.task, spec.budget
         self.say(
             f"\n── task {task.name}: {budget.steps} steps × {budget.batch_size} samples · {self._elapsed()} elapsed ──"
         )
-        for seed, label in product(self.spec.task_seed_list, labels):
+        for seed, label in product(self.spec.task_seed_list, configs):
             path = self._task_path(spec, label, seed)
             identity = _jsonable({"budget": asdict(budget), "model": configs[label].to_dict()})
             stored = _read_record(TaskRun, path)

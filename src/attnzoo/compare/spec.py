@@ -108,7 +108,7 @@ class CompareSpec:
     model: dict[str, Any]
     train: TrainConfig
     seeds: tuple[int, ...]
-    variants: tuple[str, ...] = DEFAULT_VARIANTS
+    variants: tuple[Variant, ...] = DEFAULT_VARIANTS  # labels ("mha+rope") are parsed here, once
     evals: EvalSpec = field(default_factory=EvalSpec)
     tasks: tuple[TaskSpec, ...] = ()
     # The synthetic tasks' seeds; None: the same as ``seeds``. A task run costs seconds to a minute on a CPU, so
@@ -132,47 +132,47 @@ class CompareSpec:
                 self.task_seeds,
                 "must be one or more distinct integers >= 0, or None for the same as seeds",
             )
-        require(len(self.variants) > 0, "variants", self.variants, "must name at least one variant")
-        labels = [Variant.parse(spec).label for spec in self.variants]  # a bad spec raises its own clear error
+        object.__setattr__(self, "variants", Variant.parse_all(self.variants))  # a bad label raises its own error
+        labels = self.variant_labels
+        require(len(labels) > 0, "variants", labels, "must name at least one variant")
         duplicates = sorted({label for label in labels if labels.count(label) > 1})
-        require(not duplicates, "variants", self.variants, f"name {duplicates} more than once")
-        for i, spec in enumerate(self.variants):
-            source = Variant.parse(spec).source.label
+        require(not duplicates, "variants", labels, f"name {duplicates} more than once")
+        for i, variant in enumerate(self.variants):
             require(
-                Variant.parse(spec).uptrain is None or source in labels[:i],
+                variant.uptrain is None or variant.source.label in labels[:i],
                 "variants",
-                self.variants,
-                f"uptrain {labels[i]} from {source}, which must be compared too and listed before it",
+                labels,
+                f"uptrain {variant.label} from {variant.source.label}, which must be compared too and listed before it",
             )
         check_model_settings(self.model, "model")
         names = [task.name for task in self.tasks]
         require(len(set(names)) == len(names), "tasks", names, "must name each task at most once")
-        for task in self.tasks:
-            for spec in task.variants:
-                Variant.parse(spec)
 
     @property
     def task_seed_list(self) -> tuple[int, ...]:
         return self.task_seeds if self.task_seeds is not None else self.seeds
 
-    def task_variants(self, task: TaskSpec) -> list[str]:
+    def task_variants(self, task: TaskSpec) -> tuple[Variant, ...]:
         """The variants that train ``task``, the first its baseline: the task's own (which need not train the
         language model, e.g. a mechanism's ablation that only the task measures, or an attention-only model with
         no positions), or every variant."""
-        if not task.variants:
-            return self.variant_labels
-        return list(dict.fromkeys(Variant.parse(spec).label for spec in task.variants))
+        return tuple(dict.fromkeys(task.variants)) or self.variants
 
     @property
     def variant_labels(self) -> list[str]:
-        return [Variant.parse(spec).label for spec in self.variants]
+        return [variant.label for variant in self.variants]
 
     def baseline_config(self, vocab_size: int) -> ModelConfig:
         """The MHA + RoPE model every variant is matched to (the model's own defaults apply)."""
         return ModelConfig.from_dict({**self.model, "vocab_size": vocab_size, "max_seq_len": self.train.seq_len})
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The spec as a config file writes it: variants by their labels."""
+        data = dataclasses.asdict(self)
+        data["variants"] = self.variant_labels
+        for task, written in zip(self.tasks, data["tasks"], strict=True):
+            written["variants"] = [variant.label for variant in task.variants]
+        return data
 
 
 # ----------------------------------------------------------------------------------------------------- presets
@@ -410,10 +410,9 @@ def resolve_spec(
         raise TypeError(f"expected a preset name or a CompareSpec, got {type(preset_or_spec).__name__}")
     changes: dict[str, Any] = {}
     if variants is not None:
-        changes["variants"] = tuple(variants)
-        labels = {Variant.parse(v).label for v in variants}
+        chosen = changes["variants"] = Variant.parse_all(variants)
         # A task trained on a subset keeps the part of it that is still compared; one with none left is dropped.
-        kept = [(task, tuple(v for v in task.variants if Variant.parse(v).label in labels)) for task in spec.tasks]
+        kept = [(task, tuple(v for v in task.variants if v in chosen)) for task in spec.tasks]
         changes["tasks"] = tuple(
             TaskSpec(task.name, task.budget, compared) for task, compared in kept if compared or not task.variants
         )

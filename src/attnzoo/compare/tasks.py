@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterable
 
 import torch
 from tqdm import tqdm
@@ -36,7 +37,7 @@ def context_len(spec: TaskSpec) -> int:
     return spec.task.make_batch(spec.config(), 1, EVAL_SEED).inputs.shape[1]
 
 
-def task_configs(spec: TaskSpec, variants: list[str]) -> dict[str, ModelConfig]:
+def task_configs(spec: TaskSpec, variants: Iterable[Variant]) -> dict[str, ModelConfig]:
     """Parameter-matched models for the task, keyed by variant label; the task's length is the model's."""
     baseline = ModelConfig.from_dict(
         {
@@ -45,7 +46,7 @@ def task_configs(spec: TaskSpec, variants: list[str]) -> dict[str, ModelConfig]:
             "max_seq_len": context_len(spec),
         }
     )
-    return matched_configs([Variant.parse(v) for v in variants], baseline)
+    return matched_configs(variants, baseline)
 
 
 def _optimisation(spec: TaskSpec, seed: int) -> TrainConfig:
@@ -159,6 +160,6 @@ def run_task(
     spec = TaskSpec.at_scale(name, scale)
     if steps is not None:
         spec = spec.replace(steps=steps, eval_interval=min(spec.budget.eval_interval, steps))
-    label = Variant.parse(variant).label
+    parsed = Variant.parse(variant)
     device = resolve_device(device) if isinstance(device, str) else device
-    return train_task(spec, task_configs(spec, [label])[label], seed, device, progress, label)
+    return train_task(spec, task_configs(spec, [parsed])[parsed.label], seed, device, progress, parsed.label)

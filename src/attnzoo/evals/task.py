@@ -26,6 +26,7 @@ from torch import nn
 from attnzoo.evals.base import LengthDepthSweep, TaskBatch
 from attnzoo.records import check_keys
 from attnzoo.validation import MAX_COUNT, is_count, is_int, is_number, require
+from attnzoo.variants import Variant
 
 # From a smoke test to a GPU-sized budget; a task without a budget at a scale uses the nearest larger one.
 SCALES = ("micro", "quick", "claims", "standard", "full")
@@ -181,11 +182,12 @@ class TaskSpec:
     name: str
     budget: TaskBudget = field(default_factory=TaskBudget)
     # The variants a comparison trains on it, the first the one the others are compared with; empty: every variant
-    # of the comparison, its baseline first.
-    variants: tuple[str, ...] = ()
+    # of the comparison, its baseline first. Labels ("mha+rope") are parsed here, once.
+    variants: tuple[Variant, ...] = ()
 
     def __post_init__(self) -> None:
         self.task.check(self.budget)
+        object.__setattr__(self, "variants", Variant.parse_all(self.variants))
 
     @classmethod
     def at_scale(cls, name: str, scale: str) -> TaskSpec:
