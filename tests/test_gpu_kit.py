@@ -318,8 +318,9 @@ def test_an_out_that_cannot_be_the_kits_folder_is_refused_by_name(tmp_path, caps
 def test_the_dry_run_runs_every_stage_and_a_second_run_resumes_with_nothing_left(tmp_path, capsys):
     out = tmp_path / "kit"
     # --no-bench: the bench's cases, each in a fresh process, are a minute of this test on 2 cores and are
-    # test_bench's and test_compare's to check; the flag is the folder's identity, so the resume repeats it.
-    flags = ["--dry-run", "--no-bench", "--out", str(out)]
+    # test_bench's and test_compare's to check; one seed: a second repeats the first's stages. The flags are the
+    # folder's identity, so the resume repeats them.
+    flags = ["--dry-run", "--no-bench", "--seeds", "1", "--out", str(out)]
     assert gpu_kit.main(flags) == 0
     state = json.loads((out / gpu_kit.STATE).read_text())["stages"]
     assert list(state) == STAGE_NAMES and all(record["completed"] for record in state.values())
