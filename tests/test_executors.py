@@ -1,5 +1,6 @@
 """The executors train a comparison's runs elsewhere (local processes, submitit, Ray) and must leave exactly the
-records the inline loop leaves: same weights, same numbers, bit for bit (the time a run took aside)."""
+records the inline loop leaves: same weights, same numbers, bit for bit (the time a run took aside). A run on
+several processes under torchrun (``nproc_per_run``) leaves the same files, its numbers equal to float32 rounding."""
 
 import argparse
 import contextlib
@@ -12,15 +13,27 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors.torch import load_file
 from training_helpers import write_text_corpus
 
 from attnzoo.cli.compare import _executor, _with_config, add_arguments
 from attnzoo.compare import resolve_spec, run_compare
-from attnzoo.compare.executors import INLINE, ExecutorConfig, RunJob, RunsFailed, run_elsewhere
+from attnzoo.compare.executors import (
+    INLINE,
+    ExecutorConfig,
+    LocalLayout,
+    RunJob,
+    RunsFailed,
+    _take_slot,
+    check_runs_fit,
+    launch_ranks,
+    run_elsewhere,
+)
 from attnzoo.compare.merge import merge_runs
 from attnzoo.compare.results import CompareResults
 from attnzoo.compare.verdicts import judge_all
+from attnzoo.training import read_checkpoint
 from attnzoo.variants import Variant
 
 # An uptrained variant, so that a run that starts from another's weights waits for it on every engine.
@@ -246,3 +259,155 @@ def test_an_engine_that_is_not_installed_names_the_extra_to_install(engine, modu
         run_elsewhere(
             ExecutorConfig(engine), spec, tmp_path, [RunJob(Variant.parse("mha+rope"), 0, engine)], print, print
         )
+
+
+# ------------------------------------------------------------------------------ runs on several processes (torchrun)
+
+TWO_RANKS = ExecutorConfig("local", jobs=1, options={"threads": 1, "nproc_per_run": 2})
+
+
+@pytest.mark.slow
+def test_a_run_on_two_processes_under_torchrun_leaves_the_inline_runs_files_and_numbers(inline, spec, tmp_path):
+    """Seed 0 of both variants (the uptrained one starts from a conversion rank 0 writes) on two gloo processes each.
+
+    The two processes keep the global batch (each trains half of it, DDP averages their gradients), so the runs are
+    the inline ones up to float32 rounding: the gradient is summed in another order. Measured at d9f5098+: val losses
+    within 1.7e-8 (relative 3.4e-9), the training curves within 5e-7 (relative 1e-7) after 6 and 3 steps; the test
+    allows relative 1e-5 on losses, as tests/test_distributed.py does for `attnzoo train` under torchrun.
+    """
+    out = tmp_path / "out"
+    stdout = _compare(dataclasses.replace(spec, seeds=(0,)), out, TWO_RANKS)
+    assert "2 of 2 runs to train on executor local" in stdout and stdout.count("reusing") == 2
+    for label in VARIANTS:
+        ours, theirs = out / "runs" / label / "seed0", inline["out"] / "runs" / label / "seed0"
+        assert sorted(p.relative_to(ours) for p in ours.rglob("*")) == sorted(
+            p.relative_to(theirs) for p in theirs.rglob("*")
+        ), label
+        assert read_checkpoint(ours).world_size == 2  # trained by two processes, not one
+        record, reference = (json.loads((run / "compare_run.json").read_text()) for run in (ours, theirs))
+        assert record["val"]["loss"] == pytest.approx(reference["val"]["loss"], rel=1e-5), label
+        for curve in ("train_curve", "val_curve"):
+            assert [step for step, _ in record[curve]] == [step for step, _ in reference[curve]]
+            assert [loss for _, loss in record[curve]] == pytest.approx(
+                [loss for _, loss in reference[curve]], rel=1e-5
+            )
+        weights, reference_weights = (
+            load_file(read_checkpoint(run).directory / "model.safetensors") for run in (ours, theirs)
+        )
+        assert all(weights[k].allclose(reference_weights[k], rtol=1e-4, atol=1e-6) for k in reference_weights)
+        log = (out / "logs" / label / "seed0.log").read_text()
+        assert "device cpu × 2 process(es)" in log and log.count("evaluated ") == 1  # rank 0 alone reports
+
+
+def _rank_work_that_fails_on_rank_1_of_seed_1(spec, out_dir, job, env):
+    """A run's process: rank 1 of seed 1 raises while rank 0 waits for it in a collective, as a peer of a rank that
+    runs out of memory mid-step does; the other runs leave a mark from rank 0 and count their attempts."""
+    if job.seed == 1:
+        if env.rank == 1:
+            raise RuntimeError("out of memory on this node")
+        env.barrier()
+    if env.is_main:
+        (Path(out_dir) / f"seed{job.seed}.done").write_text("done")
+
+
+def _work_on_two_ranks_that_fails_for_seed_1(spec, out_dir, job, threads):
+    launch_ranks(_rank_work_that_fails_on_rank_1_of_seed_1, spec, out_dir, job, threads)
+
+
+@pytest.mark.slow
+def test_a_rank_that_raises_fails_its_run_with_its_log_and_spares_the_other_runs(tmp_path, monkeypatch):
+    # Each rank unpickles its work from this module, outside pytest's sys.path.
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
+    spec = resolve_spec("micro", variants=["mha+rope"], tasks=[])
+    jobs = [RunJob(Variant.parse("mha+rope"), seed, "local", nproc_per_run=2) for seed in (0, 1)]
+    said = []
+    config = ExecutorConfig("local", jobs=1, options={"threads": 1, "nproc_per_run": 2})
+    with pytest.raises(RunsFailed, match=r"1 run\(s\) failed twice") as failure:
+        run_elsewhere(config, spec, tmp_path, jobs, _work_on_two_ranks_that_fails_for_seed_1, said.append)
+    log = tmp_path.resolve() / "logs" / "mha+rope" / "seed1.log"
+    assert f"log: {log}" in str(failure.value)
+    assert sorted(p.name for p in tmp_path.glob("*.done")) == ["seed0.done"]
+    failed = [line for line in said if "mha+rope · seed 1 failed on its worker" in line]
+    assert len(failed) == 2 and "(RanksFailed: rank 1 of 2: RuntimeError: out of memory on this node)" in failed[0]
+    assert "RuntimeError: out of memory on this node" in log.read_text()  # the rank's traceback
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ({"nproc_per_run": 0}, r"\[executor\] nproc_per_run=0 is invalid: .* an integer in \[1, 1024\]"),
+        ({"nproc_per_run": 1.5}, r"nproc_per_run=1.5 is invalid"),
+        ({"nproc_per_run": "2"}, r"nproc_per_run='2' is invalid"),
+        ({"nproc_per_run": True}, r"nproc_per_run=True is invalid"),
+    ],
+)
+def test_an_nproc_per_run_that_is_no_count_of_processes_is_refused(options, words):
+    with pytest.raises(ValueError, match=words):
+        ExecutorConfig("local", options=options)
+
+
+def test_runs_on_several_processes_need_an_engine_that_launches_them_and_the_gpus_and_batch_to_share(
+    tmp_path, monkeypatch
+):
+    with pytest.raises(ValueError, match=r"nproc_per_run=2 .* the inline executor does not: use --executor local, sl"):
+        ExecutorConfig("inline", options={"nproc_per_run": 2})
+    config = tmp_path / "inline.toml"
+    config.write_text("[compare]\n\n[executor]\nnproc_per_run = 2\n")
+    with pytest.raises(ValueError, match=r"name the engine with --executor local, slurm or ray"):
+        _executor(_args(config=config))
+    spec = resolve_spec("micro", variants=["mha+rope"], tasks=[])  # batch_size 8
+    with pytest.raises(ValueError, match=r"nproc_per_run=3 shares each step's batch_size=8 .* a multiple of 3"):
+        check_runs_fit(ExecutorConfig("ray", options={"nproc_per_run": 3}), spec)
+    one_gpu = dataclasses.replace(spec, train=dataclasses.replace(spec.train, device="cuda:1"))
+    with pytest.raises(ValueError, match=r"device='cuda:1' names one GPU, and each of a run's nproc_per_run=2 pro"):
+        check_runs_fit(ExecutorConfig("slurm", options={"nproc_per_run": 2}), one_gpu)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(
+        ValueError, match=r"2 run\(s\) at once \(--jobs\) × \[executor\] nproc_per_run=2 need 4 GPUs, one a pr"
+    ):
+        check_runs_fit(ExecutorConfig("local", jobs=2, options={"nproc_per_run": 2}), spec)
+    with pytest.raises(
+        ValueError, match=r"1 run\(s\) at once .* nproc_per_run=4 need 4 GPUs, one a process; 2 are visi"
+    ):
+        check_runs_fit(ExecutorConfig("local", options={"nproc_per_run": 4}), spec)
+    # On the CPU the GPUs are no matter, and the cores are shared among every process of every run.
+    cpu = dataclasses.replace(spec, train=dataclasses.replace(spec.train, device="cpu"))
+    check_runs_fit(ExecutorConfig("local", jobs=2, options={"nproc_per_run": 4}), cpu)
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    assert LocalLayout.of(ExecutorConfig("local", jobs=2, options={"nproc_per_run": 4}), "cpu") == LocalLayout(2, 2, 0)
+    assert LocalLayout.of(ExecutorConfig("local", options={"nproc_per_run": 2}), "auto") == LocalLayout(1, 8, 2)
+
+
+def test_a_whole_compare_under_torchrun_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    spec = resolve_spec("micro", variants=["mha+rope"], tasks=[])
+    with pytest.raises(ValueError, match=r"one of 2 processes launched by torchrun, and each would run the whole"):
+        run_compare(spec, tmp_path / "out", progress=False)
+
+
+def test_each_local_worker_takes_its_runs_gpus(monkeypatch):
+    """Each worker, in its own process, takes the next slot's GPUs of those visible (or of all, where none is set)."""
+    import queue
+
+    slots = queue.Queue()
+    for slot in (0, 1, 1):
+        slots.put(slot)
+    for visible, taken in (("4,5,6,7", "4,5"), ("4,5,6,7", "6,7"), (None, "2,3")):
+        if visible is None:
+            monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        else:
+            monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+        _take_slot(slots, 2)
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == taken
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs: one for each of a run's processes")
+def test_a_run_on_two_gpus_under_torchrun_finishes_with_nccl(tmp_path):
+    text = write_text_corpus(tmp_path / "text.txt")
+    gpu = resolve_spec("micro", variants=VARIANTS[:1], corpus=str(text), tasks=[], seeds=[0], device="cuda")
+    gpu = dataclasses.replace(gpu, evals=dataclasses.replace(gpu.evals, bench_cases=()))
+    _compare(gpu, tmp_path / "out", ExecutorConfig("local", jobs=1, options={"nproc_per_run": 2}))
+    run = tmp_path / "out" / "runs" / VARIANTS[0] / "seed0"
+    assert read_checkpoint(run).world_size == 2 and (run / "compare_run.json").is_file()
+    assert "device cuda × 2 process(es)" in (tmp_path / "out" / "logs" / VARIANTS[0] / "seed0.log").read_text()

@@ -271,7 +271,7 @@ def _executor(args: argparse.Namespace) -> ExecutorConfig:
     if options and name == "inline":
         raise ValueError(
             f"the config file's [executor] table {options} configures an engine, and the runs train inline: name "
-            "the engine with --executor (or executor = ... in [compare])"
+            "the engine with --executor local, slurm or ray (or executor = ... in [compare])"
         )
     return ExecutorConfig(name, args.jobs, options)
 

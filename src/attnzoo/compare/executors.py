@@ -12,12 +12,23 @@ shared filesystem on a cluster).
 The engines are the ones researchers already run, not a scheduler of our own: :mod:`concurrent.futures` processes,
 `submitit <https://github.com/facebookincubator/submitit>`_ (Slurm; its ``cluster="local"`` runs the same jobs as
 local processes) and `Ray <https://docs.ray.io>`_. Each is an optional extra.
+
+A run may train on several processes (``nproc_per_run`` in the ``[executor]`` table, torchrun's
+``--nproc_per_node``): its worker then launches ``python -m torch.distributed.run --standalone`` on the run's
+processes (:func:`launch_ranks`), each joins one process group and trains with the spec's ``parallel`` strategy,
+rank 0 alone writes the run's records, and every rank's output goes to the run's log. The engine reserves the run's
+GPUs: ``local`` gives each run ``nproc_per_run`` of the visible ones, ``slurm`` asks for as many per job,
+``ray`` per task.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import pickle
+import subprocess
+import sys
+import tempfile
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
@@ -30,6 +41,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from attnzoo.compare.progress import duration
+from attnzoo.distributed import Distributed
+from attnzoo.validation import is_int
 from attnzoo.variants import Variant
 
 if TYPE_CHECKING:
@@ -43,6 +56,9 @@ OPTIONS: dict[str, frozenset[str] | None] = {
     "slurm": None,
     "ray": frozenset({"address", "num_cpus", "num_gpus"}),
 }
+# The processes (torchrun ranks) of each run: an option of every engine, taken by attnzoo rather than passed on.
+NPROC_PER_RUN = "nproc_per_run"
+MAX_PROCESSES = 1024  # --jobs and nproc_per_run: more is a typo, not a machine
 
 
 @dataclass(frozen=True)
@@ -50,7 +66,8 @@ class ExecutorConfig:
     """How the runs execute. ``options`` is the engine's own (the ``[executor]`` table of a compare TOML): for
     ``slurm`` submitit's ``update_parameters`` keywords (``slurm_partition``, ``timeout_min``, ``gpus_per_node``,
     ``cpus_per_task``, ...) plus ``cluster`` ("local" runs them as local processes); for ``ray`` ``address`` and
-    the resources of each run (``num_cpus``, ``num_gpus``); for ``local`` ``threads`` per run."""
+    the resources of each run (``num_cpus``, ``num_gpus``); for ``local`` ``threads`` per process. Every engine
+    but ``inline`` also takes ``nproc_per_run``, the processes each run trains on under torchrun (default 1)."""
 
     name: str = "inline"
     jobs: int | None = None  # local only: runs at once (default: one per GPU, else one per core)
@@ -59,15 +76,38 @@ class ExecutorConfig:
     def __post_init__(self) -> None:
         if self.name not in EXECUTORS:
             raise ValueError(f"executor={self.name!r} is unknown; choose one of {list(EXECUTORS)}")
-        if self.jobs is not None and (self.name != "local" or not 1 <= self.jobs <= 1024):
-            raise ValueError(f"jobs={self.jobs} is invalid: --jobs is an integer in [1, 1024], for --executor local")
+        if self.jobs is not None and (self.name != "local" or not 1 <= self.jobs <= MAX_PROCESSES):
+            raise ValueError(
+                f"jobs={self.jobs} is invalid: --jobs is an integer in [1, {MAX_PROCESSES}], for --executor local"
+            )
+        nproc = self.options.get(NPROC_PER_RUN, 1)
+        if not (is_int(nproc) and 1 <= nproc <= MAX_PROCESSES):
+            raise ValueError(
+                f"[executor] {NPROC_PER_RUN}={nproc!r} is invalid: the processes (torchrun ranks) each run trains "
+                f"on, an integer in [1, {MAX_PROCESSES}]"
+            )
+        if nproc > 1 and self.name == "inline":
+            raise ValueError(
+                f"[executor] {NPROC_PER_RUN}={nproc} launches each run's processes under torchrun, which the inline "
+                "executor does not: use --executor local, slurm or ray (a whole compare under torchrun is refused: "
+                "every rank would train every run)"
+            )
         allowed = OPTIONS[self.name]
-        unknown = sorted(set(self.options) - allowed) if allowed is not None else []
+        unknown = sorted(set(self.engine_options) - allowed) if allowed is not None else []
         if unknown:
             raise ValueError(
                 f"[executor] option(s) {unknown} mean nothing to executor {self.name!r}; it takes "
                 f"{sorted(allowed) or 'none'}"  # type: ignore[arg-type]
             )
+
+    @property
+    def nproc_per_run(self) -> int:
+        return self.options.get(NPROC_PER_RUN, 1)
+
+    @property
+    def engine_options(self) -> dict[str, Any]:
+        """The options passed on to the engine: all but ``nproc_per_run``."""
+        return {key: value for key, value in self.options.items() if key != NPROC_PER_RUN}
 
 
 INLINE = ExecutorConfig()
@@ -80,6 +120,7 @@ class RunJob:
     variant: Variant
     seed: int
     executor: str  # the engine it runs on, recorded with the run
+    nproc_per_run: int = 1  # its processes: more than one are launched by torchrun (launch_ranks)
 
     def log_path(self, out_dir: Path) -> Path:
         return out_dir / "logs" / self.variant.label / f"seed{self.seed}.log"
@@ -88,13 +129,62 @@ class RunJob:
         return f"{self.variant.label} · seed {self.seed}"
 
 
-# A run on a worker: (spec, output directory, run, threads or None for the engine's default). A module-level
-# function, so that every engine can pickle it.
+# A run on a worker: (spec, output directory, run, threads of each of its processes or None for the engine's
+# default). A module-level function, so that every engine can pickle it.
 Work = Callable[["CompareSpec", str, RunJob, "int | None"], None]
+# One process of a run that trains on several: (spec, output directory, run, its place in the process group).
+RankWork = Callable[["CompareSpec", str, RunJob, Distributed], None]
 
 
 class RunsFailed(RuntimeError):
     """Runs that raised on their workers twice; every other run was finished and kept."""
+
+
+class RanksFailed(RuntimeError):
+    """A run's processes under torchrun ended in failure: the first error a rank recorded, or torchrun's exit code."""
+
+
+def check_runs_fit(config: ExecutorConfig, spec: CompareSpec) -> None:
+    """Refuse, before the bench and the first run, runs whose processes one GPU, the batch or (``local``) the visible
+    GPUs cannot share."""
+    nproc, train = config.nproc_per_run, spec.train
+    if nproc > 1 and ":" in train.device:
+        raise ValueError(
+            f"device={train.device!r} names one GPU, and each of a run's {NPROC_PER_RUN}={nproc} processes takes a "
+            "GPU of its own: use device 'cuda' or 'auto' (the engine chooses the GPUs)"
+        )
+    if nproc > 1 and train.batch_size % (train.grad_accum * nproc):
+        raise ValueError(
+            f"[executor] {NPROC_PER_RUN}={nproc} shares each step's batch_size={train.batch_size} among {nproc} "
+            f"processes × grad_accum={train.grad_accum} micro-steps: batch_size must be a multiple of "
+            f"{train.grad_accum * nproc}"
+        )
+    if config.name == "local":
+        LocalLayout.of(config, train.device)
+
+
+@dataclass(frozen=True)
+class LocalLayout:
+    """How ``local`` shares this machine: the runs at once, the torch threads of each process, and the GPUs each run
+    is given (0: none assigned, so the runs train on the CPU or share the visible GPUs)."""
+
+    jobs: int
+    threads: int
+    gpus_per_run: int
+
+    @classmethod
+    def of(cls, config: ExecutorConfig, device: str) -> LocalLayout:
+        nproc, cores = config.nproc_per_run, os.cpu_count() or 1
+        gpus = torch.cuda.device_count() if device.startswith("cuda") or device == "auto" else 0
+        jobs = config.jobs or max(1, (gpus or cores) // nproc)
+        # A run's ranks each need a GPU of their own (nccl binds one device per rank); one-process runs may share.
+        if gpus and nproc > 1 and jobs * nproc > gpus:
+            raise ValueError(
+                f"{jobs} run(s) at once (--jobs) × [executor] {NPROC_PER_RUN}={nproc} need {jobs * nproc} GPUs, one "
+                f"a process; {gpus} are visible: lower --jobs or {NPROC_PER_RUN} to fit {gpus}"
+            )
+        threads = config.options.get("threads") or max(1, cores // (jobs * nproc))
+        return cls(jobs, threads, nproc if gpus >= jobs * nproc > 1 else 0)
 
 
 class Executor(ABC):
@@ -113,27 +203,25 @@ class Executor(ABC):
 
 
 class LocalProcesses(Executor):
-    """``jobs`` processes on this machine: each run on one GPU where there are as many, else on
-    ``cores // jobs`` threads (or the ``threads`` option)."""
+    """``jobs`` workers on this machine: each run on its ``nproc_per_run`` GPUs where there are as many, else on
+    ``cores // (jobs × nproc_per_run)`` threads a process (or the ``threads`` option)."""
 
-    def __init__(self, spec: CompareSpec, out_dir: Path, work: Work, jobs: int | None, threads: int | None):
+    def __init__(self, spec: CompareSpec, out_dir: Path, work: Work, config: ExecutorConfig):
         super().__init__(spec, out_dir, work)
-        device = spec.train.device
-        gpus = torch.cuda.device_count() if device.startswith("cuda") or device == "auto" else 0
-        self.jobs = jobs or gpus or os.cpu_count() or 1
-        self.threads = threads or max(1, (os.cpu_count() or 1) // self.jobs)
-        self.gpus = gpus >= self.jobs > 1  # one GPU each
+        self.layout = LocalLayout.of(config, spec.train.device)
         self.pool = self._new_pool()
 
     def _new_pool(self) -> ProcessPoolExecutor:
         context = multiprocessing.get_context("spawn")  # a fork would share torch's threads and CUDA state
         slots = context.Queue()
-        for slot in range(self.jobs):
+        jobs = self.layout.jobs
+        for slot in range(jobs):
             slots.put(slot)
-        return ProcessPoolExecutor(self.jobs, context, initializer=_take_slot, initargs=(slots, self.gpus))
+        return ProcessPoolExecutor(jobs, context, initializer=_take_slot, initargs=(slots, self.layout.gpus_per_run))
 
     def execute(self, jobs: list[RunJob]) -> Iterator[tuple[RunJob, str | None]]:
-        pending = {self.pool.submit(self.work, self.spec, str(self.out_dir), job, self.threads): job for job in jobs}
+        out, threads = str(self.out_dir), self.layout.threads
+        pending = {self.pool.submit(self.work, self.spec, out, job, threads): job for job in jobs}
         broken = False
         while pending:
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
@@ -159,25 +247,37 @@ def _described(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-def _take_slot(slots: Any, one_gpu_each: bool) -> None:
-    """A worker's first act, before torch touches CUDA: its own GPU, where each has one."""
+def _take_slot(slots: Any, gpus_per_run: int) -> None:
+    """A worker's first act, before torch touches CUDA: its own GPUs, where each has some (a run's processes under
+    torchrun inherit them)."""
     slot = slots.get()
-    if one_gpu_each:
+    if gpus_per_run:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        os.environ["CUDA_VISIBLE_DEVICES"] = visible.split(",")[slot] if visible else str(slot)
+        mine = range(slot * gpus_per_run, (slot + 1) * gpus_per_run)
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(visible.split(",")[i] if visible else str(i) for i in mine)
 
 
 class Submitit(Executor):
     """Each run a submitit job (Slurm by default), its submitit logs under ``OUT/logs/submitit``."""
 
-    def __init__(self, spec: CompareSpec, out_dir: Path, work: Work, options: dict[str, Any]):
+    def __init__(self, spec: CompareSpec, out_dir: Path, work: Work, config: ExecutorConfig):
         super().__init__(spec, out_dir, work)
         submitit = _engine("submitit", "slurm")
-        options = dict(options)
+        options, nproc = config.engine_options, config.nproc_per_run
         cluster = options.pop("cluster", None)
+        if nproc > 1:
+            if spec.train.device != "cpu":
+                options.setdefault("gpus_per_node", nproc)
+            tasks = options.setdefault("tasks_per_node", 1)
+            if tasks != 1:
+                raise ValueError(
+                    f"[executor] tasks_per_node={tasks!r} with {NPROC_PER_RUN}={nproc}: a run's torchrun starts its "
+                    f"{nproc} processes inside one task; leave tasks_per_node out"
+                )
         self.executor = submitit.AutoExecutor(folder=self.out_dir / "logs" / "submitit", cluster=cluster)
         self.executor.update_parameters(name=f"attnzoo-{spec.name}", **options)
-        self.threads = options.get("cpus_per_task")
+        cpus = options.get("cpus_per_task")
+        self.threads = max(1, cpus // nproc) if cpus else None
 
     def execute(self, jobs: list[RunJob]) -> Iterator[tuple[RunJob, str | None]]:
         out = str(self.out_dir)
@@ -198,19 +298,23 @@ class Submitit(Executor):
 
 
 class Ray(Executor):
-    """Each run a Ray task holding ``num_cpus`` (default 1) and ``num_gpus`` (default 0) of the cluster at
-    ``address`` (default: a local runtime)."""
+    """Each run a Ray task holding ``num_cpus`` (default: one a process) and ``num_gpus`` (default: one a process
+    of a run on several, on a device other than the CPU; else 0) of the cluster at ``address`` (default: a local
+    runtime)."""
 
-    def __init__(self, spec: CompareSpec, out_dir: Path, work: Work, options: dict[str, Any]):
+    def __init__(self, spec: CompareSpec, out_dir: Path, work: Work, config: ExecutorConfig):
         super().__init__(spec, out_dir, work)
         self.ray = _engine("ray", "ray")
+        options, nproc = config.engine_options, config.nproc_per_run
         if not self.ray.is_initialized():
             self.ray.init(address=options.get("address"), include_dashboard=False, log_to_driver=False)
-        self.cpus = int(options.get("num_cpus", 1))
-        self.task = self.ray.remote(num_cpus=self.cpus, num_gpus=options.get("num_gpus", 0), max_retries=0)(work)
+        cpus = int(options.get("num_cpus", nproc))
+        gpus = options.get("num_gpus", nproc if nproc > 1 and spec.train.device != "cpu" else 0)
+        self.threads = max(1, cpus // nproc)
+        self.task = self.ray.remote(num_cpus=cpus, num_gpus=gpus, max_retries=0)(work)
 
     def execute(self, jobs: list[RunJob]) -> Iterator[tuple[RunJob, str | None]]:
-        pending = {self.task.remote(self.spec, str(self.out_dir), job, self.cpus): job for job in jobs}
+        pending = {self.task.remote(self.spec, str(self.out_dir), job, self.threads): job for job in jobs}
         while pending:
             done, _ = self.ray.wait(list(pending), num_returns=1)
             job = pending.pop(done[0])
@@ -235,13 +339,56 @@ def _engine(module: str, extra: str) -> Any:
 
 
 def make_executor(config: ExecutorConfig, spec: CompareSpec, out_dir: Path, work: Work) -> Executor:
-    if config.name == "local":
-        return LocalProcesses(spec, out_dir, work, config.jobs, config.options.get("threads"))
-    if config.name == "slurm":
-        return Submitit(spec, out_dir, work, config.options)
-    if config.name == "ray":
-        return Ray(spec, out_dir, work, config.options)
-    raise ValueError(f"executor {config.name!r} runs in the driver itself")
+    engines = {"local": LocalProcesses, "slurm": Submitit, "ray": Ray}
+    if config.name not in engines:
+        raise ValueError(f"executor {config.name!r} runs in the driver itself")
+    return engines[config.name](spec, out_dir, work, config)
+
+
+# Each process of a run on several runs this module (which nothing imports, so that runpy runs it fresh), given a
+# scratch directory that holds the pickled work and receives each failed rank's error.
+RANKS_MODULE = "attnzoo.compare.ranks"
+JOB_FILE = "job.pkl"
+RANK_ERROR = "rank{rank}.error"
+
+
+def launch_ranks(rank_work: RankWork, spec: CompareSpec, out_dir: str, job: RunJob, threads: int | None) -> None:
+    """``rank_work`` on each of the run's ``job.nproc_per_run`` processes, launched by torchrun on this machine (on
+    the GPUs this worker sees, one a process), ``threads`` torch threads each (default: this machine's cores
+    shared among them). Every process's output is appended to the run's log. Raises :class:`RanksFailed` with the
+    first error a rank recorded when any failed."""
+    nproc = job.nproc_per_run
+    threads = threads or max(1, _usable_cores() // nproc)
+    log = job.log_path(Path(out_dir))
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="attnzoo-ranks-") as scratch, open(log, "ab") as stream:
+        (Path(scratch) / JOB_FILE).write_bytes(pickle.dumps((rank_work, spec, out_dir, job, threads)))
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+        ended = subprocess.run(
+            [*command, "-m", RANKS_MODULE, scratch],
+            stdout=stream,
+            stderr=subprocess.STDOUT,
+            env=os.environ | {"OMP_NUM_THREADS": str(threads)},
+            check=False,
+        )
+        if ended.returncode != 0:
+            raise RanksFailed(_first_rank_error(Path(scratch), ended.returncode))
+
+
+def _usable_cores() -> int:
+    """The cores this process may run on: a Slurm job's allocation, not the whole node's."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _first_rank_error(scratch: Path, code: int) -> str:
+    """The error the first failing rank recorded: the others' are most often their peer's disappearance."""
+    errors = sorted(scratch.glob(RANK_ERROR.format(rank="*")), key=lambda path: path.stat().st_mtime_ns)
+    if errors:
+        return errors[0].read_text(encoding="utf-8")
+    return (
+        f"torchrun ended with exit code {code} and no rank recorded an error: a process died outside the run (out "
+        "of memory, a crash in native code, a signal)"
+    )
 
 
 def run_elsewhere(

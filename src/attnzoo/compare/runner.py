@@ -43,7 +43,7 @@ from tqdm import tqdm
 from attnzoo import __version__
 from attnzoo.attention import ATTENTION
 from attnzoo.bench import BenchCase, machine_description, measure
-from attnzoo.compare.executors import INLINE, ExecutorConfig, RunJob, run_elsewhere
+from attnzoo.compare.executors import INLINE, ExecutorConfig, RunJob, check_runs_fit, launch_ranks, run_elsewhere
 from attnzoo.compare.ladder import Ladder, load_ladder
 from attnzoo.compare.progress import Schedule, duration, final_summary, progress_table
 from attnzoo.compare.report import write_report
@@ -70,7 +70,7 @@ from attnzoo.compare.tasks import context_len, step_seconds, task_configs, train
 from attnzoo.config import ModelConfig
 from attnzoo.convert.directory import group_kv_heads
 from attnzoo.data.corpora import Corpus, prepare_corpus
-from attnzoo.distributed import Distributed, resolve_device
+from attnzoo.distributed import Distributed, joined_process_group, resolve_device
 from attnzoo.evals.lm import LMEvalConfig, evaluate_lm, length_extrapolation, window_plan
 from attnzoo.evals.ngram import NGramLevel, kneser_ney_level
 from attnzoo.evals.probes import probe_model
@@ -195,7 +195,10 @@ def source_commit() -> str | None:
 
 def train_run(spec: CompareSpec, out_dir: str, job: RunJob, threads: int | None) -> None:
     """One run trained and evaluated on an executor's worker, as the inline loop would, its output appended to
-    its log."""
+    its log; on ``job.nproc_per_run`` processes under torchrun where that is more than one."""
+    if job.nproc_per_run > 1:
+        launch_ranks(train_rank, spec, out_dir, job, threads)
+        return
     log = job.log_path(Path(out_dir))
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a", encoding="utf-8") as stream, redirect_stdout(stream), redirect_stderr(stream):
@@ -204,8 +207,16 @@ def train_run(spec: CompareSpec, out_dir: str, job: RunJob, threads: int | None)
         Comparison(spec, Path(out_dir), False, executor=ExecutorConfig(job.executor)).train_one(job.variant, job.seed)
 
 
+def train_rank(spec: CompareSpec, out_dir: str, job: RunJob, env: Distributed) -> None:
+    """One process of a run on several (:mod:`attnzoo.compare.ranks`): every rank trains and evaluates, rank 0
+    alone writes the run's records, where a run on one process writes them."""
+    comparison = Comparison(spec, Path(out_dir), False, executor=ExecutorConfig(job.executor), env=env)
+    comparison.train_one(job.variant, job.seed)
+
+
 class Comparison:
-    """One invocation of a compare: the spec, the output directory and the device it runs on."""
+    """One invocation of a compare: the spec, the output directory and the device it runs on. ``env`` is this
+    process's place among the processes of one run (:func:`train_rank`); the driver is a world of one."""
 
     def __init__(
         self,
@@ -215,23 +226,32 @@ class Comparison:
         claims_table: bool = False,
         executor: ExecutorConfig = INLINE,
         pool_commits: bool = False,
+        env: Distributed | None = None,
     ):
         self.spec, self.out_dir, self.progress, self.claims_table = spec, out_dir, progress, claims_table
         self.executor, self.pool_commits = executor, pool_commits
         self.labels = spec.variant_labels
         self.baseline = self.labels[0]
-        self.env = Distributed(device=resolve_device(spec.train.device))
+        self.env = env or Distributed(device=resolve_device(spec.train.device))
         self.started = time.perf_counter()
         self.machine_at_start = machine_description(torch.get_num_threads())  # with the load average now
         self.load_at_start = _load_average()
 
     def say(self, message: str) -> None:
-        tqdm.write(message)  # above any progress bar
-        sys.stdout.flush()
+        if self.env.is_main:  # a run's other processes train and evaluate it silently
+            tqdm.write(message)  # above any progress bar
+            sys.stdout.flush()
 
     def run(self) -> CompareResult:
         """Locked (see :func:`attnzoo.io.locked_directory`): a second compare into the same directory, or one
         started again while this one runs, is refused with this process's pid rather than sharing its runs."""
+        if joined_process_group():
+            raise ValueError(
+                f"this compare is one of {os.environ['WORLD_SIZE']} processes launched by torchrun, and each would "
+                "run the whole comparison: run it without torchrun, and train each run on several processes with "
+                "nproc_per_run in the --config file's [executor] table (--executor local, slurm or ray)"
+            )
+        check_runs_fit(self.executor, self.spec)
         with locked_directory(self.out_dir, "compare directory"):
             try:
                 # Training stops by itself at a signal, with a checkpoint; every other phase (evaluations,
@@ -269,7 +289,9 @@ class Comparison:
         )
         if self.executor.name != "inline":
             todo = [
-                RunJob(variant, seed, self.executor.name) for seed, variant in jobs if not self.finished(variant, seed)
+                RunJob(variant, seed, self.executor.name, self.executor.nproc_per_run)
+                for seed, variant in jobs
+                if not self.finished(variant, seed)
             ]
             self.say(f"{len(todo)} of {len(jobs)} runs to train on executor {self.executor.name}")
             run_elsewhere(self.executor, spec, self.out_dir, todo, train_run, self.say)
@@ -417,7 +439,9 @@ class Comparison:
         if finished and record is not None and _evaluated_as_asked(record.evals, evals):
             self.say(f"reusing {run_dir} (finished earlier)")
             return record, None, True
-        if checkpoint is None and run_dir.exists():
+        stale = checkpoint is None and run_dir.exists()
+        self.env.barrier()  # every process of the run has read its directory before rank 0 changes it
+        if stale and self.env.is_main:
             shutil.rmtree(run_dir)  # stopped before its first checkpoint: nothing in it can be continued
 
         if not finished:
@@ -438,11 +462,15 @@ class Comparison:
             if result.interrupted_by is not None:
                 return None, result.interrupted_by, False
             model = trainer.raw_model
+            if self.env.enabled and train_config.parallel == "fsdp":
+                # FSDP2 sharded the model in place among the processes; the evaluations read its weights whole.
+                model, _ = load_pretrained(run_dir, self.env.device)
         else:
             self.say(f"{run_dir} finished training earlier; evaluating it")
             model, _ = load_pretrained(run_dir, self.env.device)
         record = self.evaluate_lm_run(model, variant.label, seed, train_config, corpus, run_dir, evals)
-        _write_record(record, run_dir / RUN_RECORD)
+        if self.env.is_main:
+            _write_record(record, run_dir / RUN_RECORD)
         return record, None, False
 
     def converted_source(self, variant: Variant, seed: int) -> Checkpoint:
@@ -450,8 +478,10 @@ class Comparison:
         an uptrained variant starts. The source trains first, since it is listed before (CompareSpec checks)."""
         source_dir = self.out_dir / "runs" / variant.source.label / f"seed{seed}"
         converted = self.out_dir / "runs" / variant.label / f"seed{seed}-converted"
-        shutil.rmtree(converted, ignore_errors=True)  # a conversion cut off midway is simply redone
-        group_kv_heads(source_dir, converted, variant.n_kv_heads)  # type: ignore[arg-type]
+        if self.env.is_main:
+            shutil.rmtree(converted, ignore_errors=True)  # a conversion cut off midway is simply redone
+            group_kv_heads(source_dir, converted, variant.n_kv_heads)  # type: ignore[arg-type]
+        self.env.barrier()  # the other processes of the run read the conversion rank 0 wrote
         return read_checkpoint(converted)
 
     def extrapolation_tokens(self, corpus: Corpus) -> np.ndarray:
@@ -499,7 +529,7 @@ class Comparison:
         windows = np.asarray(corpus.val[: spec.evals.probe_windows * train_config.seq_len], dtype=np.int64)
         probes = lm_probes(model, torch.from_numpy(windows).view(-1, train_config.seq_len))
         has_maps = seed == spec.seeds[0]
-        if has_maps:
+        if has_maps and self.env.is_main:
             prompt = torch.from_numpy(np.asarray(corpus.val[: spec.evals.map_tokens], dtype=np.int64))[None]
             model.eval()
             maps = model.attention_maps(prompt.to(device))  # each (1, heads, T, T): the effective, mixing map
