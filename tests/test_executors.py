@@ -271,9 +271,10 @@ def test_a_run_on_two_processes_under_torchrun_leaves_the_inline_runs_files_and_
     """Seed 0 of both variants (the uptrained one starts from a conversion rank 0 writes) on two gloo processes each.
 
     The two processes keep the global batch (each trains half of it, DDP averages their gradients), so the runs are
-    the inline ones up to float32 rounding: the gradient is summed in another order. Measured at d9f5098+: val losses
-    within 1.7e-8 (relative 3.4e-9), the training curves within 5e-7 (relative 1e-7) after 6 and 3 steps; the test
-    allows relative 1e-5 on losses, as tests/test_distributed.py does for `attnzoo train` under torchrun.
+    the inline ones up to float32 rounding: the gradient is summed in another order. Measured at 786ac55: the
+    baseline's val loss bit-equal, the uptrained one's within 1.7e-8 (relative 3.4e-9), the training curves within
+    5e-7 (relative 1e-7) after 6 and 3 steps; the test allows relative 1e-5 on losses, as tests/test_distributed.py
+    does for `attnzoo train` under torchrun.
     """
     out = tmp_path / "out"
     stdout = _compare(dataclasses.replace(spec, seeds=(0,)), out, TWO_RANKS)
