@@ -7,7 +7,7 @@ A document marks a table as ``<!-- table:NAME -->`` ... ``<!-- /table:NAME -->``
 between. NAME is
 
 * ``claims``: the verdicts of the kept claims run in brief, judged from ``docs/claims/results.json`` by the
-  registered claims (``attnzoo.compare.paper_claims``) and the rules of ``attnzoo.compare.verdicts``;
+  registered claims (``attnzoo.claims``: one module per paper) and the rules of ``attnzoo.claims.verdicts``;
 * ``compare-quick``: the side-by-side table of the kept quick compare (the README's main job), from
   ``docs/compare-quick/results.json`` by the report's own ``summary_table``;
 * ``FILE.md#K``: the K-th table (from 1) of ``benchmarks/results/FILE.md``, as the benchmark wrote it.
@@ -63,9 +63,9 @@ def results_table(name: str) -> str:
 def claims_table() -> str:
     """The kept claims run judged by the registered claims and this version's rules, one short row a claim: the
     same verdicts as the ``verdicts.json`` the run's report wrote beside it."""
+    from attnzoo.claims.report import brief_table
+    from attnzoo.claims.verdicts import judge_all
     from attnzoo.compare import CompareResults
-    from attnzoo.compare.report_claims import brief_table
-    from attnzoo.compare.verdicts import judge_all
 
     return brief_table(judge_all(CompareResults.load(CLAIMS / "results.json"))).to_markdown() + "\n"
 

@@ -6,15 +6,16 @@ import json
 import math
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from scipy import stats
 
-from attnzoo.compare import PRESETS, CompareResults
-from attnzoo.compare.checks import run_checks
-from attnzoo.compare.claims import (
+from attnzoo.claims.checks import run_checks
+from attnzoo.claims.claim import (
     CLAIMS,
     HIGHER,
     LOWER,
@@ -25,15 +26,16 @@ from attnzoo.compare.claims import (
     Measure,
     Part,
     TaskLearned,
-    task_probe,
 )
-from attnzoo.compare.ladder import Ladder
-from attnzoo.compare.paper_claims import claim_tasks, claim_variants
+from attnzoo.claims.experiments import claim_tasks, claim_variants
+from attnzoo.claims.measures import task_probe
+from attnzoo.claims.verdicts import judge, judge_all, verdicts_record
+from attnzoo.compare import PRESETS, CompareResults
 from attnzoo.compare.report import write_report
-from attnzoo.compare.stats import holm, paired_over_seeds
-from attnzoo.compare.verdicts import judge, judge_all, verdicts_record
 from attnzoo.config import ModelConfig
 from attnzoo.model import Transformer, training_flops_per_token
+from attnzoo.results.ladder import Ladder
+from attnzoo.stats import holm, paired_over_seeds
 
 FIXTURE = Path(__file__).parent / "fixtures" / "compare_micro"  # mha+rope and diff+rope, seeds 0 and 1
 STORED = Path(__file__).parents[1] / "docs" / "claims"  # the claims preset's run, as committed
@@ -430,7 +432,7 @@ def test_each_smallest_effects_stated_reason_agrees_with_the_numbers_it_cites():
     """The reasons quote figures: a binomial standard error at the claims budget's own evaluation samples; MHA's
     losses at 1× and 1.5× the compute in the stored claims run; and half a paper's multiple in log-compute. The
     figure quoted must be the figure."""
-    from attnzoo.compare.paper_claims import LM_EFFECT, LM_EFFECT_SOURCE
+    from attnzoo.claims.protocol import LM_EFFECT, LM_EFFECT_SOURCE
     from attnzoo.evals.task import TaskSpec
 
     for claim in CLAIMS.values():
@@ -473,7 +475,7 @@ def test_a_mechanism_probe_is_not_read_off_a_variant_that_did_not_learn_the_task
 
 def test_the_docs_state_the_rules_the_report_states():
     """docs/jobs/compare.md's "How a verdict is reached" is the report's own paragraph, word for word."""
-    from attnzoo.compare.report_claims import HOW_A_VERDICT_IS_REACHED
+    from attnzoo.claims.report import HOW_A_VERDICT_IS_REACHED
 
     text = (Path(__file__).parents[1] / "docs" / "jobs" / "compare.md").read_text()
     assert HOW_A_VERDICT_IS_REACHED.removeprefix("**How a verdict is reached.** ") in text
@@ -717,3 +719,31 @@ def test_a_statement_that_quotes_a_review_quotes_it_verbatim():
             assert quote in review.read_text(encoding="utf-8"), (claim.id, quote)
             quoted += 1
     assert quoted >= 2
+
+
+@pytest.mark.parametrize(
+    "name, home", [("judge_all", "attnzoo.claims"), ("Verdict", "attnzoo.claims"), ("holm", "attnzoo.stats")]
+)
+def test_the_names_compare_exported_before_the_claims_package_resolve_with_a_warning(name, home):
+    import importlib
+
+    import attnzoo.compare
+
+    with pytest.warns(
+        FutureWarning, match=rf"attnzoo.compare.{name} moved to {home}.{name}; .* removed in attnzoo 0.2"
+    ):
+        moved = getattr(attnzoo.compare, name)
+    assert moved is getattr(importlib.import_module(home), name)
+    with pytest.raises(AttributeError, match="has no attribute 'judge_everything'"):
+        attnzoo.compare.judge_everything  # noqa: B018
+
+
+def test_a_stored_run_is_judged_without_importing_the_compare_package():
+    """The claims sit below compare: judging a results.json loads the claims and the records, not the runner."""
+    code = (
+        "import sys; from attnzoo.claims import judge_all; from attnzoo.results import CompareResults; "
+        f"verdicts = judge_all(CompareResults.load({str(STORED / 'results.json')!r})); "
+        "print(len(verdicts), sorted(m for m in sys.modules if m.startswith('attnzoo.compare')))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split(maxsplit=1) == [str(len(CLAIMS)), "[]\n"]

@@ -22,13 +22,13 @@ import torch
 from training_helpers import write_text_corpus
 
 from attnzoo.bench import BenchResult
+from attnzoo.claims.verdicts import counts, judge_all
 from attnzoo.cli.compare import add_arguments, run
 from attnzoo.compare import (
     PRESETS,
     SCHEMA_VERSION,
     CompareResults,
     EvalSpec,
-    Summary,
     TaskBudget,
     TaskSpec,
     resolve_spec,
@@ -39,10 +39,10 @@ from attnzoo.compare.progress import Schedule
 from attnzoo.compare.report import write_report
 from attnzoo.compare.spec import LADDERS
 from attnzoo.compare.tasks import task_configs
-from attnzoo.compare.verdicts import counts, judge_all
 from attnzoo.evals import TASKS, Task, TaskBatch, greedy_predictions, register_task, scored_accuracy
 from attnzoo.evals.base import as_generator
 from attnzoo.interrupts import Interrupted
+from attnzoo.stats import Summary
 from attnzoo.training import CheckpointError, read_checkpoint
 from attnzoo.training.optim import learning_rate
 from attnzoo.variants import Variant, count_parameters, matched_configs

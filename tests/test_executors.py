@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file
 from training_helpers import write_text_corpus
 
+from attnzoo.claims.verdicts import judge_all
 from attnzoo.cli.compare import _executor, _with_config, add_arguments
 from attnzoo.compare import resolve_spec, run_compare
 from attnzoo.compare.executors import (
@@ -31,8 +32,7 @@ from attnzoo.compare.executors import (
     run_elsewhere,
 )
 from attnzoo.compare.merge import merge_runs
-from attnzoo.compare.results import CompareResults
-from attnzoo.compare.verdicts import judge_all
+from attnzoo.results.comparison import CompareResults
 from attnzoo.training import read_checkpoint
 from attnzoo.variants import Variant
 

@@ -9,11 +9,11 @@ import shutil
 import pytest
 from training_helpers import write_text_corpus
 
-from attnzoo.compare.ladder import load_ladder
 from attnzoo.compare.report_ladder import write_ladder_report
 from attnzoo.compare.runner import run_ladder
 from attnzoo.compare.spec import LADDERS, PRESETS, LadderSpec
 from attnzoo.data.corpora import prepare_corpus
+from attnzoo.results.ladder import load_ladder
 from attnzoo.training.config import DataConfig
 from attnzoo.variants import count_parameters
 

@@ -85,7 +85,7 @@ def test_attnzoo_bench_marks_a_ratio_measured_on_a_busy_machine(monkeypatch):
 
 
 def test_the_compare_report_keeps_each_measurements_load_and_marks_busy_ratios():
-    from attnzoo.compare.results import BenchMeasurement, BenchRecord, BenchTiming
+    from attnzoo.results.comparison import BenchMeasurement, BenchRecord, BenchTiming
 
     def measured(variant, rate, load):
         return BenchMeasurement(variant, "train", 64, 16, BenchTiming(rate, rate * 0.9, rate * 1.1, 10.0, load, 2))

@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from attnzoo.claims.claim import CLAIMS, LOWER, Claim, Gate, Measure
+from attnzoo.claims.measures import _flops_per_token, loss_rise
+from attnzoo.claims.verdicts import judge, judge_all
 from attnzoo.compare import CompareResults
-from attnzoo.compare.claims import CLAIMS, LOWER, Claim, Gate, Measure, _flops_per_token, loss_rise
-from attnzoo.compare.ladder import Ladder
-from attnzoo.compare.stats import holm, paired_over_seeds_and_blocks
-from attnzoo.compare.verdicts import judge, judge_all
+from attnzoo.results.ladder import Ladder
+from attnzoo.stats import holm, paired_over_seeds_and_blocks
 
 FIXTURE = Path(__file__).parent / "fixtures" / "compare_micro" / "results.json"  # mha+rope and diff+rope
 SEEDS = (0, 1, 2)

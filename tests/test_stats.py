@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from attnzoo.compare.stats import (
+from attnzoo.stats import (
     SEEDS_AND_BLOCKS,
     SEEDS_ONLY,
     Summary,

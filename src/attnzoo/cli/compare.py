@@ -291,9 +291,9 @@ def _report_only(out: Path, claims_table: bool) -> int:
 
 def _ladder_report_only(out: Path) -> int:
     """A folder of rungs, each a comparison in its own subfolder: the ladder's report, judged across them."""
-    from attnzoo.compare.ladder import load_ladder
+    from attnzoo.claims.verdicts import OUTCOMES, counts, judge_all
     from attnzoo.compare.report_ladder import write_ladder_report
-    from attnzoo.compare.verdicts import OUTCOMES, counts, judge_all
+    from attnzoo.results.ladder import load_ladder
 
     for results_file in sorted(out.glob("*/results.json")):
         _with_ngram_level(results_file)  # each checked as a comparison's own --report-only checks it

@@ -1,6 +1,6 @@
 """The report's figures: loss curves, extrapolation, throughput and memory, attention maps, and each task.
 
-Each function draws one PNG from a :class:`~attnzoo.compare.results.CompareResults` (and, for the maps, the arrays
+Each function draws one PNG from a :class:`~attnzoo.results.comparison.CompareResults` (and, for the maps, the arrays
 stored beside the runs). Matplotlib is imported only here, and only when a figure is drawn.
 """
 
@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from attnzoo.compare.results import ATTENTION_MAPS, BenchRatio, CompareResults, TaskResult
 from attnzoo.io import atomic_write
+from attnzoo.results.comparison import ATTENTION_MAPS, BenchRatio, CompareResults, TaskResult
 
 
 def _figure(n_panels: int, width: float = 5.2, height: float = 3.8):

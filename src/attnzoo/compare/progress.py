@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from attnzoo.claims.verdicts import Verdict, counts, judge_all
 from attnzoo.compare.report import summary_table
-from attnzoo.compare.results import CompareResults, LMRun
-from attnzoo.compare.stats import Summary, paired_over_seeds
-from attnzoo.compare.verdicts import Verdict, counts, judge_all
+from attnzoo.results.comparison import CompareResults, LMRun
+from attnzoo.stats import Summary, paired_over_seeds
 from attnzoo.tables import Table
 
 

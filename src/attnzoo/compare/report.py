@@ -1,12 +1,12 @@
 """The report of a comparison: ``report.md``, a self-contained ``report.html`` and the plots.
 
-It is a pure function of a :class:`~attnzoo.compare.results.CompareResults` (what ``results.json`` loads
+It is a pure function of a :class:`~attnzoo.results.comparison.CompareResults` (what ``results.json`` loads
 into) and the attention maps stored beside the runs, so ``write_report(CompareResults.load(path), out_dir)``
 redraws it without training. It names no task and no mechanism: each task's columns and each mechanism's
 map note come from their records.
 
-The report is a list of blocks (:mod:`attnzoo.compare.document`) rendered as markdown and HTML; the figures are
-drawn by :mod:`attnzoo.compare.plots` and the verdicts section by :mod:`attnzoo.compare.report_claims`. Beside the
+The report is a list of blocks (:mod:`attnzoo.document`) rendered as markdown and HTML; the figures are
+drawn by :mod:`attnzoo.compare.plots` and the verdicts section by :mod:`attnzoo.claims.report`. Beside the
 report, ``verdicts.json`` holds the same verdicts as data. A run that can judge claims opens with them; one that
 cannot (too few seeds, or none of the claims' experiments) opens with what it measured side by side.
 """
@@ -17,7 +17,8 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from attnzoo.compare.document import Bullets, Heading, Image, Paragraph, Report
+from attnzoo.claims.report import claims_section
+from attnzoo.claims.verdicts import MIN_SEEDS, Verdict, judge_all, verdicts_record
 from attnzoo.compare.plots import (
     plot_attention_heads,
     plot_attention_maps,
@@ -26,12 +27,11 @@ from attnzoo.compare.plots import (
     plot_task,
     plot_throughput_memory,
 )
-from attnzoo.compare.report_claims import claims_section
-from attnzoo.compare.results import ATTENTION_MAPS, BenchRecord, CompareResults, Provenance, TaskResult
 from attnzoo.compare.spec import PRESETS
-from attnzoo.compare.stats import CONFIDENCE, PairedDifference, Summary, paired_over_seeds
-from attnzoo.compare.verdicts import MIN_SEEDS, Verdict, judge_all, verdicts_record
+from attnzoo.document import Bullets, Heading, Image, Paragraph, Report
 from attnzoo.io import atomic_write_text
+from attnzoo.results.comparison import ATTENTION_MAPS, BenchRecord, CompareResults, Provenance, TaskResult
+from attnzoo.stats import CONFIDENCE, PairedDifference, Summary, paired_over_seeds
 from attnzoo.tables import Table, memory_header, ratio, speed_header
 from attnzoo.variants import Variant
 

@@ -11,11 +11,11 @@ import json
 import os
 from pathlib import Path
 
-from attnzoo.compare.document import Heading, Paragraph, Report
-from attnzoo.compare.ladder import Ladder, head_dim, parameters
-from attnzoo.compare.report_claims import claims_section
-from attnzoo.compare.verdicts import judge_all, verdicts_record
+from attnzoo.claims.report import claims_section
+from attnzoo.claims.verdicts import judge_all, verdicts_record
+from attnzoo.document import Heading, Paragraph, Report
 from attnzoo.io import atomic_write_text
+from attnzoo.results.ladder import Ladder, head_dim, parameters
 from attnzoo.tables import Table
 from attnzoo.variants import Variant
 

@@ -44,11 +44,24 @@ from attnzoo import __version__
 from attnzoo.attention import ATTENTION
 from attnzoo.bench import BenchCase, machine_description, measure
 from attnzoo.compare.executors import INLINE, ExecutorConfig, RunJob, check_runs_fit, launch_ranks, run_elsewhere
-from attnzoo.compare.ladder import Ladder, load_ladder
 from attnzoo.compare.progress import Schedule, duration, final_summary, progress_table
 from attnzoo.compare.report import write_report
 from attnzoo.compare.report_ladder import write_ladder_report
-from attnzoo.compare.results import (
+from attnzoo.compare.spec import LADDERS, CompareSpec, LadderSpec, resolve_spec
+from attnzoo.compare.tasks import context_len, step_seconds, task_configs, train_task
+from attnzoo.config import ModelConfig
+from attnzoo.convert.directory import group_kv_heads
+from attnzoo.data.corpora import Corpus, prepare_corpus
+from attnzoo.distributed import Distributed, joined_process_group, resolve_device
+from attnzoo.evals.lm import LMEvalConfig, evaluate_lm, length_extrapolation, window_plan
+from attnzoo.evals.ngram import NGramLevel, kneser_ney_level
+from attnzoo.evals.probes import probe_model
+from attnzoo.evals.task import TaskSpec
+from attnzoo.interrupts import Interrupted, stop_on_signals
+from attnzoo.io import atomic_write_text, locked_directory
+from attnzoo.model import Transformer
+from attnzoo.records import from_dict, to_dict
+from attnzoo.results.comparison import (
     ATTENTION_MAPS,
     SCHEMA_VERSION,
     BenchMeasurement,
@@ -65,20 +78,7 @@ from attnzoo.compare.results import (
     TaskRun,
     VariantResult,
 )
-from attnzoo.compare.spec import LADDERS, CompareSpec, LadderSpec, resolve_spec
-from attnzoo.compare.tasks import context_len, step_seconds, task_configs, train_task
-from attnzoo.config import ModelConfig
-from attnzoo.convert.directory import group_kv_heads
-from attnzoo.data.corpora import Corpus, prepare_corpus
-from attnzoo.distributed import Distributed, joined_process_group, resolve_device
-from attnzoo.evals.lm import LMEvalConfig, evaluate_lm, length_extrapolation, window_plan
-from attnzoo.evals.ngram import NGramLevel, kneser_ney_level
-from attnzoo.evals.probes import probe_model
-from attnzoo.evals.task import TaskSpec
-from attnzoo.interrupts import Interrupted, stop_on_signals
-from attnzoo.io import atomic_write_text, locked_directory
-from attnzoo.model import Transformer
-from attnzoo.records import from_dict, to_dict
+from attnzoo.results.ladder import Ladder, load_ladder
 from attnzoo.training.checkpoint import (
     Checkpoint,
     CheckpointError,

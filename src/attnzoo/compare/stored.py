@@ -16,8 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from attnzoo.compare.results import CompareResults
 from attnzoo.io import file_kind
+from attnzoo.results.comparison import CompareResults
 
 
 @dataclasses.dataclass(frozen=True)

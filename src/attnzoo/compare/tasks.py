@@ -18,11 +18,11 @@ from collections.abc import Iterable
 import torch
 from tqdm import tqdm
 
-from attnzoo.compare.results import SweepResult, TaskRun
 from attnzoo.config import ModelConfig
 from attnzoo.distributed import resolve_device
 from attnzoo.evals import steps_to_threshold
 from attnzoo.evals.task import TaskSpec
+from attnzoo.results.comparison import SweepResult, TaskRun
 from attnzoo.training.config import TrainConfig
 from attnzoo.training.optim import build_optimizer, learning_rate
 from attnzoo.training.trainer import derive_seed

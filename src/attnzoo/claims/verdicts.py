@@ -1,17 +1,17 @@
 """One verdict per registered claim, reached by rules fixed before the run: the papers' own protocol.
 
-A claim is measured at every model size of the ladder that ran it (:class:`~attnzoo.compare.ladder.Ladder`; one
+A claim is measured at every model size of the ladder that ran it (:class:`~attnzoo.results.ladder.Ladder`; one
 comparison is a ladder of one size). In order, the first that applies:
 
 1. **not run**: no size trained what the claim needs (a variant, a task, a GPU preset).
 2. **not measurable**: the largest size that ran it fails the claim's gate (for a language model: the budget, the
-   end state, the gap's stability or the models' competence, :class:`~attnzoo.compare.claims.LanguageModelGate`;
+   end state, the gap's stability or the models' competence, :class:`~attnzoo.claims.claim.LanguageModelGate`;
    for a task: the baseline did not learn it), or a run diverged; or, for a paper's primary language-model claim,
    fewer than two sizes 2× apart passed their gates. The levels reached are reported beside it.
 3. **inconclusive**: fewer than :data:`MIN_SEEDS` seeds, or no spread to form an interval from.
 4. **scale-dependent**: two sizes each decide the claim on their own, in opposite directions (each size's effect is
    shown).
-5. At the largest size, with the paired difference ``variant − baseline`` (:mod:`attnzoo.compare.stats`) and its
+5. At the largest size, with the paired difference ``variant − baseline`` (:mod:`attnzoo.stats`) and its
    90% interval, for a directional claim: **supported** or **contradicted** when the interval lies beyond ± the
    smallest effect of interest δ on the claimed or the opposite side (the one-sided minimum-effect test at 5%, its
    p Holm-adjusted for a primary claim); **negligible** when it lies inside ±δ (two one-sided tests at 5%);
@@ -21,8 +21,8 @@ comparison is a ladder of one size). In order, the first that applies:
    one-sided test at 5% on the estimate's side, Holm-adjusted for a primary); else **inconclusive**.
 
 A claim whose statement has several parts (a spikier map *with* a smaller norm; the same perplexity, 11% faster
-*and* with 11% less memory) measures each (:class:`~attnzoo.compare.claims.Part`,
-:class:`~attnzoo.compare.claims.BenchPart`), each decided on its own at the raw 5% level, and holds only as a whole:
+*and* with 11% less memory) measures each (:class:`~attnzoo.claims.claim.Part`,
+:class:`~attnzoo.claims.claim.BenchPart`), each decided on its own at the raw 5% level, and holds only as a whole:
 **contradicted** when any part is; else **negligible** when any part is; **supported** when every part is; else the
 verdict of its first undecided part (its own measure first). A bench part has no seeds: it
 is decided on the range of its timed repeats (the speed) or on one peak each (the memory), beyond ±δ in ln of the
@@ -43,9 +43,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from attnzoo.compare.claims import CLAIMS, DIVERGED, LOWER, NONINFERIOR, BenchPart, Claim, Part
-from attnzoo.compare.ladder import Ladder, as_ladder, head_dim, parameters
-from attnzoo.compare.stats import (
+from attnzoo.claims.claim import CLAIMS, DIVERGED, LOWER, NONINFERIOR, BenchPart, Claim, Part
+from attnzoo.results.ladder import Ladder, as_ladder, head_dim, parameters
+from attnzoo.stats import (
     ALPHA,
     CONFIDENCE,
     PairedDifference,
@@ -55,8 +55,8 @@ from attnzoo.compare.stats import (
 )
 
 if TYPE_CHECKING:
-    from attnzoo.compare.claims import Gate, Values
-    from attnzoo.compare.results import CompareResults
+    from attnzoo.claims.claim import Gate, Values
+    from attnzoo.results.comparison import CompareResults
 
 Outcome = Literal[
     "supported", "contradicted", "negligible", "scale-dependent", "inconclusive", "not measurable", "not run"

@@ -3,7 +3,7 @@
 The papers judge an architecture across model sizes trained the same way, never at one size: DCFormer fits its
 compute multiple across 405M–1.4B models, Diff across 830M–13B. A :class:`Ladder` holds one comparison (a rung)
 per model size, smallest first, all on the same data, sequence length, schedule and learning-rate rule, so a
-claim can be judged at each size and the sizes set against each other (:mod:`attnzoo.compare.verdicts`). One
+claim can be judged at each size and the sizes set against each other (:mod:`attnzoo.claims.verdicts`). One
 comparison on its own is a ladder of one rung.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnzoo.compare.results import CompareResults
+from attnzoo.results.comparison import CompareResults
 
 RESULTS = "results.json"
 

@@ -17,15 +17,15 @@ from typing import Any
 
 import numpy as np
 
-from attnzoo.compare.spec import EvalSpec
-from attnzoo.compare.stats import PairedDifference, Summary, paired_over_seeds, paired_over_seeds_and_blocks
 from attnzoo.evals.base import LengthDepthSweep, largest_passing_length
 from attnzoo.evals.lm import LMScore
 from attnzoo.evals.ngram import NGramLevel
+from attnzoo.evals.spec import EvalSpec
 from attnzoo.evals.task import TaskBudget
 from attnzoo.io import atomic_write_text
 from attnzoo.machine import is_busy
 from attnzoo.records import from_dict, to_dict
+from attnzoo.stats import PairedDifference, Summary, paired_over_seeds, paired_over_seeds_and_blocks
 
 ATTENTION_MAPS = "attention_maps.npy"  # beside each first-seed run: (layers, heads, T, T)
 # 1: the implicit nested dicts of attnzoo 0.1.0, which carried no version; 2: these records; 3: the validation
@@ -310,7 +310,7 @@ class CorpusInfo:
     train_tokens: int
     val_tokens: int
     # A trigram count model fitted on the training split and scored on the validation split: the level every
-    # language model of a judged comparison must beat (attnzoo.compare.claims.LanguageModelGate, part d).
+    # language model of a judged comparison must beat (attnzoo.claims.claim.LanguageModelGate, part d).
     ngram: NGramLevel | None = None
 
 

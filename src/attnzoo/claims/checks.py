@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from attnzoo.compare.results import CompareResults
+    from attnzoo.results.comparison import CompareResults
 
 Status = Literal["pass", "fail"]
 

@@ -7,12 +7,12 @@ its reason, and what was checked, for every verdict alike.
 
 from __future__ import annotations
 
-from attnzoo.compare.checks import run_checks
-from attnzoo.compare.claims import NONINFERIOR, Claim
-from attnzoo.compare.document import Bullets, Heading, Paragraph
-from attnzoo.compare.results import CompareResults
-from attnzoo.compare.stats import SEEDS_AND_BLOCKS, SEEDS_ONLY
-from attnzoo.compare.verdicts import MIN_SEEDS, OUTCOMES, Verdict, counts, format_p
+from attnzoo.claims.checks import run_checks
+from attnzoo.claims.claim import NONINFERIOR, Claim
+from attnzoo.claims.verdicts import MIN_SEEDS, OUTCOMES, Verdict, counts, format_p
+from attnzoo.document import Bullets, Heading, Paragraph
+from attnzoo.results.comparison import CompareResults
+from attnzoo.stats import SEEDS_AND_BLOCKS, SEEDS_ONLY
 from attnzoo.tables import Table
 
 HOW_A_VERDICT_IS_REACHED = (

@@ -1,0 +1,124 @@
+"""GQA's claims (Ainslie et al., 2023, arXiv 2305.13245): grouped-query attention, uptrained from a multi-head
+checkpoint.
+"""
+
+from __future__ import annotations
+
+from attnzoo.claims.claim import HIGHER, NONINFERIOR, Claim, LanguageModelGate, register_claim
+from attnzoo.claims.measures import not_built
+from attnzoo.claims.protocol import BASELINE, LM_EFFECT, LM_EFFECT_SOURCE, LM_PROTOCOL, SETUP_CHECKS, VAL_LOSS
+
+PAPER = "GQA (Ainslie et al., 2023)"
+# GQA's claims name their own budget, the uptraining fraction α: the gap is read where that budget ends.
+UPTRAINING_PROTOCOL = LanguageModelGate(loss_effect=LM_EFFECT, fixed_budget=True)
+GQA_SOURCE = "arXiv 2305.13245, abstract; shared/seeds/001:248–249"
+UPTRAINING_CHECKS = (
+    "the uptrained model is the same seed's trained baseline with its kv heads mean-pooled in groups, as the paper "
+    "converts a checkpoint (attnzoo convert --kv-heads, tests/test_kv_pooling.py)",
+    "uptrained with pre-training's recipe again over α of its steps: the same data, warmup share, peak learning "
+    "rate, cosine and floor (tests/test_compare.py)",
+)
+
+
+register_claim(
+    Claim(
+        id="gqa.uptrained_close_to_mha",
+        paper=PAPER,
+        statement=(
+            "An MHA checkpoint converted to grouped-query attention and uptrained with 5% of the original pre-training "
+            "compute reaches quality close to MHA at MQA's speed (figure not available)."
+        ),
+        source=GQA_SOURCE,
+        variant="mha+rope+kv2+up0.05",
+        baseline=BASELINE,
+        measure=VAL_LOSS,
+        rule=NONINFERIOR,
+        smallest_effect=LM_EFFECT,
+        smallest_effect_source=LM_EFFECT_SOURCE,
+        gate=UPTRAINING_PROTOCOL,
+        primary=True,
+        paper_scale="T5 checkpoints uptrained with 5% of their pre-training compute (arXiv 2305.13245, abstract)",
+        checks=UPTRAINING_CHECKS,
+    )
+)
+
+register_claim(
+    Claim(
+        id="gqa.uptrained_10pct_close_to_mha",
+        paper=PAPER,
+        statement=(
+            "With 10% of the steps to uptrain, converted grouped-query attention stays close to MHA (figure not "
+            "available)."
+        ),
+        source=GQA_SOURCE,
+        variant="mha+rope+kv2+up0.1",
+        baseline=BASELINE,
+        measure=VAL_LOSS,
+        rule=NONINFERIOR,
+        smallest_effect=LM_EFFECT,
+        smallest_effect_source=LM_EFFECT_SOURCE,
+        gate=UPTRAINING_PROTOCOL,
+        paper_scale="T5 checkpoints uptrained with 5% of their pre-training compute (arXiv 2305.13245, abstract)",
+        checks=UPTRAINING_CHECKS,
+    )
+)
+
+register_claim(
+    Claim(
+        id="gqa.mqa_less_stable",
+        paper=PAPER,
+        statement="Multi-query attention risks lower quality and trains less stably than MHA (figure not available).",
+        source="shared/seeds/001:234",
+        variant="mha+rope+kv1",
+        baseline="mha+rope+kv2",
+        measure=not_built("loss spikes during training", "a training-stability probe"),
+        rule=HIGHER,
+        smallest_effect=1.0,
+        smallest_effect_source="one loss spike per run, our choice",
+        gate=LM_PROTOCOL,
+        paper_scale="uptrained checkpoints (sizes not given in the review)",
+        experiment="a count of loss spikes over training, at a learning rate near the stability edge",
+    )
+)
+
+register_claim(
+    Claim(
+        id="gqa.close_to_mha",
+        paper=PAPER,
+        statement=(
+            "Grouped-query attention reaches quality close to MHA (figure not available; here trained from "
+            "scratch, not uptrained)."
+        ),
+        source="shared/seeds/001:249",
+        variant="mha+rope+kv2",
+        baseline=BASELINE,
+        measure=VAL_LOSS,
+        rule=NONINFERIOR,
+        smallest_effect=LM_EFFECT,
+        smallest_effect_source=LM_EFFECT_SOURCE,
+        gate=LM_PROTOCOL,
+        paper_scale="uptrained checkpoints (sizes not given in the review)",
+        checks=SETUP_CHECKS,
+    )
+)
+
+register_claim(
+    Claim(
+        id="gqa.mqa_behind_gqa",
+        paper=PAPER,
+        statement=(
+            "Multi-query attention loses some quality, while grouped-query attention stays close to MHA (figure "
+            "not available)."
+        ),
+        source="shared/seeds/001:230, 001:234, 001:249",
+        variant="mha+rope+kv1",
+        baseline="mha+rope+kv2",
+        measure=VAL_LOSS,
+        rule=HIGHER,
+        smallest_effect=LM_EFFECT,
+        smallest_effect_source=LM_EFFECT_SOURCE,
+        gate=LM_PROTOCOL,
+        paper_scale="uptrained checkpoints (sizes not given in the review)",
+        checks=SETUP_CHECKS,
+    )
+)

@@ -1,0 +1,162 @@
+"""The measures a claim reads off a comparison: one value per seed of a variant, or None where it was not run.
+
+Each is a :class:`attnzoo.claims.claim.Measure` built by a function of what it reads: a language-model metric or
+probe, the rise of the loss past the training length, a task's metric or probe, or the compute multiple read off
+the baseline's scaling curve across a ladder's sizes.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+
+import numpy as np
+
+from attnzoo.claims.claim import Blocks, Measure, Values
+from attnzoo.config import ModelConfig
+from attnzoo.model import training_flops_per_token
+from attnzoo.results import CompareResults, Ladder
+
+
+def lm_metric(name: str, label: str) -> Measure:
+    """A language-model metric of :meth:`VariantResult.metric_values` (e.g. ``val_loss``); ``val_loss`` also
+    reads each validation block's loss where the run stored them."""
+
+    def read(results: CompareResults, variant: str) -> Values | None:
+        found = results.variants.get(variant)
+        values = found.metric_values().get(name) if found else None
+        return {run.seed: value for run, value in zip(found.runs, values, strict=True)} if values else None
+
+    def blocks(results: CompareResults, variant: str) -> Blocks | None:
+        found = results.variants.get(variant)
+        if found is None or any(run.val.block_losses is None for run in found.runs):
+            return None
+        return {run.seed: np.asarray(run.val.block_losses) for run in found.runs}
+
+    return Measure(label, "the language-model runs", read, blocks=blocks if name == "val_loss" else None)
+
+
+def loss_rise(multiple: int) -> Measure:
+    """How much the validation loss rises from the training length to ``multiple`` times it. Every length scores the
+    same tokens, so where the runs stored each extrapolation block's loss the rise is also read block by block, and
+    the interval counts the sampling of the text as the in-distribution loss does."""
+
+    def points(results: CompareResults, variant: str):
+        found = results.variants.get(variant)
+        if found is None:
+            return None
+        pairs = {}
+        for run in found.runs:
+            at = {p.multiple: p.score for p in run.extrapolation}
+            if at.get(1) is None or at.get(multiple) is None:
+                return None
+            pairs[run.seed] = (at[1], at[multiple])
+        return pairs
+
+    def read(results: CompareResults, variant: str) -> Values | None:
+        pairs = points(results, variant)
+        return {seed: long.loss - short.loss for seed, (short, long) in pairs.items()} if pairs else None
+
+    def blocks(results: CompareResults, variant: str) -> Blocks | None:
+        pairs = points(results, variant)
+        if not pairs or any(short.block_losses is None or long.block_losses is None for short, long in pairs.values()):
+            return None
+        return {seed: np.subtract(long.block_losses, short.block_losses) for seed, (short, long) in pairs.items()}
+
+    return Measure(
+        f"loss at {multiple}× − loss at 1× (nats/token)", f"extrapolation to {multiple}×", read, blocks=blocks
+    )
+
+
+def lm_probe(key: str, label: str) -> Measure:
+    """A probe of the trained language model (attention outliers, spikiness), stored with each run."""
+
+    def read(results: CompareResults, variant: str) -> Values | None:
+        found = results.variants.get(variant)
+        if found is None or any(key not in run.probes for run in found.runs):
+            return None
+        return {run.seed: run.probes[key] for run in found.runs}
+
+    return Measure(label, f"the language-model probe {key!r}", read)
+
+
+def task_metric(task: str, label: str) -> Measure:
+    """A task's own metric on its fixed evaluation set, for the final model."""
+
+    def read(results: CompareResults, variant: str) -> Values | None:
+        found = results.tasks.get(task)
+        runs = found.runs.get(variant) if found else None
+        return {run.seed: run.final[found.metric] for run in runs} if runs else None
+
+    return Measure(label, f"task {task!r}", read, task)
+
+
+def task_probe(task: str, key: str, label: str) -> Measure:
+    """A value of the task's probe (e.g. the needles task's attention shares)."""
+
+    def read(results: CompareResults, variant: str) -> Values | None:
+        found = results.tasks.get(task)
+        runs = found.runs.get(variant) if found else None
+        return {run.seed: run.probe[key] for run in runs} if runs and all(key in r.probe for r in runs) else None
+
+    return Measure(label, f"task {task!r} with its probe", read, task)
+
+
+def compute_multiple(baseline: str) -> Measure:
+    """The compute multiple at which ``baseline``'s scaling curve reaches the variant's loss, in natural log: the
+    papers' unit (DCFormer's "performs like a Transformer with 1.7–2× the compute", Diff's "65% of the model size or
+    training tokens"), read as they read it, off the baseline's loss against training compute fitted across model
+    sizes trained at one tokens-per-parameter (never more tokens at one size).
+
+    Per seed, ``ln L = ln A − α·ln C`` is fitted by least squares through that seed's baseline at every size of the
+    ladder (C: training FLOPs, :func:`training_flops_per_token` times the tokens), and a variant at one size, with
+    loss ``L_v`` after ``C_v`` FLOPs, matches the baseline at ``ln C* = (ln A − ln L_v)/α``; its value is
+    ``ln(C*/C_v)``, so a variant that costs more per token is charged for it. The baseline's own value is 0 (a
+    multiple of 1) by definition. Needs the baseline at two sizes or more with the seed."""
+
+    def across(ladder: Ladder, rung: CompareResults, label: str) -> Values | None:
+        if baseline not in rung.variants or label not in rung.variants:
+            return None
+        if label == baseline:
+            return {run.seed: 0.0 for run in rung.variants[label].runs}
+        curve: dict[int, list[tuple[float, float]]] = {}
+        for size in ladder.rungs:
+            found = size.variants.get(baseline)
+            if found is None:
+                continue
+            per_token = _flops_per_token(json.dumps(found.config, sort_keys=True), size.budget.seq_len)
+            for run in found.runs:
+                curve.setdefault(run.seed, []).append((math.log(per_token * run.tokens), math.log(run.val.loss)))
+        found = rung.variants[label]
+        per_token = _flops_per_token(json.dumps(found.config, sort_keys=True), rung.budget.seq_len)
+        values = {}
+        for run in found.runs:
+            points = curve.get(run.seed, [])
+            if len(points) < 2 or not math.isfinite(run.val.loss) or run.val.loss <= 0:
+                continue
+            x, y = np.array(points).T
+            if np.ptp(x) == 0:
+                continue
+            slope, intercept = np.polyfit(x, y, 1)  # ln L = intercept + slope · ln C, slope = −α
+            values[run.seed] = (math.log(run.val.loss) - intercept) / slope - math.log(per_token * run.tokens)
+        return values or None
+
+    return Measure(
+        "ln of the compute multiple at which the baseline's scaling curve matches",
+        f"{baseline} at two model sizes or more",
+        lambda results, label: None,
+        across=across,
+    )
+
+
+@functools.cache
+def _flops_per_token(config_json: str, seq_len: int) -> float:
+    """:func:`training_flops_per_token` of a stored variant's config, counted once per process: a report reads the
+    measure for every view of it, and a count builds and runs the model."""
+    return training_flops_per_token(ModelConfig.from_dict(json.loads(config_json)), seq_len)
+
+
+def not_built(label: str, needs: str, task: str | None = None) -> Measure:
+    """A measure no preset produces yet: every comparison reports the claim as not run, with ``needs``."""
+    return Measure(label, needs, lambda results, variant: None, task)
