@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 BIG = str(10**11)
 HUGE_SEED = str(10**23)
+HUGE = str(10**30)  # beyond a C long: what torch raised OverflowError or TypeError on
 POSITIVE_INT_FIELDS = (
     "n_layers", "max_seq_len", "eval_interval", "eval_windows", "log_interval", "checkpoint_interval",
     "keep_checkpoints", "grad_accum", "seq_len", "head_dim", "mlp_hidden_dim",
@@ -43,6 +44,7 @@ def world(tmp_path_factory):
     (root / "file").write_text("not a directory\n")
     os.mkfifo(root / "fifo")
     (root / "options.toml").write_text('[model]\nattention_options = "not a table"\n')
+    (root / "vocab.toml").write_text('[model]\nvocab_size = "x"\n')
     (root / "maps" / "tokenizer.json").mkdir(parents=True)
     (root / "binary.toml").write_bytes(bytes(range(128, 256)))
     for name, line in [("huge-seeds", "seeds = 99999999999999999999"), ("many-seeds", "seeds = 1000000000000"),
@@ -111,9 +113,9 @@ CASES = [
     ([*TRAIN, "--config", "{root}/missing.toml"], 1, r"config file .*missing.toml not found"),
     # Sizes that cannot be allocated are refused before allocating, with the size and the memory.
     (
-        [*TRAIN, "--position", "learned", "--max-seq-len", BIG],
+        [*TRAIN, "--position", "learned", "--dim", "1024", "--max-seq-len", str(10**9)],
         1,
-        r"the model .* needs [\d,.]+ GiB but cpu has [\d,.]+ GiB available: lower .*--max-seq-len=100000000000",
+        r"the model .* needs [\d,.]+ GiB but cpu has [\d,.]+ GiB available: lower .*--max-seq-len=1000000000",
     ),
     # Paths.
     ([*TRAIN, "--data", "{root}/nowhere.txt"], 1, r"corpus '.*nowhere.txt' is neither a known corpus"),
@@ -215,6 +217,35 @@ CASES = [
     ([*BENCH, "--rounds", BIG], 1, r"rounds=100000000000 is invalid: must be an integer in \[1, 1000000000\]"),
     ([*BENCH, "--repeats", BIG], 1, r"repeats=100000000000 is invalid: must be an integer in \[1, 1000000000\]"),
     ([*TRAIN, "--max-seq-len", BIG], 1, r"max_seq_len=100000000000 is invalid: must be <= 16,777,216 .* with rope"),
+    # Found by scripts/audit_inputs.py. Sizes and counts past any run: a traceback from torch's C long, a hang while
+    # building 10**30 layers, a message naming neither flag nor value, or accepted.
+    ([*TRAIN, "--dim", HUGE], 1, rf"dim={HUGE} is invalid: must be an integer in \[1, 1000000000\]"),
+    ([*TRAIN, "--n-layers", HUGE], 1, rf"n_layers={HUGE} is invalid: must be an integer in \[1, 1000000000\]"),
+    ([*TRAIN, "--batch-size", HUGE], 1, rf"batch_size={HUGE} is invalid: must be an integer in \[1, 1000000000\]"),
+    ([*TRAIN, "--eval-interval", HUGE], 1, rf"eval_interval={HUGE} is invalid: must be an integer in \[1, "),
+    ([*TRAIN, "--seq-len", BIG], 1, r"seq_len=100000000000 is invalid: must be an integer in \[1, 1000000000\]"),
+    ([*TRAIN, "--attention", "dcmha", "--attention-option", f"rank={HUGE}"], 1, rf"rank={HUGE} is invalid"),
+    ([*EVAL, "--max-windows", HUGE], 1, rf"--max-windows={HUGE} is invalid: must be an integer in \[1, 1000000000\]"),
+    (["info", "--context", HUGE], 1, rf"--context={HUGE} is invalid: must be an integer in \[1, 1000000000\]"),
+    ([*GENERATE, "--top-k", HUGE], 1, rf"top_k={HUGE} is invalid: must be None or an integer in \[1, 1000000000\]"),
+    ([*BENCH, "--tokens-per-step", HUGE], 1, rf"tokens_per_step={HUGE} is invalid: must be an integer in \[1, "),
+    ([*BENCH, "--threads", HUGE], 1, rf"threads={HUGE} is invalid: must be an integer in \[1, 1000000000\]"),
+    ([*BENCH, "--n-layers", HUGE], 1, rf"n_layers={HUGE} is invalid: must be an integer in \[1, 1000000000\]"),
+    ([*BENCH, "--seq-lens", HUGE], 1, rf"seq_lens={HUGE} is invalid: must be an integer in \[1, 1000000000\]"),
+    # A prompt whose maps cannot be held: the allocator's RuntimeError, a traceback.
+    ([*VIZ, "--prompt", "x" * 10**6], 1, r"the attention maps of 1,000,000 tokens needs .* GiB .*: lower --prompt"),
+    # A config that is a FIFO hung in open(); an empty --config or --data was read as not given.
+    ([*TRAIN, "--config", "{root}/fifo"], 1, r"config file .*fifo is a FIFO, not a file"),
+    ([*TRAIN, "--config", ""], 2, r"argument --config: the path is empty"),
+    ([*EVAL, "--data", ""], 1, r"corpus='' is invalid: must be a name or path"),
+    ([*TRAIN, "--config", "{root}/vocab.toml"], 1, r"\[model\] vocab_size = 'x' is set by the tokenizer: leave it out"),
+    # Devices torch takes and nothing here runs on, or (info) never checked.
+    ([*TRAIN, "--device", "cpu:99"], 1, r"device='cpu:99' is invalid: use 'auto', 'cpu', 'cuda' or 'cuda:N'"),
+    (["info", "--device", "nope"], 1, r"device='nope' is invalid: use 'auto', 'cpu', 'cuda' or 'cuda:N'"),
+    # Options of a scheme or mechanism: a TypeError's words, or out of range and accepted.
+    ([*TRAIN, "--position-option", 'low_freq_factor="x"'], 1, r"low_freq_factor='x' is invalid: must be a finite"),
+    ([*TRAIN, "--position-option", "beta_fast=-1"], 1, r"beta_fast=-1 is invalid: must be a finite number > 0"),
+    ([*TRAIN, "--attention", "diff", "--attention-option", "subln_eps=Infinity"], 1, r"subln_eps=inf is invalid"),
     # info
     (["info", "--dim", "0"], 1, r"dim=0 is invalid: must be an integer >= 1"),
     (["info", "{root}/nowhere"], 1, r"nowhere does not exist"),
@@ -369,8 +400,8 @@ def test_training_flops_per_token_refuses_a_length_beyond_memory_before_allocati
 
 def test_a_model_too_large_for_memory_is_refused_before_the_allocator_is_asked():
     """It died in the allocator (RuntimeError: DefaultCPUAllocator: can't allocate memory) where the CLI checked."""
-    with pytest.raises(MemoryError, match=r"the model .* needs [\d,.]+ GiB .*: lower .*vocab_size=1000000000000"):
-        Transformer(ModelConfig(vocab_size=10**12, dim=16, n_layers=1, n_heads=2, max_seq_len=16))
+    with pytest.raises(MemoryError, match=r"the model .* needs [\d,.]+ GiB .*: lower .*vocab_size=1000000000"):
+        Transformer(ModelConfig(vocab_size=10**9, dim=1024, n_layers=1, n_heads=2, max_seq_len=16))
 
 
 def test_a_tiny_temperature_samples_the_argmax_instead_of_nan():

@@ -33,7 +33,7 @@ from attnzoo.io import atomic_write_text
 from attnzoo.machine import is_busy
 from attnzoo.model import Transformer
 from attnzoo.tables import Table, memory_header, ratio, speed_header
-from attnzoo.validation import MAX_COUNT, is_count, require
+from attnzoo.validation import DEVICE_NAMES, is_device_name, require, require_count
 from attnzoo.variants import Variant, matched_configs
 
 MODES = ("train", "train+adamw", "prefill", "decode", "decode-nocache")
@@ -449,19 +449,15 @@ class BenchSweep:
             Variant.parse(spec)
         if not self.seq_lens or not all(_positive_int(t) for t in self.seq_lens):
             raise ValueError(f"seq_lens={list(self.seq_lens)} is invalid: each must be an integer >= 1")
+        for seq_len in self.seq_lens:
+            require_count("seq_lens", seq_len)
         if not self.modes or not set(self.modes) <= set(MODES):
             raise ValueError(f"modes={list(self.modes)} is invalid: choose among {list(MODES)}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype={self.dtype!r} is invalid: choose one of {list(DTYPES)}")
         for name in ("tokens_per_step", "decode_tokens", "repeats", "rounds", "threads"):
-            if not _positive_int(getattr(self, name)):
-                raise ValueError(f"{name}={getattr(self, name)!r} is invalid: must be an integer >= 1")
-        for name in ("repeats", "rounds"):
-            require(is_count(getattr(self, name)), name, getattr(self, name), f"must be an integer in [1, {MAX_COUNT}]")
-        try:
-            torch.device(self.device)
-        except (RuntimeError, TypeError):
-            raise ValueError(f"device={self.device!r} is invalid: use 'auto', 'cpu', 'cuda' or 'cuda:N'") from None
+            require_count(name, getattr(self, name))
+        require(is_device_name(self.device), "device", self.device, DEVICE_NAMES)
         self.baseline(max(self.seq_lens))  # refuses a bad model size before anything is measured
 
     def baseline(self, seq_len: int) -> ModelConfig:

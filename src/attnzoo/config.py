@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from attnzoo.records import check_keys
-from attnzoo.validation import is_int, is_number, require
+from attnzoo.validation import is_int, is_number, require, require_count
 
 if TYPE_CHECKING:
     from attnzoo.attention.kernels import Kernel
@@ -106,9 +106,11 @@ class ModelConfig:
         from attnzoo.attention.kernels import backend_refusal
         from attnzoo.positions import POSITIONS
 
-        for name in ("vocab_size", "dim", "n_layers", "n_heads", "max_seq_len"):
-            value = getattr(self, name)
-            require(is_int(value) and value >= 1, name, value, "must be an integer >= 1")
+        for name in ("vocab_size", "dim", "n_layers", "n_heads"):
+            require_count(name, getattr(self, name))
+        # Bounded at the end, after the positional scheme has said what it serves (rope: up to 2**24).
+        require(is_int(self.max_seq_len) and self.max_seq_len >= 1, "max_seq_len", self.max_seq_len,
+                "must be an integer >= 1")  # fmt: skip
 
         if self.n_kv_heads is None:
             self._set("n_kv_heads", self.n_heads)
@@ -132,18 +134,13 @@ class ModelConfig:
                 f"must divide dim={self.dim} when head_dim is not given",
             )
             self._set("head_dim", self.dim // self.n_heads)
-        require(is_int(self.head_dim) and self.head_dim >= 1, "head_dim", self.head_dim, "must be an integer >= 1")
+        require_count("head_dim", self.head_dim)
 
         require(self.mlp in MLP_KINDS, "mlp", self.mlp, f"choose one of {list(MLP_KINDS)}")
         if self.mlp_hidden_dim is None:
             hidden = -(-8 * self.dim // 3 // 32) * 32 if self.mlp == "swiglu" else 4 * self.dim
             self._set("mlp_hidden_dim", hidden)
-        require(
-            is_int(self.mlp_hidden_dim) and self.mlp_hidden_dim >= 1,
-            "mlp_hidden_dim",
-            self.mlp_hidden_dim,
-            "must be an integer >= 1",
-        )
+        require_count("mlp_hidden_dim", self.mlp_hidden_dim)
         require(self.norm in NORM_KINDS, "norm", self.norm, f"choose one of {list(NORM_KINDS)}")
         require(
             is_number(self.norm_eps) and self.norm_eps > 0, "norm_eps", self.norm_eps, "must be a finite number > 0"
@@ -183,6 +180,7 @@ class ModelConfig:
             self._set("attn_backend", "auto")
         attention_cls.validate_config(self)
         POSITIONS.get(self.position).validate_config(self, attention_cls.qk_head_dim(self))
+        require_count("max_seq_len", self.max_seq_len)
         refusal = backend_refusal(self)
         require(refusal is None, "attn_backend", self.attn_backend, refusal or "")
 

@@ -19,17 +19,17 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
+from attnzoo.validation import DEVICE_NAMES, is_device_name, require
+
 CPU = torch.device("cpu")
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     """``auto`` → this process's GPU if there is one, else the CPU; ``cuda`` → this process's GPU."""
+    require(is_device_name(name), "device", name, DEVICE_NAMES)
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ValueError(f"device={name!r} is invalid: use 'auto', 'cpu', 'cuda' or 'cuda:N'") from None
+    device = torch.device(name)
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"device={name!r} is invalid: torch sees no CUDA device here; use 'cpu'")

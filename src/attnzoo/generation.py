@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from attnzoo.validation import is_int, is_number, require
+from attnzoo.validation import MAX_COUNT, is_int, is_number, require
 
 
 def check_sampling_args(temperature: float, top_k: int | None, top_p: float | None) -> None:
@@ -16,6 +16,7 @@ def check_sampling_args(temperature: float, top_k: int | None, top_p: float | No
         "must be a finite number >= 0 (0 means greedy)",
     )
     require(top_k is None or (is_int(top_k) and top_k >= 1), "top_k", top_k, "must be None or an integer >= 1")
+    require(top_k is None or top_k <= MAX_COUNT, "top_k", top_k, f"must be None or an integer in [1, {MAX_COUNT}]")
     require(top_p is None or (is_number(top_p) and 0 < top_p <= 1), "top_p", top_p, "must be None or in (0, 1]")
 
 

@@ -4,6 +4,7 @@ module (configs, mechanisms, positions, evals) can validate its options without 
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 MAX_SEED = 2**63 - 1  # torch.manual_seed and numpy take any seed in [0, 2**63 - 1]
@@ -46,6 +47,22 @@ def _beyond_float32(value: Any) -> bool:
 def is_count(value: Any, minimum: int = 1) -> bool:
     """An integer in ``[minimum, MAX_COUNT]``: a number of steps, rounds or repeats some run could finish."""
     return is_int(value) and minimum <= value <= MAX_COUNT
+
+
+DEVICE_NAMES = "use 'auto', 'cpu', 'cuda' or 'cuda:N'"
+
+
+def is_device_name(value: Any) -> bool:
+    """A device the commands run on, by name alone (whether it is here is :func:`attnzoo.distributed.resolve_device`'s
+    to say): torch would also take 'cpu:99' or 'meta', which nothing here runs on."""
+    return isinstance(value, str) and re.fullmatch(r"auto|cpu|cuda(:[0-9]{1,4})?", value) is not None
+
+
+def require_count(name: str, value: Any, minimum: int = 1) -> None:
+    """A size or a count (heads, layers, steps, windows ...): an integer of at least ``minimum``, and at most
+    :data:`MAX_COUNT`, so that a typo is refused by name before it reaches an allocator or a C ``long``."""
+    require(is_int(value) and value >= minimum, name, value, f"must be an integer >= {minimum}")
+    require(value <= MAX_COUNT, name, value, f"must be an integer in [{minimum}, {MAX_COUNT}]")
 
 
 def is_seed(value: Any) -> bool:

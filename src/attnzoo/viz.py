@@ -15,7 +15,7 @@ import torch
 from matplotlib.figure import Figure  # the object API: no pyplot state, no display backend
 from torch import Tensor
 
-from attnzoo.io import atomic_write
+from attnzoo.io import atomic_write, check_memory
 from attnzoo.training.checkpoint import load_pretrained
 
 MAX_TICK_LABELS = 48  # past this many tokens, axis labels are unreadable
@@ -100,8 +100,11 @@ def draw_attention_maps(path: Path, prompt: str, out: Path | None = None, device
     model, checkpoint = load_pretrained(path, device)
     tokenizer = checkpoint.require_tokenizer()
     ids = torch.from_numpy(tokenizer.encode(prompt).astype("int64"))[None].to(device)
+    length, cfg = ids.shape[1], model.config
+    # Every layer's maps are held at once, tokens × tokens per head: a long prompt is refused before allocating.
+    check_memory(4 * cfg.n_layers * cfg.n_heads * length * length, f"the attention maps of {length:,} tokens",
+                 device, {"prompt": length})  # fmt: skip
     maps = model.attention_maps(ids)
     tokens = [_display(tokenizer.decode([i])) for i in ids[0].tolist()]
-    cfg = model.config
     name = f"{cfg.attention}+{cfg.position}"
     return plot_attention_maps(maps, tokens, out or Path(path) / "attention", name)

@@ -39,7 +39,7 @@ from attnzoo.attention.kernels import BlockHooks, HookInputs, Hooks, ScoreHook, 
 from attnzoo.attention.mha import MultiHeadAttention
 from attnzoo.cache import LayerCache, WindowCache
 from attnzoo.precision import compute_dtype
-from attnzoo.validation import is_int, require
+from attnzoo.validation import require, require_count
 
 if TYPE_CHECKING:
     from attnzoo.attention.kernels.eager import PyTorchKernel
@@ -69,15 +69,9 @@ class DCMHAOptions:
         for name in ("pre_compose", "post_compose", "query_wise", "static_proj", "qk_norm", "compile_composition"):
             require(isinstance(getattr(self, name), bool), name, getattr(self, name), "must be true or false")
         for name in ("num_groups", "rank", "window_size", "q_chunk_size"):
-            value = getattr(self, name)
-            require(is_int(value) and value >= 1, name, value, "must be an integer >= 1")
-        hidden = self.dynamic_w_hidden_dim
-        require(
-            hidden is None or (is_int(hidden) and hidden >= 1),
-            "dynamic_w_hidden_dim",
-            hidden,
-            "must be null or an integer >= 1",
-        )
+            require_count(name, getattr(self, name))
+        if self.dynamic_w_hidden_dim is not None:  # null: derived from the model's size
+            require_count("dynamic_w_hidden_dim", self.dynamic_w_hidden_dim)
         require(
             isinstance(self.window_type, str) and len(self.window_type) > 0 and set(self.window_type) <= {"L", "G"},
             "window_type",

@@ -14,7 +14,7 @@ from attnzoo.attention.base import ATTENTION, Attention, AttentionContext, Cache
 from attnzoo.attention.kernels import attend
 from attnzoo.cache import LayerCache
 from attnzoo.precision import compute_dtype
-from attnzoo.validation import require
+from attnzoo.validation import is_number, require
 
 if TYPE_CHECKING:
     from attnzoo.attention.kernels.eager import PyTorchKernel
@@ -44,10 +44,7 @@ class DiffOptions:
             )
         require(isinstance(self.subln_affine, bool), "subln_affine", self.subln_affine, "must be true or false")
         require(
-            isinstance(self.subln_eps, (int, float)) and not isinstance(self.subln_eps, bool) and self.subln_eps > 0,
-            "subln_eps",
-            self.subln_eps,
-            "must be a number > 0",
+            is_number(self.subln_eps) and self.subln_eps > 0, "subln_eps", self.subln_eps, "must be a finite number > 0"
         )
 
 

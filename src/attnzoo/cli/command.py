@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attnzoo.validation import MAX_SEED, is_int, is_seed
+from attnzoo.validation import MAX_SEED, is_seed, require_count
 
 
 @dataclass(frozen=True)
@@ -47,8 +47,8 @@ def check_out_dir(path: Path | None, flag: str = "--out") -> None:
 
 def check_int(flag: str, value: Any, minimum: int = 1) -> None:
     """A flag's integer of at least ``minimum`` (``None``: not given, its default applies)."""
-    if value is not None and not (is_int(value) and value >= minimum):
-        raise ValueError(f"{flag}={value!r} is invalid: must be an integer >= {minimum}")
+    if value is not None:
+        require_count(flag, value, minimum)
 
 
 def check_seed(flag: str, value: Any) -> None:

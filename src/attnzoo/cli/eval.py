@@ -83,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
     trained_on = checkpoint.train_config.data if checkpoint.train_config else None
     if args.data is None and trained_on is None:
         raise ValueError(f"{checkpoint.directory} does not record its training corpus; name one with --data")
-    data = dataclasses.replace(trained_on or DataConfig(), **({"corpus": args.data} if args.data else {}))
+    # `--data ""` is refused by DataConfig by name, not read as "not given".
+    data = dataclasses.replace(trained_on or DataConfig(), **({"corpus": args.data} if args.data is not None else {}))
     seq_len = args.seq_len or (checkpoint.train_config.seq_len if checkpoint.train_config else model.config.max_seq_len)
     tokenizer = checkpoint.require_tokenizer()
     corpus = prepare_corpus(data.corpus, tokenizer, data.val_fraction)

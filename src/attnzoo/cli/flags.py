@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from attnzoo.attention import ATTENTION
+from attnzoo.cli.command import path_argument
 from attnzoo.config import MLP_KINDS, NORM_KINDS, ModelConfig, attn_backends, parse_key_value
 from attnzoo.positions import POSITIONS
 from attnzoo.training.config import (
@@ -115,7 +116,12 @@ def _key_value(text: str) -> tuple[str, Any]:
 
 
 def add_config_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", metavar="FILE.toml", help="TOML file with [model], [data] and [train] tables")
+    parser.add_argument(
+        "--config",
+        metavar="FILE.toml",
+        type=path_argument,
+        help="TOML file with [model], [data] and [train] tables",
+    )
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -175,6 +181,11 @@ def model_settings_from_args(
     ``--attention selective`` over a base with another attention starts from selective's defaults."""
     base = default_model_settings(train) if base is None else base
     file = load_toml(args.config)["model"] if getattr(args, "config", None) else {}
+    if "vocab_size" in file:  # the tokenizer's size replaced it, silently
+        raise ValueError(
+            f"config file {args.config}: [model] vocab_size = {file['vocab_size']!r} is set by the tokenizer: leave it "
+            "out and name the tokenizer in [data] tokenizer"
+        )
     settings = {**base, **file, **given(args, "model")}
     for kind in SCHEMES:
         inherited = base.get(f"{kind}_options", {}) if settings.get(kind) == base.get(kind) else {}

@@ -8,7 +8,7 @@ import argparse
 import torch
 
 from attnzoo.attention import ATTENTION
-from attnzoo.cli.command import path_argument
+from attnzoo.cli.command import check_int, path_argument
 from attnzoo.cli.flags import (
     add_config_argument,
     add_model_arguments,
@@ -101,6 +101,8 @@ def cpu_kernels(model: Transformer) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_int("--context", args.context)
+    check_int("--cache-batch", args.cache_batch)
     if args.path is not None:
         checkpoint = read_checkpoint(args.path)
         model_config, train_config = checkpoint.model_config, checkpoint.train_config
@@ -122,8 +124,6 @@ def run(args: argparse.Namespace) -> int:
         note = " (tied with lm_head)" if component == "embed_tokens" and model_config.tie_embeddings else ""
         print(f"  {component + note:<38} {count:>12,}  {100 * count / total:5.1f}%")
     context = model_config.max_seq_len if args.context is None else args.context
-    if context < 1 or args.cache_batch < 1:
-        raise ValueError(f"--context={context} and --cache-batch={args.cache_batch} must both be >= 1")
     print("\nKV cache")
     if not model_config.causal:
         print("  none: a bidirectional model (causal=False) has no cache and does not generate")

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from attnzoo.positions.base import POSITIONS, PositionalEncoding
 from attnzoo.precision import compute_dtype
-from attnzoo.validation import is_int, is_number, require
+from attnzoo.validation import is_number, require, require_count
 
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
 # The positions are rotated as float32, which holds every integer only up to 2**24: past it two positions get one
@@ -40,20 +40,24 @@ class RopeOptions:
     high_freq_factor: float = 4.0  # llama3
 
     def __post_init__(self):
-        for name in ("rope_theta", "partial_rotary_factor", "factor", "beta_fast", "beta_slow"):
-            require(is_number(getattr(self, name)), name, getattr(self, name), "must be a finite number")
-        for name in ("attention_factor", "mscale", "mscale_all_dim"):
+        # Rotation counts (YaRN's betas), frequency factors (Llama 3's) and scales of cos and sin: all positive.
+        for name in ("rope_theta", "partial_rotary_factor", "factor", "beta_fast", "beta_slow", "low_freq_factor",
+                     "high_freq_factor"):  # fmt: skip
             value = getattr(self, name)
-            require(value is None or is_number(value), name, value, "must be null or a finite number")
+            require(is_number(value) and value > 0, name, value, "must be a finite number > 0")
+        factor = self.attention_factor
+        require(factor is None or (is_number(factor) and factor > 0), "attention_factor", factor,
+                "must be null or a finite number > 0")  # fmt: skip
+        for name in ("mscale", "mscale_all_dim"):  # 0 is DeepSeek's "no scaling", as HF's yarn_get_mscale reads it
+            value = getattr(self, name)
+            require(
+                value is None or (is_number(value) and value >= 0), name, value, "must be null or a finite number >= 0"
+            )
         for name in ("interleaved", "truncate"):
             require(isinstance(getattr(self, name), bool), name, getattr(self, name), "must be true or false")
         original = self.original_max_position_embeddings
-        require(
-            original is None or (is_int(original) and original >= 1),
-            "original_max_position_embeddings",
-            original,
-            "must be null (the model's max_seq_len) or an integer >= 1",
-        )
+        if original is not None:  # null: the model's max_seq_len
+            require_count("original_max_position_embeddings", original)
         require(self.rope_theta > 1, "rope_theta", self.rope_theta, "must be > 1")
         require(
             0 < self.partial_rotary_factor <= 1,

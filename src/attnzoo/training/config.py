@@ -30,8 +30,19 @@ from typing import Any
 
 from attnzoo.config import ModelConfig
 from attnzoo.data.tokenizers import TOKENIZER_CHOICES, is_tokenizer_name
+from attnzoo.io import file_kind
 from attnzoo.records import check_keys
-from attnzoo.validation import MAX_COUNT, MAX_SEED, is_count, is_int, is_number, is_seed, require
+from attnzoo.validation import (
+    DEVICE_NAMES,
+    MAX_COUNT,
+    MAX_SEED,
+    is_count,
+    is_device_name,
+    is_number,
+    is_seed,
+    require,
+    require_count,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -143,15 +154,8 @@ class TrainConfig:
             "checkpoint_interval",
             "keep_checkpoints",
         ):
-            value = getattr(self, name)
-            require(is_int(value) and value >= 1, name, value, "must be an integer >= 1")
-        require(is_count(self.steps), "steps", self.steps, f"must be an integer in [1, {MAX_COUNT}]")
-        require(
-            is_int(self.warmup_steps) and self.warmup_steps >= 0,
-            "warmup_steps",
-            self.warmup_steps,
-            "must be an integer >= 0",
-        )
+            require_count(name, getattr(self, name))
+        require_count("warmup_steps", self.warmup_steps, minimum=0)
         require(is_seed(self.seed), "seed", self.seed, f"must be an integer in [0, {MAX_SEED}]")
         require(is_number(self.lr) and self.lr > 0, "lr", self.lr, "must be a finite number > 0")
         require(
@@ -180,7 +184,7 @@ class TrainConfig:
             self.train_only,
             "must be a list of non-empty parameter-name fragments, e.g. ['temperature']",
         )
-        require(isinstance(self.device, str), "device", self.device, "must be a device name such as 'cpu'")
+        require(is_device_name(self.device), "device", self.device, DEVICE_NAMES)
         require(self.dtype in DTYPES, "dtype", self.dtype, f"choose one of {list(DTYPES)}")
         require(isinstance(self.compile, bool), "compile", self.compile, "must be true or false")
         strategies = list(PARALLEL_STRATEGIES)
@@ -268,7 +272,10 @@ TOML_TABLES = ("model", "data", "train")
 
 
 def read_toml(path: str | os.PathLike) -> dict[str, Any]:
-    """A config file's TOML document; a file that is missing, not UTF-8 or not TOML is refused by name."""
+    """A config file's TOML document; a file that is missing, not a regular file, not UTF-8 or not TOML is refused
+    by name."""
+    if Path(path).exists() and not Path(path).is_file():  # a FIFO would block the open until a writer came
+        raise ValueError(f"config file {path} is a {file_kind(Path(path))}, not a file: name a TOML file")
     try:
         with open(Path(path), "rb") as f:
             return tomllib.load(f)
