@@ -9,6 +9,11 @@ run on a later resume without it), ``--variants`` / ``--seeds`` narrow the compa
 fixes their length and ``--no-bench`` leaves out the throughput cases (4 minutes of an H100 on 2026-11-25), e.g.
 ``--budget-min 12 --skip gpu_check tests dcmha_triton --variants mha+rope diff+rope --seeds 3 --no-bench``.
 
+``--preset gpu-ladder --rung small`` (then ``large`` on a later lease) runs one rung of the GPU ladder instead of
+gpu-lm: its comparison goes to ``OUT/<rung>/`` and the kit's own files to ``OUT/kit-<rung>/``, so the rungs of
+different leases unpacked into one ``OUT`` form the ladder (:func:`attnzoo.results.ladder.load_ladder`), which the
+compare stage judges as soon as ``OUT`` holds two rungs (``attnzoo compare --out OUT --report-only`` does it later).
+
 The stages, in order, each writing under ``OUT``:
 
 1. ``corpus``: the preset's corpus prepared offline (gpu-lm's pysource: the ``.py`` files of the standard library
@@ -18,9 +23,11 @@ The stages, in order, each writing under ``OUT``:
 3. ``tests``: ``pytest -m "cuda or triton"``, the CUDA and compiled-Triton tests → ``tests/junit.xml`` (the dry run:
    the quick ones of tests/test_dcmha_triton.py);
 4. ``dcmha_triton``: ``benchmarks/bench_dcmha_triton.py`` → ``dcmha-triton.md`` and ``.json``;
-5. ``timing``: 50 training steps of each ``gpu-lm`` variant, and the steps the preset can afford in the time the
-   budget has left (:func:`plan_steps`) → ``timing.md`` and ``.json``;
-6. ``compare``: the ``gpu-lm`` preset at those steps → ``compare/report.md``, ``results.json``, ``plots/``.
+5. ``timing``: 50 training steps of each variant, and the steps the preset can afford in the time the budget has
+   left (:func:`plan_steps`; fewer tokens per parameter than gate (a) asks is said at the top of the summary) →
+   ``timing.md`` and ``.json``;
+6. ``compare``: the preset at those steps → ``compare/report.md`` (a rung: ``../<rung>/report.md``), ``results.json``,
+   ``plots/``.
 
 ``summary.md`` (what ran, the device, the times, every failure) is rewritten after each stage, and each stage's
 output goes to ``logs/<stage>.log`` as well as the terminal. A failing stage does not stop the next.
@@ -56,20 +63,28 @@ from typing import Any
 import torch
 
 import attnzoo
+from attnzoo.claims.claim import LanguageModelGate
 from attnzoo.compare import PRESETS, CompareSpec, run_compare
+from attnzoo.compare.report_ladder import write_ladder_report
+from attnzoo.compare.spec import LADDERS
 from attnzoo.data.corpora import prepare_corpus
 from attnzoo.distributed import Distributed, resolve_device
 from attnzoo.io import atomic_write_text, describe_os_error, file_kind, locked_directory
+from attnzoo.results.ladder import load_ladder
 from attnzoo.tables import Table
 from attnzoo.training.timing import seconds_per_step
 from attnzoo.training.trainer import load_corpus
 from attnzoo.validation import MAX_COUNT, is_count
-from attnzoo.variants import Variant, matched_configs
+from attnzoo.variants import Variant, count_parameters, matched_configs
 
 REPO = Path(__file__).resolve().parents[1]
 STATE, SUMMARY = "kit_state.json", "summary.md"
 STATE_VERSION = 3  # 3: the plan identity holds the steps and bench cases
 PRESET = "gpu-lm"
+# The ladders whose rungs train on a GPU: the kit runs one rung a lease (--preset LADDER --rung NAME).
+GPU_LADDERS = tuple(name for name, ladder in LADDERS.items() if ladder.rungs[0].train.device == "cuda")
+# Gate (a) of every language-model claim: a compare scaled below it is judged "not measurable" on all of them.
+MIN_TOKENS_PER_PARAMETER = LanguageModelGate.min_tokens_per_parameter
 
 # The quick GPU check is the gpu_check stage's own run; the tests stage leaves out the test that repeats it (3 min).
 REPEATED_TEST = "tests/test_gpu_check.py::test_the_quick_check_passes_on_this_gpu"
@@ -112,8 +127,10 @@ def plan_steps(
 ) -> StepPlan:
     """The most steps (at most ``max_steps``, the preset's own) such that ``seeds`` runs of every variant, each
     trained ``steps`` and evaluated for the time of ``eval_steps_per_run`` of its training steps, fit in
-    ``seconds_left`` less the reserve. Fewer than ``min_steps`` would not show the claims; the plan then runs
-    ``min_steps`` anyway and says it does not fit, since a GPU lent for less is better used than returned."""
+    ``seconds_left`` less the reserve, rounded down to a multiple of TRAINER_EVALS so that the evaluations fall on
+    50, 75 and 100% of training, the steps the claims' gap-stability gate reads. Fewer than ``min_steps`` would not
+    show the claims; the plan then runs ``min_steps`` anyway and says it does not fit, since a GPU lent for less is
+    better used than returned."""
     if not seconds_per_step or any(not (s > 0 and math.isfinite(s)) for s in seconds_per_step.values()):
         raise ValueError(f"seconds_per_step={dict(seconds_per_step)} is invalid: needs a time > 0 for each variant")
     if not 1 <= min_steps <= max_steps:
@@ -121,7 +138,7 @@ def plan_steps(
     seconds_per_round = seeds * sum(seconds_per_step.values())  # one step of every run
     usable = max(0.0, seconds_left) * (1 - RESERVE)
     affordable = max(0, math.floor(usable / seconds_per_round - eval_steps_per_run))
-    steps = max(min_steps, min(max_steps, affordable))
+    steps = max(min_steps, min(max_steps, affordable - affordable % TRAINER_EVALS))
     estimated = seconds_per_round * (steps + eval_steps_per_run) / (1 - RESERVE)
     return StepPlan(steps, affordable, estimated, fits=affordable >= steps)
 
@@ -130,6 +147,13 @@ def eval_steps_per_run(val_tokens: int, seq_len: int, eval_windows: int, tokens_
     """One run's evaluations in units of its training steps: EVALS_PER_RUN scorings of the windows evaluated."""
     scored = min((val_tokens - 1) // seq_len, eval_windows) * seq_len
     return EVALS_PER_RUN * scored * SCORED_TOKEN_COST / tokens_per_step
+
+
+def tokens_per_parameter(spec: CompareSpec, vocab_size: int, steps: int) -> float:
+    """The tokens a run of ``steps`` trains per parameter of the spec's largest variant: gate (a) counts each model's
+    own, so the largest decides whether all of them meet it."""
+    configs = matched_configs(spec.variants, spec.baseline_config(vocab_size))
+    return steps * spec.train.tokens_per_step / max(count_parameters(config) for config in configs.values())
 
 
 def scaled_spec(spec: CompareSpec, steps: int, budget_s: float) -> CompareSpec:
@@ -148,7 +172,7 @@ class KitPlan:
 
     name: str
     budget_s: float
-    spec: CompareSpec  # the preset before its steps are scaled
+    spec: CompareSpec  # the preset (or the ladder's rung) before its steps are scaled
     gpu_check_args: tuple[str, ...]
     bench_args: tuple[str, ...]
     timing_steps: int
@@ -156,6 +180,7 @@ class KitPlan:
     # Narrows the tests stage's pytest (after -m "cuda or triton"): the dry run checks that the stage runs pytest and
     # reads its junit file, on one small file; the full suite already runs the Triton tests on a CPU.
     test_args: tuple[str, ...] = ()
+    ladder: str | None = None  # the ladder whose rung ``spec`` is; None: the gpu-lm preset
 
     @property
     def identity(self) -> dict[str, Any]:
@@ -163,12 +188,17 @@ class KitPlan:
         return {
             "plan": self.name,
             "budget_s": self.budget_s,
+            **({"ladder": self.ladder} if self.ladder else {}),  # a gpu-lm folder started before ladders resumes
             "preset": self.spec.name,
             "variants": self.spec.variant_labels,
             "seeds": list(self.spec.seeds),
             "steps": self.spec.train.steps,
             "bench": [list(case) for case in self.spec.evals.bench_cases],
         }
+
+    @property
+    def label(self) -> str:
+        return f"{self.ladder} rung {self.spec.name}" if self.ladder else self.spec.name
 
 
 def make_plan(
@@ -178,11 +208,24 @@ def make_plan(
     seeds: int | None = None,
     steps: int | None = None,
     bench: bool = True,
+    ladder: str | None = None,
+    rung: str | None = None,
 ) -> KitPlan:
-    """The GPU plan, or the dry run's toy; ``variants`` (the first the baseline) and ``seeds`` narrow the compare,
-    ``steps`` fixes its length (the timing stage then only says whether it fits) and ``bench=False`` leaves out its
-    throughput cases: a short lease spends its minutes on the runs a verdict reads."""
-    plan = _make_plan(dry_run, budget_min)
+    """The GPU plan, or the dry run's toy, of the gpu-lm preset or of one ``rung`` of a GPU ``ladder``;
+    ``variants`` (the first the baseline) and ``seeds`` narrow the compare, ``steps`` fixes its length (the timing
+    stage then only says whether it fits) and ``bench=False`` leaves out its throughput cases: a short lease spends
+    its minutes on the runs a verdict reads."""
+    if (ladder is None) != (rung is None):
+        raise ValueError(f"ladder={ladder!r} and rung={rung!r}: a ladder's rung is named with its ladder, or neither")
+    if ladder is not None:
+        if ladder not in GPU_LADDERS:
+            raise ValueError(f"ladder {ladder!r} is not one of the GPU ladders {list(GPU_LADDERS)}")
+        rungs = {spec.name: spec for spec in LADDERS[ladder].rungs}
+        if rung not in rungs:
+            raise ValueError(f"rung {rung!r} is not one of {ladder}'s rungs {list(rungs)}")
+        plan = _make_plan(dry_run, budget_min, rungs[rung], ladder)
+    else:
+        plan = _make_plan(dry_run, budget_min, PRESETS[PRESET], None)
     narrowed: dict[str, Any] = {}
     if variants:
         narrowed["variants"] = Variant.parse_all(variants)
@@ -196,17 +239,20 @@ def make_plan(
     return dataclasses.replace(plan, spec=dataclasses.replace(plan.spec, **narrowed)) if narrowed else plan
 
 
-def _make_plan(dry_run: bool, budget_min: float | None) -> KitPlan:
-    preset = PRESETS[PRESET]
+def _make_plan(dry_run: bool, budget_min: float | None, preset: CompareSpec, ladder: str | None) -> KitPlan:
     if not dry_run:
         budget_s = 60.0 * (40 if budget_min is None else budget_min)
-        # The floor, 200 steps (6.5M tokens per run, 0.6 per parameter), is already near the CPU claims preset's
-        # 0.4 tokens per parameter, where issue 23 found every LM difference smaller than 100 steps of progress.
-        return KitPlan("gpu", budget_s, preset, ("--quick",), (), timing_steps=50, min_steps=200)
+        # gpu-lm's floor, 200 steps (6.5M tokens per run, 0.6 per parameter), is already near the CPU claims
+        # preset's 0.4 tokens per parameter, where issue 23 found every LM difference smaller than 100 steps of
+        # progress. A rung has none: it runs in one call of a lease, and one the call's timeout cuts off leaves no
+        # results at all, where a shrunk rung still records its curves (and says loudly that gate (a) fails).
+        min_steps = TRAINER_EVALS if ladder else 200
+        return KitPlan("gpu", budget_s, preset, ("--quick",), (), timing_steps=50, min_steps=min_steps, ladder=ladder)
     micro = PRESETS["micro"]
     toy = dataclasses.replace(
         preset,
-        model=micro.model,
+        # A rung keeps its depth at micro's width, so that toy rungs differ in size as a ladder's must.
+        model={**micro.model, "n_layers": preset.model["n_layers"]} if ladder else micro.model,
         train=dataclasses.replace(
             preset.train,
             seq_len=32,
@@ -228,7 +274,9 @@ def _make_plan(dry_run: bool, budget_min: float | None) -> KitPlan:
     # gpu_check's own tests cover its sections; here 10 s of them show the stage's plumbing, the rest recorded as
     # skipped (its compile sections alone take a minute of inductor on a CPU).
     check = ("--dry-run", "--budget", "10")
-    return KitPlan("dry run", budget_s, toy, check, bench_args, timing_steps=6, min_steps=4, test_args=tests)
+    return KitPlan(
+        "dry run", budget_s, toy, check, bench_args, timing_steps=6, min_steps=4, test_args=tests, ladder=ladder
+    )
 
 
 # ----------------------------------------------------------------------------------------- stages and state
@@ -308,8 +356,14 @@ class Kit:
         }
         atomic_write_text(self.out / STATE, json.dumps(self.state, indent=2) + "\n")
 
+    @property
+    def compare_dir(self) -> Path:
+        """gpu-lm's comparison is the kit folder's ``compare/``; a rung's sits beside the other rungs in the
+        ladder's folder, the kit folder's parent, where load_ladder finds them."""
+        return self.out.parent / self.plan.spec.name if self.plan.ladder else self.out / "compare"
+
     def relative(self, path: Path) -> str:
-        return path.relative_to(self.out).as_posix()
+        return Path(os.path.relpath(path, self.out)).as_posix()
 
 
 def run_stages(kit: Kit, stages: Sequence[Stage], redo: Sequence[str] = (), skip: Sequence[str] = ()) -> int:
@@ -376,14 +430,22 @@ def corpus_stage(kit: Kit) -> Outcome:
     corpus = prepare_corpus(data.corpus, data.tokenizer, data.val_fraction)
     info = {key: value for key, value in corpus.info.items() if key not in ("cache", "self_sha256")}
     train = kit.plan.spec.train
-    passes = train.steps * train.tokens_per_step / len(corpus.train)  # at the preset's steps, before the scaling
-    record = {**info, "train_tokens": len(corpus.train), "val_tokens": len(corpus.val), "passes_per_run": passes}
+    # Gate (a)'s two figures at the preset's steps, before the timing stage scales them.
+    passes = train.steps * train.tokens_per_step / len(corpus.train)
+    per_parameter = tokens_per_parameter(kit.plan.spec, corpus.tokenizer.vocab_size, train.steps)
+    record = {
+        **info,
+        "train_tokens": len(corpus.train),
+        "val_tokens": len(corpus.val),
+        "passes_per_run": passes,
+        "tokens_per_parameter": per_parameter,
+    }
     atomic_write_text(kit.out / "corpus.json", json.dumps(record, indent=2) + "\n")
     note = (
         f"{corpus.name}: {len(corpus.tokens):,} tokens ({len(corpus.train):,} train, {len(corpus.val):,} val) "
         f"from {info.get('files', 0):,} files, Python {info.get('python_version', '?')}, tokens sha256 "
-        f"{info['files_sha256']['tokens.bin'][:12]}; a run of {train.steps:,} steps reads the training split "
-        f"{passes:.2f} times"
+        f"{info['files_sha256']['tokens.bin'][:12]}; a run of {train.steps:,} steps is {per_parameter:.1f} tokens "
+        f"per parameter and reads the training split {passes:.2f} times"
     )
     if passes > 1:  # the validation loss then rises as the models memorise it (gpu-2026-11-26b), no verdict reads
         return Outcome(FAILED, f"{note}: more than once, so the models would overfit it", ("corpus.json",))
@@ -446,6 +508,7 @@ def timing_stage(kit: Kit) -> Outcome:
     per_step = {
         label: seconds_per_step(config, train, corpus, env, plan.timing_steps) for label, config in configs.items()
     }
+    largest = max(count_parameters(config) for config in configs.values())
     baseline = per_step[spec.variant_labels[0]]
     evals = eval_steps_per_run(len(corpus.val), train.seq_len, train.eval_windows, train.tokens_per_step)
     left = plan.budget_s - kit.spent_s()
@@ -463,15 +526,18 @@ def timing_stage(kit: Kit) -> Outcome:
     ]
     table = Table(["variant", "ms/step", "tokens/s", "time vs baseline"], rows).to_markdown()
     tokens = steps.steps * train.tokens_per_step
+    per_parameter = tokens / largest
     fixed = plan.min_steps == train.steps  # --steps: the length is given, not chosen
     of = "(--steps)" if fixed else f"of the preset's {train.steps:,}"
     verdict = (
-        f"{steps.steps:,} steps {of} ({tokens:,} tokens per run), estimated {steps.estimated_s / 60:.1f} min of the "
-        f"{left / 60:.1f} min left"
+        f"{steps.steps:,} steps {of} ({tokens:,} tokens per run, {per_parameter:.1f} per parameter), estimated "
+        f"{steps.estimated_s / 60:.1f} min of the {left / 60:.1f} min left"
     )
     if not steps.fits:
         floor = "" if fixed else f", below the floor of {plan.min_steps}"
         verdict += f": over the budget, which affords {steps.affordable:,} steps{floor}"
+    if per_parameter < MIN_TOKENS_PER_PARAMETER:
+        verdict += f"; BELOW the {MIN_TOKENS_PER_PARAMETER:g} tokens per parameter of gate (a) (summary.md)"
     text = (
         f"# GPU kit: step timing ({plan.name})\n\n{plan.timing_steps} training steps of each {spec.name} variant "
         f"({train.batch_size} × {train.seq_len} tokens a step, {env.device.type}); the median of the logged "
@@ -486,6 +552,8 @@ def timing_stage(kit: Kit) -> Outcome:
         "eval_steps_per_run": evals,
         "seconds_left": left,
         **dataclasses.asdict(steps),
+        "preset_steps": train.steps,
+        "tokens_per_parameter": per_parameter,
     }
     atomic_write_text(kit.out / "timing.json", json.dumps(data, indent=2) + "\n")
     return Outcome(PASSED, verdict, ("timing.md", "timing.json"), data=data)
@@ -498,13 +566,32 @@ def compare_stage(kit: Kit) -> Outcome:
         note = "the corpus stage failed (a run would read its training split more than once): fewer --steps"
         return Outcome(NOT_RUN, note, completed=False)
     spec = scaled_spec(kit.plan.spec, kit.stages["timing"]["data"]["steps"], kit.plan.budget_s)
-    out = kit.out / "compare"
+    out = kit.compare_dir
     result = run_compare(spec, out, progress=sys.stderr.isatty())
     if result.interrupted_by is not None:
         note = f"stopped by signal {result.interrupted_by}; run the kit again to resume it"
         return Outcome(INTERRUPTED, note, completed=False, exit_code=128 + result.interrupted_by)
     outputs = tuple(kit.relative(out / name) for name in ("report.md", "report.html", "results.json"))
-    return Outcome(PASSED, f"{spec.train.steps:,} steps per run; see compare/report.md", outputs)
+    note = f"{spec.train.steps:,} steps per run; see {kit.relative(out / 'report.md')}"
+    if kit.plan.ladder:
+        note += "; " + judge_ladder(out.parent)
+    return Outcome(PASSED, note, outputs)
+
+
+def judge_ladder(folder: Path) -> str:
+    """The ladder's report over every rung in ``folder`` once it holds two: a rung brought back from an earlier
+    lease and this one, side by side."""
+    try:
+        ladder, dirs = load_ladder(folder)
+    except ValueError as err:  # rungs of another protocol or of one size: each rung's own report still stands
+        return f"its rungs do not form one ladder: {err}"
+    if len(ladder.rungs) < 2:
+        return (
+            f"the ladder's other rungs are not in {folder} yet: copy them there and judge them with "
+            f"`attnzoo compare --out {folder} --report-only`"
+        )
+    paths = write_ladder_report(ladder, dirs, folder)
+    return f"the ladder of {len(ladder.rungs)} rungs judged in {paths['markdown']}"
 
 
 STAGES = (
@@ -512,8 +599,8 @@ STAGES = (
     Stage("gpu_check", "benchmarks/gpu_check.py", gpu_check_stage),
     Stage("tests", 'pytest -m "cuda or triton"', tests_stage),
     Stage("dcmha_triton", "benchmarks/bench_dcmha_triton.py", dcmha_triton_stage),
-    Stage("timing", f"training steps of each {PRESET} variant, and the steps that fit", timing_stage),
-    Stage("compare", f"the {PRESET} preset", compare_stage),
+    Stage("timing", "training steps of each variant, and the steps that fit", timing_stage),
+    Stage("compare", "the preset (gpu-lm, or a GPU ladder's rung) at those steps", compare_stage),
 )
 
 
@@ -546,6 +633,9 @@ def write_summary(kit: Kit, stages: Sequence[Stage]) -> None:
         outputs = ", ".join(f"[{path}]({path})" for path in record["outputs"])
         rows.append([stage.name, stage.what, status, f"{record['seconds'] / 60:.1f}", outputs, record["note"]])
     problems = [row for row in rows if row[2] not in (PASSED, NOT_RUN, PENDING)]
+    # The folder and flags that resume it: a rung's kit folder is inside the ladder's, which --out names.
+    resume_out = kit.out.parent if plan.ladder else kit.out
+    resume_flags = f" --preset {plan.ladder} --rung {plan.spec.name}" if plan.ladder else ""
     lines = [
         f"# attnzoo GPU kit: {device_description(plan)}" + (" (dry run, toy sizes)" if plan.name == "dry run" else ""),
         "",
@@ -554,9 +644,10 @@ def write_summary(kit: Kit, stages: Sequence[Stage]) -> None:
         f"{sum(r['seconds'] for r in kit.stages.values()) / 60:.1f} min. Updated "
         f"{datetime.now(timezone.utc).isoformat(timespec='seconds')}.",
         "",
-        f"The {PRESET} verdicts are at this run's scale (the compare report states its tokens per run and "
+        f"The {plan.label} verdicts are at this run's scale (the compare report states its tokens per run and "
         "parameters), never at the papers'.",
         "",
+        *budget_warning(kit),
         Table(["stage", "what", "status", "minutes", "outputs", "note"], rows).to_markdown(),
         "",
         "## Failures",
@@ -564,10 +655,33 @@ def write_summary(kit: Kit, stages: Sequence[Stage]) -> None:
         *([f"- {row[0]}: {row[2]}: {row[5] or 'see its log under logs/'}" for row in problems] or ["None."]),
         "",
         f"Resume (or finish) with `bash scripts/gpu_kit.sh{' --dry-run' if plan.name == 'dry run' else ''} "
-        f"--out {kit.out}`; `compare/runs/` holds checkpoints and is not meant to be committed.",
+        f"--out {resume_out}{resume_flags}`; `{kit.relative(kit.compare_dir / 'runs')}/` holds checkpoints and is "
+        "not meant to be committed.",
         "",
     ]
     atomic_write_text(kit.out / SUMMARY, "\n".join(lines))
+
+
+def budget_warning(kit: Kit) -> list[str]:
+    """Said at the top of the summary when the compare trains fewer tokens per parameter than gate (a) asks: every
+    language-model claim it judges is then "not measurable", whatever its curves show."""
+    timing = kit.stages.get("timing", {}).get("data", {})
+    per_parameter = timing.get("tokens_per_parameter")
+    if per_parameter is None or per_parameter >= MIN_TOKENS_PER_PARAMETER:
+        return []
+    steps, preset_steps = timing["steps"], timing["preset_steps"]
+    why = (
+        f"the time measured affords {steps:,} of the preset's {preset_steps:,} steps: give it a longer budget or a "
+        "faster GPU for a verdict"
+        if steps < preset_steps
+        else "the preset's own steps are that few"
+    )
+    return [
+        f"**BELOW THE PROTOCOL'S BUDGET: the compare trains {per_parameter:.1f} tokens per parameter, under the "
+        f"{MIN_TOKENS_PER_PARAMETER:g} that gate (a) asks, so every language-model claim it judges is not "
+        f"measurable; {why}.**",
+        "",
+    ]
 
 
 # -------------------------------------------------------------------------------------------------- command
@@ -607,8 +721,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--skip", nargs="+", default=[], choices=names, metavar="STAGE", help="stages left out of this invocation"
     )
-    parser.add_argument("--variants", nargs="+", default=[], metavar="SPEC", help=f"default: {PRESET}'s own")
-    parser.add_argument("--seeds", type=int, help=f"train seeds 0..N-1 (default: {PRESET}'s)")
+    parser.add_argument(
+        "--preset",
+        choices=[PRESET, *GPU_LADDERS],
+        default=PRESET,
+        help=f"what the compare runs: {PRESET} (default), or one rung of a GPU ladder (with --rung), each rung in "
+        "its own folder inside --out beside the rungs of other leases",
+    )
+    rungs = sorted({rung.name for name in GPU_LADDERS for rung in LADDERS[name].rungs})
+    parser.add_argument("--rung", choices=rungs, help="the ladder's rung this lease runs (with --preset LADDER)")
+    parser.add_argument("--variants", nargs="+", default=[], metavar="SPEC", help="default: the preset's own")
+    parser.add_argument("--seeds", type=int, help="train seeds 0..N-1 (default: the preset's)")
     parser.add_argument(
         "--steps", type=int, help="train exactly this many steps a run (default: as many as fit, at most the preset's)"
     )
@@ -624,8 +747,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--skip and --redo both name {overlap}: a stage is either left out or run again")
     if not args.dry_run and not torch.cuda.is_available():
         parser.error("no CUDA device is visible (torch.cuda.is_available() is False): run it on a GPU, or --dry-run")
+    ladder = None if args.preset == PRESET else args.preset
+    if (ladder is None) != (args.rung is None):
+        parser.error(f"--rung goes with a ladder's --preset ({', '.join(GPU_LADDERS)}), and a ladder needs --rung")
     try:
-        plan = make_plan(args.dry_run, args.budget_min, args.variants, args.seeds, args.steps, not args.no_bench)
+        plan = make_plan(
+            args.dry_run, args.budget_min, args.variants, args.seeds, args.steps, not args.no_bench, ladder, args.rung
+        )
     except ValueError as err:
         parser.error(str(err))
     out = args.out.resolve()  # the stages' commands run from the repository root
@@ -633,18 +761,22 @@ def main(argv: list[str] | None = None) -> int:
         check_out(out)
     except ValueError as err:
         parser.error(str(err))
-    with locked_directory(out, "GPU kit folder"):
-        kit = Kit(plan, out)
+    # A rung's kit folder (its state, summary, timing and logs) is kit-RUNG inside the ladder's folder, beside the
+    # rung's comparison, so that rungs run on different leases unpack into one folder without colliding.
+    kit_dir = out / f"kit-{args.rung}" if ladder else out
+    with locked_directory(kit_dir, "GPU kit folder"):
+        kit = Kit(plan, kit_dir)
         if "timing" in args.redo and "compare" in kit.stages:
             parser.error(
                 "--redo timing is refused: the compare in this folder has begun with the steps the timing chose, "
                 "and new ones would not match its runs; choose another --out"
             )
-        atomic_write_text(out / ".gitignore", "compare/runs/\n.attnzoo.lock\n")
-        say(f"GPU kit ({plan.name}, {plan.budget_s / 60:g} min) on {device_description(plan)} → {out}")
+        ignored = "*/runs/\n*/.attnzoo.lock\n" if ladder else "compare/runs/\n.attnzoo.lock\n"
+        atomic_write_text(out / ".gitignore", ignored)
+        say(f"GPU kit ({plan.name}, {plan.label}, {plan.budget_s / 60:g} min) on {device_description(plan)} → {out}")
         code = run_stages(kit, STAGES, args.redo, args.skip)
         write_summary(kit, STAGES)
-    say(f"\nGPU kit: {'done' if code == 0 else f'exit {code}'}; summary in {out / SUMMARY}")
+    say(f"\nGPU kit: {'done' if code == 0 else f'exit {code}'}; summary in {kit_dir / SUMMARY}")
     return code
 
 

@@ -9,6 +9,7 @@ import pytest
 from benchmark_scripts import load_benchmark
 
 from attnzoo.compare import PRESETS
+from attnzoo.compare.spec import LADDERS
 
 gpu_kit = load_benchmark("gpu_kit")
 STAGE_NAMES = [stage.name for stage in gpu_kit.STAGES]
@@ -82,6 +83,52 @@ def test_the_gpu_lm_preset_scores_the_whole_validation_split_at_its_own_scale():
     # Each evaluation during training scores 8.4M tokens of the split; the final one scores all of it.
     assert spec.train.eval_windows * spec.train.seq_len > 8_000_000 and spec.evals.val_windows is None
     assert PRESETS["gpu"].model == spec.model and PRESETS["gpu"].train.data == spec.train.data
+
+
+def test_the_steps_fall_on_whole_quarters_so_the_gap_gate_finds_its_evaluations():
+    # 1000 s less 10% is 450 rounds of 2 s, 10 of them evaluation: 440; 1010 s would afford 444.5 → 444, not 445.
+    assert plan(1000.0).steps % gpu_kit.TRAINER_EVALS == 0
+    odd = plan(1010.0)
+    assert (odd.affordable, odd.steps) == (444, 444)
+    assert plan(1012.0).affordable == 445 and plan(1012.0).steps == 444
+
+
+def test_a_gpu_ladder_rung_runs_that_rung_and_never_a_floor_over_the_budget():
+    small = gpu_kit.make_plan(dry_run=False, ladder="gpu-ladder", rung="small")
+    assert small.spec is LADDERS["gpu-ladder"].rungs[0] and small.label == "gpu-ladder rung small"
+    assert small.min_steps == gpu_kit.TRAINER_EVALS  # shrink rather than overrun the lease's call
+    assert small.identity["ladder"] == "gpu-ladder" and small.identity["preset"] == "small"
+    assert "ladder" not in gpu_kit.make_plan(dry_run=False).identity  # gpu-lm folders of before resume
+    dry = {rung: gpu_kit.make_plan(dry_run=True, ladder="gpu-ladder", rung=rung).spec for rung in ("small", "large")}
+    assert dry["small"].train.device == "cpu" and dry["small"].model["n_layers"] < dry["large"].model["n_layers"]
+    with pytest.raises(ValueError, match=r"rung 'huge' is not one of gpu-ladder's rungs \['small', 'large'\]"):
+        gpu_kit.make_plan(dry_run=False, ladder="gpu-ladder", rung="huge")
+    with pytest.raises(ValueError, match="is not one of the GPU ladders"):
+        gpu_kit.make_plan(dry_run=False, ladder="ladder", rung="small")  # the CPU ladder
+
+
+def test_a_rungs_comparison_sits_beside_the_other_rungs_and_its_kit_files_apart(tmp_path):
+    plan = gpu_kit.make_plan(dry_run=True, ladder="gpu-ladder", rung="large")
+    kit = gpu_kit.Kit(plan, tmp_path / "kit-large")
+    assert kit.compare_dir == tmp_path / "large" and kit.relative(kit.compare_dir / "report.md") == "../large/report.md"
+    assert new_kit(tmp_path).compare_dir == tmp_path / "compare"
+
+
+def test_a_compare_below_twenty_tokens_per_parameter_is_said_at_the_top_of_the_summary(tmp_path):
+    kit = gpu_kit.Kit(gpu_kit.make_plan(dry_run=True, ladder="gpu-ladder", rung="small"), tmp_path / "kit-small")
+    timing = gpu_kit.Stage("timing", "", None)
+    kit.record(
+        timing, gpu_kit.Outcome(gpu_kit.PASSED, data={"steps": 20, "preset_steps": 40, "tokens_per_parameter": 12.5}), 1
+    )
+    gpu_kit.write_summary(kit, gpu_kit.STAGES)
+    summary = (kit.out / gpu_kit.SUMMARY).read_text()
+    assert "**BELOW THE PROTOCOL'S BUDGET: the compare trains 12.5 tokens per parameter, under the 20" in summary
+    assert "affords 20 of the preset's 40 steps" in summary and "--preset gpu-ladder --rung small" in summary
+    kit.record(
+        timing, gpu_kit.Outcome(gpu_kit.PASSED, data={"steps": 40, "preset_steps": 40, "tokens_per_parameter": 21.0}), 1
+    )
+    gpu_kit.write_summary(kit, gpu_kit.STAGES)
+    assert "BELOW" not in (kit.out / gpu_kit.SUMMARY).read_text()
 
 
 # ------------------------------------------------------------------------------------------------ resuming
@@ -356,6 +403,29 @@ def test_the_dry_run_runs_every_stage_and_a_second_run_resumes_with_nothing_left
     printed = capsys.readouterr().out
     for name in STAGE_NAMES:
         assert f"{name}: completed earlier" in printed
+
+
+@pytest.mark.slow
+def test_the_dry_run_of_two_gpu_ladder_rungs_in_one_folder_forms_the_ladder_and_judges_it(tmp_path):
+    """Two leases' rungs at toy sizes on a CPU: each rung's comparison beside the other, the kit's files apart, and
+    the second rung's compare stage writes the ladder's report over both."""
+    out = tmp_path / "gpu-ladder"
+    # Two variants and one seed keep it to the stages' plumbing: the ladder's verdicts are test_ladder's to check.
+    flags = ["--dry-run", "--preset", "gpu-ladder", "--skip", "gpu_check", "tests", "dcmha_triton"]
+    flags += ["--variants", "mha+rope", "dcmha+rope", "--seeds", "1", "--out", str(out)]
+    for rung in ("small", "large"):
+        assert gpu_kit.main([*flags, "--rung", rung]) == 1  # the stages left out by --skip count as not done
+        state = json.loads((out / f"kit-{rung}" / gpu_kit.STATE).read_text())["stages"]
+        assert state["compare"]["status"] == gpu_kit.PASSED and (out / rung / "results.json").is_file()
+        assert f"../{rung}/results.json" in state["compare"]["outputs"]
+        assert "tokens_per_parameter" in json.loads((out / f"kit-{rung}" / "corpus.json").read_text())
+        assert "BELOW THE PROTOCOL'S BUDGET" in (out / f"kit-{rung}" / gpu_kit.SUMMARY).read_text()  # toy sizes
+    assert "the ladder of 2 rungs judged in" in state["compare"]["note"]
+    assert json.loads((out / "verdicts.json").read_text())["sizes"] == sorted(
+        json.loads((out / rung / "results.json").read_text())["variants"]["mha+rope"]["parameters"]
+        for rung in ("small", "large")
+    )
+    assert (out / ".gitignore").read_text() == "*/runs/\n*/.attnzoo.lock\n"
 
 
 def test_the_test_the_tests_stage_leaves_out_exists():
