@@ -63,13 +63,23 @@ def greedy_decode(step: Callable[[Tensor], Tensor], first: Tensor, steps: int, d
 
 
 @torch.no_grad()
-def measure(model: Transformer, batch: int, args: argparse.Namespace, device: torch.device) -> list[dict]:
+def measure(
+    model: Transformer,
+    batch: int,
+    args: argparse.Namespace,
+    device: torch.device,
+    *,
+    paths: tuple[str, ...] | None = None,
+    backend: str = "inductor",
+) -> list[dict]:
+    """One row per path (``paths``, default :data:`PATHS`; the first gives the tokens the others are held to).
+    ``backend``: the compiled path's torch.compile backend (a dry run traces with dynamo's "eager", no codegen)."""
     prompt = torch.randint(0, model.config.vocab_size, (batch, args.context), device=device)
     length = args.context + args.new_tokens
     rows, reference = [], None
-    for path in PATHS:
+    for path in PATHS if paths is None else paths:
         if path == "compiled":
-            decoder = CompiledDecoder(model, batch, length)
+            decoder = CompiledDecoder(model, batch, length, backend=backend)
             cache = decoder.cache
 
             def step(token: Tensor, decoder=decoder) -> Tensor:

@@ -1,0 +1,77 @@
+"""benchmarks/gpu_speed.py, issue 36's lease script: its CPU dry run records every planned case, and its budget skips
+what would overrun (its timings are not tested)."""
+
+import json
+import time
+
+import pytest
+from benchmark_scripts import load_benchmark
+
+gpu_speed = load_benchmark("gpu_speed")
+
+PEAK_TFLOPS = 0.05  # a stated peak, so that the dry run computes MFU as a GPU run does
+
+
+@pytest.mark.slow
+def test_the_dry_run_records_every_planned_case_measured_or_skipped_with_a_reason(tmp_path):
+    assert gpu_speed.main(["--dry-run", "--out", str(tmp_path), "--peak-tflops", str(PEAK_TFLOPS)]) == 0
+    text = (tmp_path / "gpu-speed.md").read_text()
+    payload = json.loads((tmp_path / "gpu-speed.json").read_text())
+    planned = [case.name for case in gpu_speed.plan_cases(gpu_speed.DRY_RUN_SIZES)]
+    assert [case["name"] for case in payload["cases"]] == planned
+    assert len(planned) == 20 and payload["meta"]["finished"]
+    cases = {case["name"]: case for case in payload["cases"]}
+    for name, case in cases.items():
+        assert f"| {name} |" in text, name
+        if "dcmha-triton" in name:  # the kernel runs on CUDA only: skipped with its own reason, never run eagerly
+            assert case["status"] == "skipped" and "runs on CUDA" in case["reason"], case
+        else:
+            assert case["status"] == "measured", case
+    for case in cases.values():
+        if case["kind"] == "train" and case["status"] == "measured":
+            assert case["tokens_per_s"] > 0 and case["flops_per_token"] > 0
+            assert case["mfu"] == pytest.approx(case["flops_per_token"] * case["tokens_per_s"] / (PEAK_TFLOPS * 1e12))
+            assert (case["compile_s"] is not None) == (case["mode"] == "compiled")
+        if case["kind"] == "decode":
+            assert [row["path"] for row in case["rows"]] == ["eager", "compiled"]
+    assert cases["gpu-lm dcmha[chunked] eager"]["kernels"] == ["chunked", "chunked"]
+    assert payload["summary"]["train_speed_vs_mha"]["compiled"]["mha"] == 1.0
+    assert "| mha | 1.00× | 1.00× |" in text  # the glance table: MHA against itself in both modes
+
+
+def case_named(name):
+    return next(case for case in gpu_speed.plan_cases(gpu_speed.DRY_RUN_SIZES) if case.name == name)
+
+
+def test_a_case_is_skipped_before_it_starts_only_when_a_finished_case_of_its_kind_took_longer_than_is_left():
+    mha, diff = case_named("gpu-lm mha compiled"), case_named("gpu-lm diff compiled")
+    eager = case_named("gpu-lm mha eager")
+    done = [(mha, {"wall_s": 50.0}), (eager, {"wall_s": 500.0})]
+    assert "gpu-lm mha compiled took 50 s" in gpu_speed.skip_before_start(diff, 40.0, done)
+    assert gpu_speed.skip_before_start(diff, 60.0, done) is None
+    assert gpu_speed.skip_before_start(case_named("gpu-lm diff eager"), 60.0, done) is not None
+    assert gpu_speed.skip_before_start(case_named("decode mha batch 1"), 60.0, done) is None  # nothing like it ran
+    assert gpu_speed.skip_before_start(diff, 0.0, []) == "the budget was spent before it"
+
+
+def test_a_training_case_that_cannot_fit_one_timed_round_is_skipped_after_its_first_steps():
+    record = gpu_speed.run_training(case_named("gpu-lm mha eager"), gpu_speed.DRY_RUN_SETTINGS, time.perf_counter())
+    assert record["status"] == "skipped" and record["reason"].startswith("would overrun the budget")
+    assert record["first_step_s"] > 0 and "tokens_per_s" not in record
+
+
+def test_the_peak_is_the_devices_dense_bf16_rate_or_none():
+    assert gpu_speed.device_peak("NVIDIA H100 80GB HBM3", None)[0] == 989.5
+    assert gpu_speed.device_peak("NVIDIA H100 PCIe", None)[0] == 756.5
+    assert gpu_speed.device_peak("NVIDIA H200", None)[0] == 989.5
+    assert gpu_speed.device_peak("NVIDIA A100-SXM4-80GB", None)[0] is None
+    assert gpu_speed.device_peak("NVIDIA A100-SXM4-80GB", 312.0) == (312.0, "given by --peak-tflops")
+
+
+def test_a_case_still_running_past_its_budget_and_the_grace_is_stopped():
+    worker = gpu_speed.Worker(gpu_speed.DRY_RUN_SETTINGS)
+    try:
+        assert worker.run(case_named("decode dcmha batch 16"), 0.5 - gpu_speed.GRACE_S) is None
+        assert not worker.process.is_alive()
+    finally:
+        worker.stop()
