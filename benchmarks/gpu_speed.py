@@ -1,6 +1,6 @@
 """The first call of a GPU lease (issue 36): training and decoding speed on CUDA in bf16, within one command.
 
-    timeout -s TERM 560 env PYTHONPATH=src python3 benchmarks/gpu_speed.py --out "$OUT"   # a CUDA machine
+    timeout -s TERM 560 python3 benchmarks/gpu_speed.py --out runs/gpu-speed; cp runs/gpu-speed/* "$OUT"/  # CUDA
     python benchmarks/gpu_speed.py --dry-run --out runs/gpu-speed   # every case at toy sizes on the CPU (CI)
 
 The cases, in the order they run, which is the order issue 36 ranks them in (groups 1, 3, 2):

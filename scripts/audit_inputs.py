@@ -145,23 +145,11 @@ ALLOWED: dict[tuple[str, str, str], str] = {
 
 # Faults found and not yet fixed, each with where its fix belongs: shown as KNOWN, not failing the audit, until the
 # fix lands and the entry goes. Keep this short.
-KNOWN: dict[tuple[str, str, str], str] = {
-    ("compare", "--config", "<empty>"): "cli/compare.py reads an empty --config as not given",
-    ("compare", "[compare] executor", '""'): "cli/compare.py reads executor = \"\" as not given (inline)",
-    **{("compare", "[executor] threads", value): "compare/executors.py: [executor] threads is not validated"
-       for value in ('"x"', "1.5", "true", "0", "-1", str(2**63 - 1))},
-}  # fmt: skip
-# The same, for every stored field under a prefix of results.json.
-KNOWN_STORED = {
-    "results.json variants/mha+rope/config/": "compare/stored.py does not check a variant's stored ModelConfig",
-    "results.json variants/mha+rope/runs/0/probes/": "compare/stored.py has no rule for the probes' numbers",
-    "results.json corpus/ngram/": "compare/stored.py has no rule for the n-gram level's order and val_loss",
-    "results.json bench/key/": "compare/stored.py does not check a bench record's key (repeats, rounds, threads)",
-}
+KNOWN: dict[tuple[str, str, str], str] = {}
 
 
 def known(case: Case) -> bool:
-    return (case.command, case.option, case.value) in KNOWN or any(map(case.option.startswith, KNOWN_STORED))
+    return (case.command, case.option, case.value) in KNOWN
 
 
 def allowed_why(case: Case) -> str | None:

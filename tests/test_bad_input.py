@@ -49,7 +49,9 @@ def world(tmp_path_factory):
     (root / "binary.toml").write_bytes(bytes(range(128, 256)))
     for name, line in [("huge-seeds", "seeds = 99999999999999999999"), ("many-seeds", "seeds = 1000000000000"),
                        ("no-variants", "variants = []"), ("many-steps", "steps = 100000000000"),
-                       ("empty-out", 'out = ""')]:  # fmt: skip
+                       ("empty-out", 'out = ""'), ("empty-executor", 'executor = ""'),
+                       ("zero-threads", 'executor = "local"\n[executor]\nthreads = 0'),
+                       ("text-threads", 'executor = "local"\n[executor]\nthreads = "x"')]:  # fmt: skip
         (root / f"{name}.toml").write_text(f'[compare]\npreset = "micro"\n{line}\n')
     return {"root": root, "run": root / "run", "text": text}
 
@@ -200,6 +202,19 @@ CASES = [
         r"config file .*binary.toml is not UTF-8 text \(byte 0x80 at offset 0\)",
     ),
     (["compare", "--config", "{root}/empty-out.toml"], 1, r'\[compare\] out = "" is empty: name a directory'),
+    # An empty --config and executor = "" were read as not given (inline); [executor] threads went unchecked.
+    (["compare", "--config", "", "--out", "{root}/c"], 2, r"argument --config: the path is empty"),
+    (["compare", "--config", "{root}/empty-executor.toml", "--out", "{root}/c"], 1, r"executor='' is unknown; choose"),
+    (
+        ["compare", "--config", "{root}/zero-threads.toml", "--out", "{root}/c"],
+        1,
+        r"\[executor\] threads=0 is invalid: the torch threads of each process, an integer in \[1, 4096\]",
+    ),
+    (
+        ["compare", "--config", "{root}/text-threads.toml", "--out", "{root}/c"],
+        1,
+        r"\[executor\] threads='x' is invalid",
+    ),
     ([*TRAIN, "--config", "{root}/binary.toml"], 1, r"config file .*binary.toml is not UTF-8 text"),
     # An empty path is the current directory to pathlib: it wrote there.
     ([*TRAIN, "--tensorboard", ""], 2, r"argument --tensorboard: the path is empty"),

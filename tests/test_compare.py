@@ -758,9 +758,31 @@ def _accuracy_above_one(data):
     run["sweep"]["accuracy"][0][0] = 1.5
 
 
+def _bad_variant_config(data):
+    next(iter(data["variants"].values()))["config"]["dim"] = -1
+
+
+def _negative_probe(data):
+    _stored(data)["probes"]["layer0/entropy"] = -0.5
+
+
+def _bench_repeats_as_text(data):
+    data["bench"]["key"]["repeats"] = "x"
+
+
+def _zeroth_order_ngram(data):
+    data["corpus"]["ngram"] = {"order": 0, "smoothing": "none", "val_loss": 2.0, "train_tokens": 9, "val_tokens": 9}
+
+
 @pytest.mark.parametrize(
     ("damage", "words"),
     [
+        # Found by scripts/audit_inputs.py: a stored config, the probes, the bench's key and the n-gram level
+        # were rendered whatever they held.
+        (_bad_variant_config, r"variants.\S+.config is not a model configuration attnzoo builds: dim=-1 is invalid"),
+        (_negative_probe, r"runs\[0\].probes.layer0/entropy = -0.5 is invalid: must be >= 0"),
+        (_bench_repeats_as_text, r"bench.key.repeats = 'x' is invalid: must be an integer >= 1"),
+        (_zeroth_order_ngram, r"corpus.ngram.order = 0 is invalid: must be >= 1"),
         (_nan_loss, r"results.json.variants.\S+.runs\[0\].val.loss = nan is invalid: must be a finite number"),
         (_negative_loss, r"results.json.variants.\S+.runs\[0\].val.loss = -1.0 is invalid: must be >= 0"),
         (_zero_seconds, r"runs\[0\].train_seconds = 0.0 is invalid: must be > 0"),

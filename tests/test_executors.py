@@ -32,6 +32,7 @@ from attnzoo.compare.executors import (
     run_elsewhere,
 )
 from attnzoo.compare.merge import merge_runs
+from attnzoo.compare.runner import train_run
 from attnzoo.results.comparison import CompareResults
 from attnzoo.training import read_checkpoint
 from attnzoo.variants import Variant
@@ -105,9 +106,9 @@ def test_every_engine_trains_the_inline_runs_bit_for_bit(inline, spec, tmp_path,
     if executor.name == "slurm":
         pytest.importorskip("submitit", reason="the slurm extra is not installed (the dev extra installs it)")
     if executor.name == "ray":
-        # Not in the dev extra: Ray's local runtime took 517 s for these four micro runs on 2 loaded cores, where
-        # submitit's took 85 s; pip install -e ".[ray]" runs it.
-        pytest.importorskip("ray", reason="the ray extra is not installed (CI leaves it out: its runtime is slow)")
+        # Not in the dev extra: Ray's runtime starts its own daemons and object store, a second cluster engine in
+        # every CI run (these four runs took 22 s with ray 2.60 on 2 cores, 2026-11-28); pip install -e ".[ray]".
+        pytest.importorskip("ray", reason="the ray extra is not installed (CI leaves it out: pip install -e .[ray])")
     stdout = _compare(spec, tmp_path / "out", executor)
     assert f"4 of 4 runs to train on executor {executor.name}" in stdout
     assert stdout.count("reusing") == 4  # the inline loop then reads each record back, training nothing
@@ -412,3 +413,51 @@ def test_a_run_on_two_gpus_under_torchrun_finishes_with_nccl(tmp_path):
     run = tmp_path / "out" / "runs" / VARIANTS[0] / "seed0"
     assert read_checkpoint(run).world_size == 2 and (run / "compare_run.json").is_file()
     assert "device cuda × 2 process(es)" in (tmp_path / "out" / "logs" / VARIANTS[0] / "seed0.log").read_text()
+
+
+class _RayOfTwoCpus:
+    """As much of Ray as the executor asks of it: a runtime already started, of 2 CPUs and no GPU."""
+
+    def __init__(self) -> None:
+        self.resources: dict | None = None
+
+    def is_initialized(self) -> bool:
+        return True
+
+    def cluster_resources(self) -> dict[str, float]:
+        return {"CPU": 2.0}
+
+    def remote(self, **resources):
+        self.resources = resources
+        return lambda work: work
+
+
+@pytest.mark.parametrize(
+    ("options", "device", "words"),
+    [
+        ({"num_cpus": 4}, "cpu", r"num_cpus=4 per run is more than the Ray cluster at a local runtime has \(2\)"),
+        ({"nproc_per_run": 2}, "cuda", r"num_gpus=2 per run is more than the Ray cluster .* has \(0\): no run could"),
+        ({"num_gpus": -1}, "cpu", r"num_gpus=-1 is invalid: a run's share of the cluster, a number >= 0"),
+        ({"num_cpus": "2"}, "cpu", r"num_cpus='2' is invalid"),
+    ],
+)
+def test_ray_refuses_runs_its_cluster_could_never_start(monkeypatch, tmp_path, options, device, words):
+    """They were submitted and waited on forever."""
+    from attnzoo.compare import executors
+
+    monkeypatch.setattr(executors, "_engine", lambda module, extra: _RayOfTwoCpus())
+    spec = resolve_spec("micro", variants=["mha+rope"], tasks=[])
+    spec = dataclasses.replace(spec, train=dataclasses.replace(spec.train, device=device))
+    with pytest.raises(ValueError, match=words):
+        executors.Ray(spec, tmp_path, train_run, ExecutorConfig("ray", options=options))
+
+
+def test_ray_runs_an_auto_device_on_the_cpu_of_a_cluster_without_gpus(monkeypatch, tmp_path):
+    """A run of two processes on device 'auto' asked this cluster for 2 GPUs, and waited forever."""
+    from attnzoo.compare import executors
+
+    ray = _RayOfTwoCpus()
+    monkeypatch.setattr(executors, "_engine", lambda module, extra: ray)
+    spec = resolve_spec("micro", variants=["mha+rope"], tasks=[])
+    executors.Ray(spec, tmp_path, train_run, ExecutorConfig("ray", options={"nproc_per_run": 2}))
+    assert spec.train.device == "auto" and ray.resources == {"num_cpus": 2, "num_gpus": 0, "max_retries": 0}

@@ -1,9 +1,11 @@
 """The hostile-input audit (scripts/audit_inputs.py) passes: every bad value of every option is refused in one clear
-line, or is on its reviewed allow-list. A fixed subset runs with the suite; the whole audit is a slow test."""
+line, or is on its reviewed allow-list. A fixed subset runs with the suite; the whole audit is opt-in
+(``ATTNZOO_FULL_AUDIT=1``), being half the suite's time on a 2-core machine."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -43,5 +45,10 @@ def test_every_option_that_takes_a_value_has_hostile_values():
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(
+    os.environ.get("ATTNZOO_FULL_AUDIT") != "1",
+    reason="the whole audit takes about 5 minutes of one core (290 s, 2026-11-28): ATTNZOO_FULL_AUDIT=1 runs it; "
+    "the subset above runs with every suite",
+)
 def test_the_whole_audit_finds_every_bad_value_refused_clearly():
     _passes(_audit())

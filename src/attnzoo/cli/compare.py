@@ -92,6 +92,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     presets = presets.replace("%", "%%")  # argparse formats help text with %
     parser.add_argument(
         "--config",
+        type=path_argument,
         metavar="FILE.toml",
         help="TOML file with a [compare] table whose keys are these flags' names (e.g. examples/compare.toml); "
         "flags given as well win",
@@ -172,7 +173,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _with_config(args: argparse.Namespace) -> argparse.Namespace:
     """The flags, each not given taken from the --config file's [compare] table, then the defaults."""
-    file = load_compare_config(args.config) if args.config else {}
+    file = load_compare_config(args.config) if args.config is not None else {}
     merged = dict(vars(args))
     for key, value in file.items():
         if key == "no_progress":
@@ -264,7 +265,7 @@ def _ladder(args: argparse.Namespace) -> int:
 
 
 def _executor(args: argparse.Namespace) -> ExecutorConfig:
-    name = args.executor or "inline"
+    name = "inline" if args.executor is None else args.executor  # "" from a config file is refused, not inline
     if args.jobs is not None and name != "local":
         raise ValueError(f"--jobs={args.jobs} counts local processes: it needs --executor local, not {name}")
     options = getattr(args, "executor_options", None) or {}

@@ -23,6 +23,7 @@ GPUs: ``local`` gives each run ``nproc_per_run`` of the visible ones, ``slurm`` 
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import pickle
@@ -59,6 +60,7 @@ OPTIONS: dict[str, frozenset[str] | None] = {
 # The processes (torchrun ranks) of each run: an option of every engine, taken by attnzoo rather than passed on.
 NPROC_PER_RUN = "nproc_per_run"
 MAX_PROCESSES = 1024  # --jobs and nproc_per_run: more is a typo, not a machine
+MAX_THREADS = 4096  # threads: likewise
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,12 @@ class ExecutorConfig:
                 f"[executor] {NPROC_PER_RUN}={nproc} launches each run's processes under torchrun, which the inline "
                 "executor does not: use --executor local, slurm or ray (a whole compare under torchrun is refused: "
                 "every rank would train every run)"
+            )
+        threads = self.options.get("threads")
+        if threads is not None and not (is_int(threads) and 1 <= threads <= MAX_THREADS):
+            raise ValueError(
+                f"[executor] threads={threads!r} is invalid: the torch threads of each process, an integer in "
+                f"[1, {MAX_THREADS}]"
             )
         allowed = OPTIONS[self.name]
         unknown = sorted(set(self.engine_options) - allowed) if allowed is not None else []
@@ -308,9 +316,22 @@ class Ray(Executor):
         options, nproc = config.engine_options, config.nproc_per_run
         if not self.ray.is_initialized():
             self.ray.init(address=options.get("address"), include_dashboard=False, log_to_driver=False)
-        cpus = int(options.get("num_cpus", nproc))
-        gpus = options.get("num_gpus", nproc if nproc > 1 and spec.train.device != "cpu" else 0)
-        self.threads = max(1, cpus // nproc)
+        cluster = self.ray.cluster_resources()
+        cpus = options.get("num_cpus", nproc)
+        # "auto" trains on a GPU only where the cluster has them: asking a cluster without for one would never run.
+        on_gpu = spec.train.device.startswith("cuda") or (spec.train.device == "auto" and cluster.get("GPU", 0) > 0)
+        gpus = options.get("num_gpus", nproc if nproc > 1 and on_gpu else 0)
+        for name, asked, resource in (("num_cpus", cpus, "CPU"), ("num_gpus", gpus, "GPU")):
+            have = cluster.get(resource, 0)
+            if not isinstance(asked, int | float) or isinstance(asked, bool) or not 0 <= asked < math.inf:
+                raise ValueError(f"[executor] {name}={asked!r} is invalid: a run's share of the cluster, a number >= 0")
+            if asked > have:
+                raise ValueError(
+                    f"[executor] {name}={asked:g} per run is more than the Ray cluster at "
+                    f"{options.get('address') or 'a local runtime'} has ({have:g}): no run could ever start; ask for "
+                    f"at most {have:g} (an autoscaling cluster: start it at the size a run needs)"
+                )
+        self.threads = max(1, int(cpus) // nproc)
         self.task = self.ray.remote(num_cpus=cpus, num_gpus=gpus, max_retries=0)(work)
 
     def execute(self, jobs: list[RunJob]) -> Iterator[tuple[RunJob, str | None]]:

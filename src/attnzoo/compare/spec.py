@@ -429,29 +429,26 @@ def _rung(name: str, model: dict[str, Any], steps: int, variants: tuple[str, ...
     )
 
 
-# The GPU ladder (issue 35): DCFormer's regime of heads of 64 at two sizes 2× apart, each rung one command of at most
-# 8 minutes of a 15-minute H100 lease, machine start excluded, run by scripts/gpu_kit.sh --preset gpu-ladder --rung
-# NAME (docs/jobs/gpu.md). Sizes: dim 192 with 3 heads of 64, 3 layers (1,377,600 parameters; Diff's matched model
-# 1,383,360, the largest) and 6 layers with a SwiGLU width of 528 for 2× (2,761,152; Diff 2,772,672). Tokens: 888
-# and 1,780 steps × 128 × 256 = 29.1M and 58.3M, 21.0 tokens per parameter of the largest variant at both, so the
-# kit may shrink a rung by 4% and still meet gate (a)'s 20. Passes: pysource on the GPU image is at least the
-# standard library's and torch's and transformers' sources (10.7M + 90.4M bytes, gpu-2026-11-26b), so at least 91M
-# training tokens: at most 0.32 and 0.64 passes (the kit's corpus stage records the real figure). Why not the
-# issue's worked example, 1.8M parameters (dim 192, 4 layers) on 36M tokens: its 2× partner costs 4× the compute
-# (2× the tokens at 2× the FLOPs per token), about 8 minutes of training by the estimate below, which no lease's
-# call holds beside the machine's start. Learning rate 2e-3, between gpu-lm's 1e-3 at 10.7M and the CPU ladder's
-# 3e-3 at 0.25M; T = 256 as the CPU ladder, with 128 sequences a step for gpu-lm's 32,768 tokens. A cost of 3
-# heads: Diff pairs MHA's heads into heads of 128 (two maps of 64), so it gets one, 128 of the 192 dimensions, its
-# MLP widened to match the parameters; 4 heads of 64 (dim 256) would pair evenly, but their 2× rung estimates 6.6
-# minutes of training, more than a lease's call holds.
-# Estimated time (not yet measured): gpu-lm's timed steps on an H100 (benchmarks/results/gpu-2026-11-25/timing.json,
-# 32,768 tokens a step at 10.7M parameters: mha 34.0, diff 47.8, selective 38.7, dcmha 92.6 ms), each scaled by
-# the ratio of FLOPs per token (attnzoo.model.training_flops_per_token: 78.4 / 85.5 / 78.5 / 81.2 MFLOP there, at
-# T = 512; 10.0-10.2 MFLOP at the small rung and 20.1-20.4 at the large, at T = 256), give 4.4 / 5.6 / 5.0 / 11.6
-# ms a step at the small rung and 8.7 / 11.3 / 9.9 / 23.2 at the large: 3 seeds × 4 variants train in 1.2 and 4.7
-# minutes, evaluations a few seconds on top. Scaling by FLOPs flatters small models (their kernels are short, so
-# launches and memory traffic weigh more), so each is a lower bound; the kit times 50 steps of each variant first
-# and shrinks the steps rather than overrun, and the small rung's timing.json measures what the large one will cost.
+# The GPU ladder (issue 35): two sizes 2× apart with heads of 48, each rung one command of at most 8 minutes of a
+# 15-minute H100 lease, machine start excluded, run by scripts/gpu_kit.sh --preset gpu-ladder --rung NAME
+# (docs/jobs/gpu.md). Sizes: dim 192 with 4 heads of 48, 3 layers (1,377,600 parameters; the largest matched variant,
+# selective, 1,378,758) and 6 layers with a SwiGLU width of 528 for 2× (2,761,152; selective 2,763,468). Four heads,
+# not the issue's example of 3 heads of 64: Diff pairs MHA's heads into heads of twice the size, so 3 heads gave it
+# one head of 128 over 128 of the 192 dimensions (its MLP widened to match), a handicap no verdict should rest on; 4
+# heads of 64 (dim 256) pair evenly, but their 2× rung estimates 6.6 minutes of training, more than a lease's call
+# holds beside the machine's start. Heads of 48 sit between the CPU ladder's 24 and DCFormer's 64; the report states
+# the head size each claim was judged at. Tokens: 888 and 1,780 steps × 128 × 256 = 29.1M and 58.3M, 21.1 tokens per
+# parameter of the largest variant, so the kit may shrink a rung by a few percent and still meet gate (a)'s 20.
+# Passes: pysource on the GPU image is at least the standard library's and torch's and transformers' sources (10.7M +
+# 90.4M bytes, gpu-2026-11-26b), so at least 91M training tokens: at most 0.32 and 0.64 passes (the kit's corpus stage
+# records the real figure). Learning rate 2e-3, between gpu-lm's 1e-3 at 10.7M and the CPU ladder's 3e-3 at 0.25M; T =
+# 256 as the CPU ladder, with 128 sequences a step for gpu-lm's 32,768 tokens. Estimated time (not yet measured):
+# gpu-lm's timed steps on an H100 (benchmarks/results/gpu-2026-11-25/timing.json, 32,768 tokens a step at 10.7M
+# parameters: mha 34.0, diff 47.8, selective 38.7, dcmha 92.6 ms), each scaled by the ratio of FLOPs per token
+# (attnzoo.model.training_flops_per_token) to the rung's: 3 seeds × 4 variants train in 1.2 and 4.8 minutes,
+# evaluations a few seconds on top. Scaling by FLOPs flatters small models (their kernels are short, so launches and
+# memory traffic weigh more), so each is a lower bound; the kit times 50 steps of each variant first and shrinks the
+# steps rather than overrun, and the small rung's timing.json measures what the large one will cost.
 def _gpu_rung(name: str, model: dict[str, Any], steps: int) -> CompareSpec:
     """One size of the GPU ladder: gpu-lm's corpus, bf16 autocast and evaluations on 128 × 256 tokens a step, warmup
     5% of the steps, evaluations at every quarter on 1,024 windows and the whole split at the end, no bench."""
@@ -514,14 +511,14 @@ LADDERS: dict[str, LadderSpec] = {
     "gpu-ladder": LadderSpec(
         name="gpu-ladder",
         description=(
-            "the primary language-model claims on one CUDA GPU at two sizes 2× apart, heads of 64 (1.38M and 2.76M "
+            "the primary language-model claims on one CUDA GPU at two sizes 2× apart, heads of 48 (1.38M and 2.76M "
             "parameters, 21 tokens per parameter, pysource read at most once): MHA, Diff, selective and DCMHA × 3 "
             "seeds, one rung per 15-minute lease (scripts/gpu_kit.sh --preset gpu-ladder --rung small, then large); "
-            "estimated 1.2 and 4.7 minutes of H100 training (scaled from gpu-lm's timed steps by FLOPs per token)"
+            "estimated 1.2 and 4.8 minutes of H100 training (scaled from gpu-lm's timed steps by FLOPs per token)"
         ),
         rungs=(
-            _gpu_rung("small", {"dim": 192, "n_layers": 3, "n_heads": 3}, 888),
-            _gpu_rung("large", {"dim": 192, "n_layers": 6, "n_heads": 3, "mlp_hidden_dim": 528}, 1780),
+            _gpu_rung("small", {"dim": 192, "n_layers": 3, "n_heads": 4}, 888),
+            _gpu_rung("large", {"dim": 192, "n_layers": 6, "n_heads": 4, "mlp_hidden_dim": 528}, 1780),
         ),
     ),
 }

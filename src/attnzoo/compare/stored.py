@@ -16,8 +16,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from attnzoo.config import ModelConfig
 from attnzoo.io import file_kind
 from attnzoo.results.comparison import CompareResults
+from attnzoo.validation import is_int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,14 +39,15 @@ LOSS = Rule(lambda v: v >= 0, "must be >= 0: a cross-entropy or squared error is
 # By field name, wherever it appears in the records (a list's or a dict's items take the rule of the field holding
 # them). Names not listed are checked by their type alone.
 NAMES_BY_RULE: tuple[tuple[Rule, str], ...] = (
-    (LOSS, "loss final_train_loss block_losses"),
+    (LOSS, "loss final_train_loss block_losses val_loss"),
     (FRACTION, "accuracy depths"),
     (ABOVE_0, "train_seconds tokens_per_s tokens_per_s_min tokens_per_s_max rates lr"),
     (AT_LEAST_1, "parameters block_len stride multiple batch_size seq_len runs rounds cores cpu_count torch_threads "
-                 "context_len lengths"),
+                 "context_len lengths order repeats threads"),
     (AT_LEAST_0, "seed seeds steps tokens bytes kv_cache_bytes_per_token warmup_steps min_lr tokens_per_run "
                  "train_seconds_total wall_seconds_this_invocation train_tokens val_tokens seconds peak_mem_mb "
-                 "load_average round_load_averages load_average_start load_average_end"),
+                 "load_average round_load_averages load_average_start load_average_end warmup "
+                 "probes"),
 )  # fmt: skip
 RULES: dict[str, Rule] = {name: rule for rule, names in NAMES_BY_RULE for name in names.split()}
 # Records that keep what a diverged run measured, NaN or infinite: a synthetic task's runs.
@@ -79,8 +82,20 @@ def load_results(path: Path) -> CompareResults:
 
 
 def check_stored_numbers(results: CompareResults, source: str = "results") -> None:
-    """Raise a ValueError naming the first number of ``results`` that its field's rule refuses."""
+    """Raise a ValueError naming the first number of ``results`` that its field's rule refuses, or the first stored
+    model configuration that would not build (a variant's, or one the bench measured)."""
     _check(results, source, None, finite=True)
+    configs = {f"variants.{label}.config": variant.config for label, variant in results.variants.items()}
+    _check_bench_key(results.bench.key, f"{source}.bench.key")
+    bench_configs = results.bench.key.get("configs", {})
+    if not isinstance(bench_configs, dict):
+        raise ValueError(f"{source}.bench.key.configs = {bench_configs!r} is invalid: must map variants to configs")
+    configs |= {f"bench.key.configs.{label}": config for label, config in bench_configs.items()}
+    for where, config in configs.items():
+        try:
+            ModelConfig.from_dict(config)
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"{source}.{where} is not a model configuration attnzoo builds: {err}") from None
 
 
 def _check(value: Any, where: str, rule: Rule | None, finite: bool) -> None:
@@ -108,3 +123,19 @@ def _check(value: Any, where: str, rule: Rule | None, finite: bool) -> None:
                 raise ValueError(f"{where} = {value!r} is invalid: must be a finite number")
         elif rule is not None and not rule.holds(value):
             raise ValueError(f"{where} = {value!r} is invalid: {rule.allowed}")
+
+
+def _check_bench_key(key: dict[str, Any], where: str) -> None:
+    """The bench's key is free-form (what was measured and how), so its counts are checked here by name: a count
+    of the wrong type or sign, and cases that are not (mode, multiple ≥ 1) pairs, are refused."""
+    for name, value in key.items():
+        rule = RULES.get(name)
+        if rule is not None and (not is_int(value) or not rule.holds(value)):
+            raise ValueError(
+                f"{where}.{name} = {value!r} is invalid: must be an integer {rule.allowed.removeprefix('must be ')}"
+            )
+    for i, case in enumerate(key.get("cases", [])):
+        if not (
+            isinstance(case, list) and len(case) == 2 and isinstance(case[0], str) and is_int(case[1]) and case[1] >= 1
+        ):
+            raise ValueError(f"{where}.cases[{i}] = {case!r} is invalid: must be a [mode, multiple >= 1] pair")
