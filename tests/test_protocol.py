@@ -103,7 +103,8 @@ def _cut_short(data: dict) -> dict:
         (records(gaps=(0.05, 0.02, -0.03)), "(c) gap stability", "the gap changed sign"),
         (records(gaps=(0.06, 0.05, 0.035)), "(c) gap stability", "the gap moved 0.0150 nats over the last quarter"),
         (records(eval_windows=128), "(c) gap stability", "scored on 128 windows, fewer than 1,024"),
-        (records(ngram=2.01), "(d) competent models", "diff+rope 2.050 nats/token, no better than a 3-gram"),
+        (records(ngram=1.99), "(d) competent models", "mha+rope 2.000, diff+rope 2.050 nats/token, no better than"),
+        (records(gaps=(-0.1,) * 3, ngram=1.95), "(d) competent models", "mha+rope 2.000 nats/token, no better than"),
     ],
 )
 def test_each_part_of_the_language_model_gate_fails_alone(broken, part, says):
@@ -112,6 +113,22 @@ def test_each_part_of_the_language_model_gate_fails_alone(broken, part, says):
     verdict = judge(CLAIM, CompareResults.from_dict(broken))
     assert verdict.outcome == "not measurable" and verdict.p_raw is None
     assert verdict.would_change == gate.remedy
+
+
+def test_a_variant_that_never_learned_its_context_counts_against_a_claim_for_it_and_never_for_one_against_it():
+    """Diff at 2.05 above the trigram level 2.01, MHA at 2.00 below it. "Diff's loss is lower": Diff failing to
+    learn what MHA learned in the same budget is the claim failing (contradicted). "Diff's loss is higher": an
+    incompetent Diff would win it for nothing, so the comparison cannot show it."""
+    data = records(ngram=2.01)
+    verdict = judge(CLAIM, CompareResults.from_dict(data))
+    competent = next(part for part in verdict.gate.parts if part.name == "(d) competent models")
+    assert verdict.gate.passed and competent.passed
+    assert "diff+rope 2.050 nats/token" in competent.detail and "where mha+rope learned" in competent.detail
+    assert verdict.outcome == "contradicted"
+    claimed_worse = dataclasses.replace(CLAIM, rule="higher")
+    assert CLAIM.favours_variant_on_loss and not claimed_worse.favours_variant_on_loss
+    against = judge(claimed_worse, CompareResults.from_dict(data))
+    assert against.outcome == "not measurable" and "diff+rope 2.050 nats/token, no better than" in against.reason
 
 
 def test_two_curves_that_cross_late_are_caught_though_the_end_gap_is_large():

@@ -61,6 +61,10 @@ class Measure:
     across: Callable[[Ladder, CompareResults, str], Values | None] | None = None
     # What else to show beside the measure's mean, for one variant (e.g. the factors of a product): name → mean.
     levels: Callable[[CompareResults, str], dict[str, float]] | None = None
+    # How the measure moves as the variant's validation loss rises: +1 (a loss), −1 (a compute multiple), 0 where a
+    # model's loss says nothing of it (a probe; the rise past the training length, least for a model that ignores
+    # its context). Decides what a variant that never learned its context means for a claim (the gate's (d)).
+    loss_sign: Literal[-1, 0, 1] = 0
 
 
 # ------------------------------------------------------------------------------------------------- the gates
@@ -109,7 +113,11 @@ class LanguageModelGate:
         ``loss_effect``/2 of zero (curves that run together), each point scored on at least ``min_windows``
         windows or the whole split: a model that merely learns faster early is not an end state;
     (d) **competent models**: every model beats a count-based trigram model (interpolated Kneser–Ney) fitted on
-        the same training split and scored on the same validation split.
+        the same training split and scored on the same validation split; except the variant of a claim that has it
+        at least as good as the baseline on a measure that tracks its loss (:attr:`Claim.favours_variant_on_loss`):
+        a variant that did not learn its context where the baseline did is the claim failing, which the verdict
+        shows, not a comparison that cannot show it. A model that has not learned its context can lose a
+        comparison but never win or tie one.
 
     A loss still falling is no reason to refuse: no paper trains to a flat loss, and what a falling loss could
     hide (a gap that is still moving) is measured directly by (c). ``loss_effect`` is the smallest validation-loss
@@ -152,7 +160,7 @@ class LanguageModelGate:
             self._budget(results, models, levels),
             self._end_state(results, models, levels),
             self._gap(results, claim, levels),
-            _competent(results, models, levels),
+            _competent(results, models, levels, claim.variant if claim.favours_variant_on_loss else None),
         ]
         remedies = {
             "(a) budget": "a budget of at least 20 tokens per parameter read at most 4 times (a smaller model, more "
@@ -296,7 +304,8 @@ def _curve_at(run, fraction: float, steps: int) -> float | None:
     return next((loss for s, loss in run.val_curve if s == step), None)
 
 
-def _competent(results: CompareResults, models: list[str], levels: dict[str, float]) -> GatePart:
+def _competent(results: CompareResults, models: list[str], levels: dict[str, float], may_fail: str | None) -> GatePart:
+    """Every model below the n-gram level, but ``may_fail``, whose failure counts against its claim (the gate's (d))."""
     ngram = results.corpus.ngram
     if ngram is None:
         return GatePart(
@@ -305,17 +314,28 @@ def _competent(results: CompareResults, models: list[str], levels: dict[str, flo
             "this results file records no n-gram level of its corpus (`attnzoo compare --report-only` adds it)",
         )
     levels[f"{ngram.order}-gram level (nats/token)"] = ngram.val_loss
-    worse = []
+    count_model = (
+        f"a {ngram.order}-gram count model ({ngram.val_loss:.3f}, fitted on {ngram.train_tokens:,} training tokens)"
+    )
+    worse = {}
     for label in models:
         loss = float(np.mean([run.val.loss for run in results.variants[label].runs]))
         if not loss < ngram.val_loss:
-            worse.append(f"{label} {loss:.3f}")
-    if worse:
+            worse[label] = f"{label} {loss:.3f}"
+    if worse and list(worse) != [may_fail]:
         return GatePart(
             "(d) competent models",
             False,
-            f"{', '.join(worse)} nats/token, no better than a {ngram.order}-gram count model ({ngram.val_loss:.3f}, "
-            f"fitted on {ngram.train_tokens:,} training tokens): a model that has not learned to use its context",
+            f"{', '.join(worse.values())} nats/token, no better than {count_model}: a model that has not learned to "
+            "use its context",
+        )
+    if worse:
+        others = " and ".join(label for label in models if label != may_fail)
+        return GatePart(
+            "(d) competent models",
+            True,
+            f"{worse[may_fail]} nats/token, no better than {count_model}, where {others} learned to use the context "
+            "in the same budget: a result against the claim, not a comparison that cannot show it",
         )
     return GatePart(
         "(d) competent models", True, f"every model below the {ngram.order}-gram level {ngram.val_loss:.3f}"
@@ -513,6 +533,13 @@ class Claim:
             )
         if any(measure.task != self.measure.task for measure in measures):
             raise ValueError(f"claim {self.id!r}: every part is read off the same task (or language model)")
+
+    @property
+    def favours_variant_on_loss(self) -> bool:
+        """Whether the claim has the variant at least as good as the baseline on a measure that tracks the variant's
+        loss, so that a variant whose loss stayed high scores as badly as it did."""
+        sign = self.measure.loss_sign
+        return (sign == 1 and self.rule in (LOWER, NONINFERIOR)) or (sign == -1 and self.rule == HIGHER)
 
     @property
     def is_run(self) -> bool:

@@ -34,7 +34,8 @@ def lm_metric(name: str, label: str) -> Measure:
             return None
         return {run.seed: np.asarray(run.val.block_losses) for run in found.runs}
 
-    return Measure(label, "the language-model runs", read, blocks=blocks if name == "val_loss" else None)
+    loss = name == "val_loss"
+    return Measure(label, "the language-model runs", read, blocks=blocks if loss else None, loss_sign=1 if loss else 0)
 
 
 def loss_rise(multiple: int) -> Measure:
@@ -147,6 +148,7 @@ def compute_multiple(baseline: str) -> Measure:
         f"{baseline} at two model sizes or more",
         lambda results, label: None,
         across=across,
+        loss_sign=-1,
     )
 
 

@@ -404,26 +404,34 @@ class LadderSpec:
         require(len(set(names)) == len(names), "rungs", names, "must have distinct names (their directories)")
 
 
-def _rung(name: str, model: dict[str, Any], steps: int, variants: tuple[str, ...]) -> CompareSpec:
-    """One size of the CPU ladder: 16 × 256 tokens a step, warmup 5% of the steps, evaluations at every quarter
-    (the gap-stability gate's 50, 75 and 100%) on 1,024 windows, no throughput bench (a ladder judges losses)."""
+def _rung(
+    ladder: str,
+    name: str,
+    model: dict[str, Any],
+    steps: int,
+    variants: tuple[str, ...],
+    seeds: tuple[int, ...],
+    train: dict[str, Any],
+) -> CompareSpec:
+    """One size of a ladder: sequences of 256 tokens, warmup 5% of the steps, evaluations at every quarter (the
+    gap-stability gate's 50, 75 and 100%) on 1,024 windows, no throughput bench (a ladder judges losses). ``train``
+    holds what a ladder sets for all its sizes: its corpus, batch, learning rate and device."""
     return CompareSpec(
         name=name,
-        description=f"the ladder's {name} rung",
+        description=f"the {ladder}'s {name} rung",
         model=model,
         train=TrainConfig(
             seq_len=256,
-            batch_size=16,
             steps=steps,
             warmup_steps=steps // 20,
             eval_interval=steps // 4,
             eval_windows=1024,
             log_interval=20,
             checkpoint_interval=steps // 4,
-            lr=3e-3,
             keep_checkpoints=1,
+            **train,
         ),
-        seeds=(0, 1, 2, 3, 4),
+        seeds=seeds,
         variants=variants,
         evals=EvalSpec(extrapolation_multiples=(1, 2), extrapolation_blocks=4, bench_cases=()),
     )
@@ -449,31 +457,11 @@ def _rung(name: str, model: dict[str, Any], steps: int, variants: tuple[str, ...
 # evaluations a few seconds on top. Scaling by FLOPs flatters small models (their kernels are short, so launches and
 # memory traffic weigh more), so each is a lower bound; the kit times 50 steps of each variant first and shrinks the
 # steps rather than overrun, and the small rung's timing.json measures what the large one will cost.
-def _gpu_rung(name: str, model: dict[str, Any], steps: int) -> CompareSpec:
-    """One size of the GPU ladder: gpu-lm's corpus, bf16 autocast and evaluations on 128 × 256 tokens a step, warmup
-    5% of the steps, evaluations at every quarter on 1,024 windows and the whole split at the end, no bench."""
-    return CompareSpec(
-        name=name,
-        description=f"the gpu-ladder's {name} rung",
-        model=model,
-        train=TrainConfig(
-            data=_GPU_DATA,
-            seq_len=256,
-            batch_size=128,
-            steps=steps,
-            warmup_steps=steps // 20,
-            eval_interval=steps // 4,
-            eval_windows=1024,
-            log_interval=20,
-            checkpoint_interval=steps // 4,
-            lr=2e-3,
-            keep_checkpoints=1,
-            device="cuda",
-        ),
-        seeds=(0, 1, 2),
-        variants=("mha+rope", "diff+rope", "selective+rope", "dcmha+rope"),
-        evals=EvalSpec(extrapolation_multiples=(1, 2), extrapolation_blocks=4, bench_cases=()),
-    )
+_GPU_LADDER_RUN = (
+    ("mha+rope", "diff+rope", "selective+rope", "dcmha+rope"),
+    (0, 1, 2),
+    {"data": _GPU_DATA, "batch_size": 128, "lr": 2e-3, "device": "cuda"},
+)
 
 
 # The primaries' language models at two sizes 2× apart, each at about 21 tokens per parameter (Chinchilla's 20)
@@ -494,6 +482,7 @@ _LADDER_VARIANTS = (
     "dcmha+rope",
     *(f"mha+rope+kv2+up{fraction:g}" for fraction in (0.05, 0.1, 0.2)),  # Ainslie et al.'s α, and twice and 4×
 )
+_LADDER_RUN = (_LADDER_VARIANTS, (0, 1, 2, 3, 4), {"batch_size": 16, "lr": 3e-3})
 LADDERS: dict[str, LadderSpec] = {
     "ladder": LadderSpec(
         name="ladder",
@@ -504,8 +493,10 @@ LADDERS: dict[str, LadderSpec] = {
             "--executor local --jobs 2 (estimated from its runs' times)"
         ),
         rungs=(
-            _rung("small", {"dim": 64, "n_layers": 2, "n_heads": 4}, 640, _LADDER_VARIANTS),
-            _rung("large", {"dim": 96, "n_layers": 2, "n_heads": 4, "mlp_hidden_dim": 264}, 1280, _LADDER_VARIANTS),
+            _rung("ladder", "small", {"dim": 64, "n_layers": 2, "n_heads": 4}, 640, *_LADDER_RUN),
+            _rung(
+                "ladder", "large", {"dim": 96, "n_layers": 2, "n_heads": 4, "mlp_hidden_dim": 264}, 1280, *_LADDER_RUN
+            ),
         ),
     ),
     "gpu-ladder": LadderSpec(
@@ -517,8 +508,14 @@ LADDERS: dict[str, LadderSpec] = {
             "estimated 1.2 and 4.8 minutes of H100 training (scaled from gpu-lm's timed steps by FLOPs per token)"
         ),
         rungs=(
-            _gpu_rung("small", {"dim": 192, "n_layers": 3, "n_heads": 4}, 888),
-            _gpu_rung("large", {"dim": 192, "n_layers": 6, "n_heads": 4, "mlp_hidden_dim": 528}, 1780),
+            _rung("gpu-ladder", "small", {"dim": 192, "n_layers": 3, "n_heads": 4}, 888, *_GPU_LADDER_RUN),
+            _rung(
+                "gpu-ladder",
+                "large",
+                {"dim": 192, "n_layers": 6, "n_heads": 4, "mlp_hidden_dim": 528},
+                1780,
+                *_GPU_LADDER_RUN,
+            ),
         ),
     ),
 }
