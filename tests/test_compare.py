@@ -350,7 +350,8 @@ def test_a_second_invocation_reuses_every_finished_run(micro, copy_of):
     result, stdout = _compare(copy_of, micro["text"])
     assert result.interrupted_by is None
     assert _mtimes(copy_of) == before  # nothing retrained, re-evaluated or re-measured
-    assert stdout.count("reusing") == 5 and "attnzoo 0.1.0 →" not in stdout  # 4 runs and the bench; no trainer
+    assert "reusing 4 of 4 runs finished earlier" in stdout and "attnzoo 0.1.0 →" not in stdout  # no trainer
+    assert stdout.count("reusing") == 2 and "── [" not in stdout  # the runs and the bench, a line each
     assert _val_losses(_results(copy_of)) == _val_losses(results_before)
 
 
@@ -715,6 +716,10 @@ def test_a_compare_that_lists_no_bench_cases_reports_without_them(tmp_path):
     assert "Not measured: this comparison's evaluations list no bench cases." in markdown
     assert "throughput_memory.png" not in markdown and not (out / "plots" / "throughput_memory.png").exists()
     assert json.loads(paths["verdicts"].read_text())["claims"]
+    # The side-by-side table leaves the speed and memory columns out, where it showed two columns of N/A.
+    assert "speed vs baseline" not in markdown and "memory vs baseline" not in markdown
+    with_bench = write_report(CompareResults.load(FIXTURE / "results.json"), tmp_path / "with-bench")
+    assert "train speed vs baseline (>1 faster), T=" in with_bench["markdown"].read_text()
 
 
 @pytest.mark.parametrize("flag", [[], ["--claims"]])

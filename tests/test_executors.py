@@ -100,6 +100,33 @@ ENGINES = [
 ]
 
 
+def test_the_time_left_weighs_each_run_by_its_estimate(monkeypatch, tmp_path):
+    """After the ladder's first run on two processes the screen said "about 200m left" for about 70 minutes of work:
+    every run left, each uptraining at 5% of the steps included, counted as long as the average run so far."""
+    from attnzoo.compare import executors
+
+    jobs = [RunJob(Variant.parse(label), 0, "local") for label in VARIANTS]
+    clock = iter([0.0, 60.0, 63.0])  # the start, then each run's end: the full run took 60 s, the uptrained 3 s
+
+    class Engine:
+        def execute(self, wave):
+            return [(job, None) for job in wave]
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(executors, "make_executor", lambda *args: Engine())
+    monkeypatch.setattr(executors.time, "perf_counter", lambda: next(clock))
+    said = []
+    estimates = {"mha+rope": 100.0, "mha+rope+kv1+up0.5": 5.0}  # seconds, as the runner's schedule has them
+    run_elsewhere(INLINE, None, tmp_path, jobs, None, said.append, lambda job: estimates[job.variant.label])
+    # 60 s for 100 estimated: the 5 estimated seconds left take 3 s, where the run count said 60 s.
+    assert said == [
+        "[1/2] mha+rope · seed 0 finished on inline · 1m00s elapsed · about 3s left",
+        "[2/2] mha+rope+kv1+up0.5 · seed 0 finished on inline · 1m03s elapsed",
+    ]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("executor", ENGINES)
 def test_every_engine_trains_the_inline_runs_bit_for_bit(inline, spec, tmp_path, executor):
@@ -111,7 +138,8 @@ def test_every_engine_trains_the_inline_runs_bit_for_bit(inline, spec, tmp_path,
         pytest.importorskip("ray", reason="the ray extra is not installed (CI leaves it out: pip install -e .[ray])")
     stdout = _compare(spec, tmp_path / "out", executor)
     assert f"4 of 4 runs to train on executor {executor.name}" in stdout
-    assert stdout.count("reusing") == 4  # the inline loop then reads each record back, training nothing
+    # The inline loop then reads the records back, training nothing, in one line rather than a block a run.
+    assert f"reusing 4 of 4 runs finished on executor {executor.name} or earlier" in stdout and "── [" not in stdout
     _assert_same_runs(tmp_path / "out", inline["out"])
     results = CompareResults.load(tmp_path / "out" / "results.json")
     assert {run.provenance.executor for v in results.variants.values() for run in v.runs} == {executor.name}
@@ -226,7 +254,7 @@ def test_two_partial_directories_merged_equal_one_full_run(inline, spec, tmp_pat
     assert sorted(copied) == sorted(f"runs/{label}/seed{seed}" for label in VARIANTS for seed in (0, 1))
     stdout = _compare(spec, tmp_path / "merged")
     # Nothing trained or evaluated again: seed 1 kept its maps as the first seed of its part, which is no loss.
-    assert stdout.count("reusing") == 4 and "attnzoo 0.1.0 →" not in stdout
+    assert "reusing 4 of 4 runs finished earlier" in stdout and "attnzoo 0.1.0 →" not in stdout
     _assert_same_runs(tmp_path / "merged", inline["out"], maps_aside=True)
     merged, full = (CompareResults.load(out / "results.json") for out in (tmp_path / "merged", inline["out"]))
     assert judge_all(merged) == judge_all(full)
@@ -279,7 +307,10 @@ def test_a_run_on_two_processes_under_torchrun_leaves_the_inline_runs_files_and_
     """
     out = tmp_path / "out"
     stdout = _compare(dataclasses.replace(spec, seeds=(0,)), out, TWO_RANKS)
-    assert "2 of 2 runs to train on executor local" in stdout and stdout.count("reusing") == 2
+    assert (
+        "2 of 2 runs to train on executor local" in stdout
+        and "reusing 2 of 2 runs finished on executor local" in stdout
+    )
     for label in VARIANTS:
         ours, theirs = out / "runs" / label / "seed0", inline["out"] / "runs" / label / "seed0"
         assert sorted(p.relative_to(ours) for p in ours.rglob("*")) == sorted(

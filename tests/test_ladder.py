@@ -2,7 +2,9 @@
 ladder copied together from rungs run apart gives the same verdicts, and the CPU and GPU ladders meet the budget by
 construction."""
 
+import contextlib
 import dataclasses
+import io
 import json
 import shutil
 
@@ -39,18 +41,25 @@ def ladder_run(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("ATTNZOO_CACHE_DIR", str(root / "cache"))
         spec = _micro_ladder(write_text_corpus(root / "text.txt"))
-        result = run_ladder(spec, root / "out", progress=False)
-    return root / "out", result
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            result = run_ladder(spec, root / "out", progress=False)
+    return root / "out", result, printed.getvalue()
 
 
 def test_a_ladder_runs_each_rung_in_its_directory_and_judges_them_together(ladder_run):
-    out, result = ladder_run
+    out, result, printed = ladder_run
     assert result.interrupted_by is None and [r.preset for r in result.ladder.rungs] == ["small", "large"]
     assert (out / "small" / "results.json").is_file() and (out / "large" / "report.md").is_file()
     verdicts = json.loads((out / "verdicts.json").read_text())
     assert verdicts["sizes"] == [r.variants["mha+rope"].parameters for r in result.ladder.rungs]
     diff = next(row for row in verdicts["claims"] if row["id"] == "diff.lm_loss")
     assert len(diff["sizes"]) == 2 and diff["outcome"] == "not measurable"  # 6 steps meet no budget
+    # The screen ends with the ladder's answer, judged across the sizes, below the largest rung's one-size line.
+    last = printed.splitlines()[-3:]
+    assert last[0].startswith("primaries over 2 sizes") and "diff.lm_loss not measurable" in last[0]
+    assert last[1].startswith("claims over 2 sizes: ") and last[2].startswith(f"ladder report: {out / 'report.md'}")
+    assert "speed vs baseline" not in (out / "small" / "report.md").read_text()  # a rung benches nothing
     report = (out / "report.md").read_text()
     assert "| [small](small/report.md) |" in report and "## The papers' claims" in report
     uptrained = result.ladder.largest.versus_baseline("mha+rope+kv1+up0.5", "val_loss")
@@ -61,7 +70,7 @@ def test_a_ladder_runs_each_rung_in_its_directory_and_judges_them_together(ladde
 
 
 def test_rungs_run_apart_merge_by_being_copied_side_by_side(ladder_run, tmp_path):
-    out, _ = ladder_run
+    out, _, _ = ladder_run
     merged = tmp_path / "merged"
     for rung in ("large", "small"):  # from two "leases", in either order
         shutil.copytree(out / rung, merged / rung)
@@ -77,7 +86,7 @@ def test_rungs_run_apart_merge_by_being_copied_side_by_side(ladder_run, tmp_path
 def test_a_rung_run_on_its_own_merges_with_the_other_to_the_verdicts_of_one_run_holding_both(ladder_run, tmp_path):
     """A GPU ladder grows a rung per lease: the large rung trained alone, as a later lease runs it, then copied beside
     the small one, is judged as the ladder that trained both in one run."""
-    out, _ = ladder_run
+    out, _, _ = ladder_run
     root = out.parent
     large = next(rung for rung in _micro_ladder(root / "text.txt").rungs if rung.name == "large")
     with pytest.MonkeyPatch.context() as patch:
@@ -172,13 +181,14 @@ def test_the_gpu_ladders_time_estimate_follows_from_the_stored_h100_steps():
 def test_report_only_on_a_folder_of_rungs_judges_the_ladder(ladder_run, tmp_path, capsys):
     from attnzoo.cli import main
 
-    out, _ = ladder_run
+    out, _, _ = ladder_run
     copy = tmp_path / "copy"
     shutil.copytree(out, copy)
     (copy / "verdicts.json").unlink()
     assert main(["compare", "--out", str(copy), "--report-only"]) == 0
-    said = capsys.readouterr().out
-    assert said.startswith("claims over 2 sizes: ") and f"report: {copy / 'report.md'}" in said
+    said = capsys.readouterr().out.splitlines()
+    assert said[0].startswith("primaries over 2 sizes (Holm-corrected together): alibi.short_matches_long not run;")
+    assert said[1].startswith("claims over 2 sizes: ") and f"report: {copy / 'report.md'}" in said[2]
     assert (
         json.loads((copy / "verdicts.json").read_text())["claims"]
         == json.loads((out / "verdicts.json").read_text())["claims"]

@@ -292,7 +292,7 @@ def _report_only(out: Path, claims_table: bool) -> int:
 
 def _ladder_report_only(out: Path) -> int:
     """A folder of rungs, each a comparison in its own subfolder: the ladder's report, judged across them."""
-    from attnzoo.claims.verdicts import OUTCOMES, counts, judge_all
+    from attnzoo.compare.progress import ladder_summary
     from attnzoo.compare.report_ladder import write_ladder_report
     from attnzoo.results.ladder import load_ladder
 
@@ -300,10 +300,7 @@ def _ladder_report_only(out: Path) -> int:
         _with_ngram_level(results_file)  # each checked as a comparison's own --report-only checks it
     ladder, dirs = load_ladder(out)
     paths = write_ladder_report(ladder, dirs, out)
-    found = counts(judge_all(ladder))
-    tally = ", ".join(f"{found[o]} {o}" for o in OUTCOMES if found[o])
-    print(f"claims over {len(ladder.rungs)} sizes: {tally} — every claim with its reason in {paths['markdown']}")
-    print("report: " + ", ".join(str(path) for path in paths.values()))
+    print(ladder_summary(ladder, paths).lstrip("\n"))
     return 0
 
 

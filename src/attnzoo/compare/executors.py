@@ -4,10 +4,10 @@ reference), ``local`` processes, ``slurm`` through submitit, or a ``ray`` cluste
 A run is a pure function of (spec, output directory, variant, seed): the driver's ``work``
 (:func:`attnzoo.compare.runner.train_run`) trains and evaluates it on a worker and writes its records under
 ``OUT/runs/<variant>/seed<k>`` exactly as the inline loop does, its output in ``OUT/logs/<variant>/seed<k>.log``.
-The driver submits the runs not yet finished, then reads every record back through the inline loop ("reusing ...
-finished earlier"), so the report is assembled by the same code whichever engine trained the runs, and a driver
-that died resubmits only what is still missing. The output directory must be one that every worker can write (a
-shared filesystem on a cluster).
+The driver submits the runs not yet finished, then reads every record back through the inline loop ("reusing N of
+M runs finished on executor ..." in one line), so the report is assembled by the same code whichever engine trained
+the runs, and a driver that died resubmits only what is still missing. The output directory must be one that every
+worker can write (a shared filesystem on a cluster).
 
 The engines are the ones researchers already run, not a scheduler of our own: :mod:`concurrent.futures` processes,
 `submitit <https://github.com/facebookincubator/submitit>`_ (Slurm; its ``cluster="local"`` runs the same jobs as
@@ -419,10 +419,17 @@ def run_elsewhere(
     todo: list[RunJob],
     work: Work,
     say: Callable[[str], None],
+    estimated_s: Callable[[RunJob], float] | None = None,
 ) -> None:
     """``work`` each run of ``todo`` on ``config``'s engine: the runs an uptrained variant starts from first, then
     the uptrained ones; a run that fails is reported with its log and tried once more, and the others are kept.
-    Raises :class:`RunsFailed` naming each run that failed twice."""
+    Raises :class:`RunsFailed` naming each run that failed twice.
+
+    The time left is the work left at the rate the finished work went, the work of a run being ``estimated_s`` of
+    it (every run alike without): an uptrained run at 5% of the steps no longer counts as a whole one, and the
+    runs that share the engine's processes are counted by the rate, not by the number of processes."""
+    work_of = estimated_s or (lambda job: 1.0)
+    work_left, work_done = sum(work_of(job) for job in todo), 0.0
     waves = [
         [job for job in todo if job.variant.uptrain is None],
         [job for job in todo if job.variant.uptrain is not None],
@@ -436,8 +443,9 @@ def run_elsewhere(
                 for job, error in executor.execute(wave):
                     if error is None:
                         finished += 1
+                        work_done, work_left = work_done + work_of(job), work_left - work_of(job)
                         elapsed = time.perf_counter() - started
-                        left = elapsed / finished * (len(todo) - finished)
+                        left = elapsed / work_done * work_left if work_done > 0 else 0.0
                         say(
                             f"[{finished}/{len(todo)}] {job} finished on {config.name} · {duration(elapsed)} "
                             f"elapsed{f' · about {duration(left)} left' if left else ''}"

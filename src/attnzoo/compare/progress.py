@@ -3,7 +3,7 @@
 :class:`Schedule` turns the bench's per-job estimates into the time left, following how the recent jobs' real
 times compared with them; :func:`progress_table` is the terminal table after each run and :func:`final_summary`
 the lines a compare ends with (the side-by-side table, the claims' verdicts counted in one line, and where the
-report is).
+report is); :func:`ladder_summary` those a ladder ends with.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from pathlib import Path
 from attnzoo.claims.verdicts import Verdict, counts, judge_all
 from attnzoo.compare.report import summary_table
 from attnzoo.results.comparison import CompareResults, LMRun
+from attnzoo.results.ladder import Ladder
 from attnzoo.stats import Summary, paired_over_seeds
 from attnzoo.tables import Table
 
@@ -82,6 +83,22 @@ def final_summary(results: CompareResults, paths: dict[str, Path], claims_table:
         "report: " + ", ".join(str(p) for p in paths.values()),
     ]
     return "\n".join(lines)
+
+
+def ladder_summary(ladder: Ladder, paths: dict[str, Path]) -> str:
+    """A ladder's last lines: each paper's primary claim judged across the sizes (the answer it was run for), every
+    claim counted in one line, and where the report is. The largest rung's own "claims:" line above them judges
+    one size, where no primary language-model claim can be decided."""
+    verdicts = judge_all(ladder)
+    primaries = "; ".join(f"{v.claim.id} {v.outcome}" for v in verdicts if v.claim.primary)
+    return "\n".join(
+        [
+            "",
+            f"primaries over {len(ladder.rungs)} sizes (Holm-corrected together): {primaries}",
+            claims_line(verdicts, paths["markdown"]).replace("claims:", f"claims over {len(ladder.rungs)} sizes:", 1),
+            "ladder report: " + ", ".join(str(p) for p in paths.values()),
+        ]
+    )
 
 
 def claims_line(verdicts: list[Verdict], report: Path) -> str:

@@ -54,7 +54,8 @@ def _difference_text(diff: PairedDifference | None, digits: int) -> str:
 
 def summary_table(results: CompareResults) -> Table:
     """One row per variant: mean ± std over seeds, the paired difference from the baseline, and the costs (a
-    variant trained with more compute costs what its model does per token)."""
+    variant trained with more compute costs what its model does per token), left out where the comparison benched
+    nothing (a ladder's rungs, a kit run with --no-bench) rather than shown as columns of N/A."""
     longest = max(results.evals.extrapolation_multiples)
     ratios = [r for r in results.bench.ratios(results.baseline) if r.measurement.mode == "train"]
     # Speed at the training length; memory at the longest training case, where attention's share shows.
@@ -62,24 +63,25 @@ def summary_table(results: CompareResults) -> Table:
     memory_at = max((r.measurement.seq_len for r in ratios), default=None)
     speed = {r.measurement.variant: r.speed for r in ratios if r.measurement.seq_len == speed_at}
     memory = {r.measurement.variant: r.memory for r in ratios if r.measurement.seq_len == memory_at}
+    benched = bool(results.bench.measurements)
     rows = []
     for label, variant in results.variants.items():
         summary = variant.summary()
         versus = (
             "baseline" if label == results.baseline else _difference_text(results.versus_baseline(label, "val_loss"), 4)
         )
-        rows.append(
-            [
-                label,
-                f"{variant.parameters:,}",
-                _fmt(summary.get("val_loss"), 4),
-                _fmt(summary.get("val_bits_per_byte"), 4),
-                versus,
-                _fmt(summary.get(f"loss_at_{longest}x"), 3),
-                ratio(speed.get(Variant.parse(label).model_label)),
-                ratio(memory.get(Variant.parse(label).model_label)),
-            ]
-        )
+        row = [
+            label,
+            f"{variant.parameters:,}",
+            _fmt(summary.get("val_loss"), 4),
+            _fmt(summary.get("val_bits_per_byte"), 4),
+            versus,
+            _fmt(summary.get(f"loss_at_{longest}x"), 3),
+        ]
+        if benched:
+            model = Variant.parse(label).model_label
+            row += [ratio(speed.get(model)), ratio(memory.get(model))]
+        rows.append(row)
     header = [
         "variant",
         "params",
@@ -87,9 +89,10 @@ def summary_table(results: CompareResults) -> Table:
         "val bits/byte",
         "Δ val loss vs baseline",
         f"loss at {longest}× length (nats/token)",
-        f"train {speed_header('baseline')}, T={speed_at}",
-        f"train {memory_header('baseline')}, T={memory_at}" if memory_at else f"train {memory_header('baseline')}",
     ]
+    if benched:
+        memory_column = f"train {memory_header('baseline')}" + (f", T={memory_at}" if memory_at else "")
+        header += [f"train {speed_header('baseline')}, T={speed_at}", memory_column]
     return Table(header, rows)
 
 

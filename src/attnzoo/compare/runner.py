@@ -44,7 +44,7 @@ from attnzoo import __version__
 from attnzoo.attention import ATTENTION
 from attnzoo.bench import BenchCase, machine_description, measure
 from attnzoo.compare.executors import INLINE, ExecutorConfig, RunJob, check_runs_fit, launch_ranks, run_elsewhere
-from attnzoo.compare.progress import Schedule, duration, final_summary, progress_table
+from attnzoo.compare.progress import Schedule, duration, final_summary, ladder_summary, progress_table
 from attnzoo.compare.report import write_report
 from attnzoo.compare.report_ladder import write_ladder_report
 from attnzoo.compare.spec import LADDERS, CompareSpec, LadderSpec, resolve_spec
@@ -165,7 +165,7 @@ def run_ladder(
             return LadderResult(out, None, done.interrupted_by)
     ladder, dirs = load_ladder(out)
     paths = write_ladder_report(ladder, dirs, out)
-    tqdm.write("ladder report: " + ", ".join(str(path) for path in paths.values()))
+    tqdm.write(ladder_summary(ladder, paths))
     return LadderResult(out, ladder, None)
 
 
@@ -294,11 +294,27 @@ class Comparison:
                 if not self.finished(variant, seed)
             ]
             self.say(f"{len(todo)} of {len(jobs)} runs to train on executor {self.executor.name}")
-            run_elsewhere(self.executor, spec, self.out_dir, todo, train_run, self.say)
+            estimates = dict(self.schedule.left)
+            run_elsewhere(
+                self.executor,
+                spec,
+                self.out_dir,
+                todo,
+                train_run,
+                self.say,
+                lambda job: estimates.get(("lm", job.variant.label, job.seed), 0.0),
+            )
+        # Runs finished earlier (or by the executor just now) are read back in one line, not a block each: after an
+        # executor's 35 runs the screen held 35 headers and growing tables of runs already done.
+        done = [self.finished(variant, seed) for seed, variant in jobs]
+        if any(done):
+            where = "earlier" if self.executor.name == "inline" else f"on executor {self.executor.name} or earlier"
+            self.say(f"reusing {sum(done)} of {len(jobs)} runs finished {where}: {self.out_dir / 'runs'}")
         lm_runs: dict[str, dict[int, LMRun]] = {label: {} for label in self.labels}
-        for i, (seed, variant) in enumerate(jobs, start=1):
+        for i, ((seed, variant), was_done) in enumerate(zip(jobs, done, strict=True), start=1):
             label = variant.label
-            self.say(f"\n── [{i}/{len(jobs)}] {label} · seed {seed} · {self._elapsed()} elapsed{self._left()} ──")
+            if not was_done:
+                self.say(f"\n── [{i}/{len(jobs)}] {label} · seed {seed} · {self._elapsed()} elapsed{self._left()} ──")
             started = time.perf_counter()
             record, interrupted_by, reused = self.lm_run(variant, configs[label], seed, corpus)
             if interrupted_by is not None:
@@ -307,7 +323,8 @@ class Comparison:
             assert record is not None
             self.schedule.finish(("lm", label, seed), None if reused else time.perf_counter() - started)
             lm_runs[label][seed] = record
-            self.say(progress_table(lm_runs, self.baseline))
+            if not reused:
+                self.say(progress_table(lm_runs, self.baseline))
 
         task_results = {task.name: self.task(task) for task in spec.tasks}
         results = self.assemble(configs, corpus, lm_runs, bench, task_results)
@@ -437,7 +454,6 @@ class Comparison:
         finished = checkpoint is not None and checkpoint.step == train_config.steps
         record = _read_record(LMRun, run_dir / RUN_RECORD)
         if finished and record is not None and _evaluated_as_asked(record.evals, evals):
-            self.say(f"reusing {run_dir} (finished earlier)")
             return record, None, True
         stale = checkpoint is None and run_dir.exists()
         self.env.barrier()  # every process of the run has read its directory before rank 0 changes it
@@ -606,10 +622,11 @@ class Comparison:
         kept = {_case_key(m): m for m in partial.measurements} if partial is not None and partial.key == key else {}
         machine = machine_description(threads)
         rounds = spec.bench_rounds
-        self.say(
-            f"── throughput and memory of the untrained models: {rounds} round(s) over the cases, each case in a "
-            "fresh process ──"
-        )
+        if cases:  # a ladder's rungs bench nothing
+            self.say(
+                f"── throughput and memory of the untrained models: {rounds} round(s) over the cases, each case in a "
+                "fresh process ──"
+            )
         if kept and partial is not None:
             self.say(f"keeping the {len(kept)} of {len(cases)} cases measured before the interruption")
             machine = f"{partial.machine}; resumed after an interruption on {machine}"

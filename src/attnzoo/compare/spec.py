@@ -471,10 +471,10 @@ _GPU_LADDER_RUN = (
 # and DCMHA composes four. Why not smaller: a 60,912-parameter rung (dim 48, heads of 12) at 21 tokens per
 # parameter reached 2.41 nats/byte (mha, seed 0, 2026-11-27), far above the trigram level (2.03), so it cannot pass
 # the competent-model gate. Five seeds: at three, Diff's and DCFormer's multiples were contradicted at each size but
-# not after Holm's adjustment (0.054, 0.061; docs/ladder at 83ab204). Cost (2026-11-27, single-thread runs on 2
-# loaded cores): 322 min of training summed over the 70 runs; at the fastest run of each kind seen (0.12M about
-# 140 s, 0.25M about 420 s, uptraining α of it) about 200 min, so about 1 h 45 min as two processes of one thread
-# (--executor local --jobs 2) on 2 quiet cores, evaluations on top.
+# not after Holm's adjustment (0.054, 0.061; docs/ladder at 83ab204). Cost, measured from a clean clone of 1d8af96
+# on 2 quiet AMD EPYC cores (2026-11-28, --executor local --jobs 2, /usr/bin/time -v): 1 h 36 min 24 s wall, 192% CPU,
+# 677 MB peak; the small rung 27.7 min (40 min of training summed over its runs), the large 68.2 min (116 min).
+# Over the issue's 90 minutes by 6; each of its 70 runs gave the validation loss of the stored runs bit for bit.
 _LADDER_VARIANTS = (
     "mha+rope",
     "diff+rope",
@@ -489,8 +489,8 @@ LADDERS: dict[str, LadderSpec] = {
         description=(
             "the primary language-model claims at two sizes 2× apart (0.12M and 0.25M parameters, 21 tokens "
             "per parameter): MHA, Diff, selective, DCMHA and GQA uptrained with 5, 10 and 20% of the steps × 5 "
-            "seeds, evaluated at 50, 75 and 100% of training on 1,024 windows; about 1 h 45 min on 2 cores with "
-            "--executor local --jobs 2 (estimated from its runs' times)"
+            "seeds, evaluated at 50, 75 and 100% of training on 1,024 windows; 1 h 36 min on 2 cores with "
+            "--executor local --jobs 2 (measured from a clean clone, 2026-11-28)"
         ),
         rungs=(
             _rung("ladder", "small", {"dim": 64, "n_layers": 2, "n_heads": 4}, 640, *_LADDER_RUN),
