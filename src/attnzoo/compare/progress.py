@@ -95,17 +95,17 @@ def ladder_summary(ladder: Ladder, paths: dict[str, Path]) -> str:
         [
             "",
             f"primaries over {len(ladder.rungs)} sizes (Holm-corrected together): {primaries}",
-            claims_line(verdicts, paths["markdown"]).replace("claims:", f"claims over {len(ladder.rungs)} sizes:", 1),
+            claims_line(verdicts, paths["markdown"], f"claims over {len(ladder.rungs)} sizes"),
             "ladder report: " + ", ".join(str(p) for p in paths.values()),
         ]
     )
 
 
-def claims_line(verdicts: list[Verdict], report: Path) -> str:
+def claims_line(verdicts: list[Verdict], report: Path, title: str = "claims") -> str:
     """``claims: 2 supported, 1 inconclusive, 7 not measurable, 20 not run — every claim with its reason in ...``"""
     found = counts(verdicts)
     tally = ", ".join(f"{n} {outcome}" for outcome, n in found.items() if n)
-    return f"claims: {tally or 'none'} — every claim with its reason in {report}"
+    return f"{title}: {tally or 'none'} — every claim with its reason in {report}"
 
 
 def duration(seconds: float) -> str:
