@@ -9,8 +9,9 @@ run on a later resume without it), ``--variants`` / ``--seeds`` narrow the compa
 fixes their length and ``--no-bench`` leaves out the throughput cases (4 minutes of an H100 on 2026-11-25), e.g.
 ``--budget-min 12 --skip gpu_check tests dcmha_triton --variants mha+rope diff+rope --seeds 3 --no-bench``.
 
-``--preset gpu-ladder --rung small`` (then ``large`` on a later lease) runs one rung of the GPU ladder instead of
-gpu-lm: its comparison goes to ``OUT/<rung>/`` and the kit's own files to ``OUT/kit-<rung>/``, so the rungs of
+``--preset gpu-ablations`` runs another GPU comparison instead of gpu-lm (the ablations' claims, one call of a
+lease); ``--preset gpu-ladder --rung small`` (then ``large`` on a later lease) runs one rung of the GPU ladder: its
+comparison goes to ``OUT/<rung>/`` and the kit's own files to ``OUT/kit-<rung>/``, so the rungs of
 different leases unpacked into one ``OUT`` form the ladder (:func:`attnzoo.results.ladder.load_ladder`), which the
 compare stage judges as soon as ``OUT`` holds two rungs (``attnzoo compare --out OUT --report-only`` does it later).
 
@@ -81,6 +82,8 @@ REPO = Path(__file__).resolve().parents[1]
 STATE, SUMMARY = "kit_state.json", "summary.md"
 STATE_VERSION = 3  # 3: the plan identity holds the steps and bench cases
 PRESET = "gpu-lm"
+# The comparisons that train on a GPU, the kit's --preset (gpu-lm the default) beside a GPU ladder's rung.
+GPU_PRESETS = tuple(name for name, spec in PRESETS.items() if spec.train.device == "cuda")
 # The ladders whose rungs train on a GPU: the kit runs one rung a lease (--preset LADDER --rung NAME).
 GPU_LADDERS = tuple(name for name, ladder in LADDERS.items() if ladder.rungs[0].train.device == "cuda")
 # Gate (a) of every language-model claim: a compare scaled below it is judged "not measurable" on all of them.
@@ -180,7 +183,7 @@ class KitPlan:
     # Narrows the tests stage's pytest (after -m "cuda or triton"): the dry run checks that the stage runs pytest and
     # reads its junit file, on one small file; the full suite already runs the Triton tests on a CPU.
     test_args: tuple[str, ...] = ()
-    ladder: str | None = None  # the ladder whose rung ``spec`` is; None: the gpu-lm preset
+    ladder: str | None = None  # the ladder whose rung ``spec`` is; None: a GPU preset (gpu-lm, gpu-ablations, ...)
 
     @property
     def identity(self) -> dict[str, Any]:
@@ -208,24 +211,26 @@ def make_plan(
     seeds: int | None = None,
     steps: int | None = None,
     bench: bool = True,
-    ladder: str | None = None,
+    preset: str = PRESET,
     rung: str | None = None,
 ) -> KitPlan:
-    """The GPU plan, or the dry run's toy, of the gpu-lm preset or of one ``rung`` of a GPU ``ladder``;
-    ``variants`` (the first the baseline) and ``seeds`` narrow the compare, ``steps`` fixes its length (the timing
-    stage then only says whether it fits) and ``bench=False`` leaves out its throughput cases: a short lease spends
-    its minutes on the runs a verdict reads."""
-    if (ladder is None) != (rung is None):
-        raise ValueError(f"ladder={ladder!r} and rung={rung!r}: a ladder's rung is named with its ladder, or neither")
-    if ladder is not None:
-        if ladder not in GPU_LADDERS:
-            raise ValueError(f"ladder {ladder!r} is not one of the GPU ladders {list(GPU_LADDERS)}")
-        rungs = {spec.name: spec for spec in LADDERS[ladder].rungs}
+    """The GPU plan, or the dry run's toy, of a GPU ``preset`` (gpu-lm, gpu-ablations, ...) or of one ``rung`` of a
+    GPU ladder named by ``preset``; ``variants`` (the first the baseline) and ``seeds`` narrow the compare, ``steps``
+    fixes its length (the timing stage then only says whether it fits) and ``bench=False`` leaves out its throughput
+    cases: a short lease spends its minutes on the runs a verdict reads."""
+    if preset in GPU_LADDERS:
+        rungs = {spec.name: spec for spec in LADDERS[preset].rungs}
         if rung not in rungs:
-            raise ValueError(f"rung {rung!r} is not one of {ladder}'s rungs {list(rungs)}")
-        plan = _make_plan(dry_run, budget_min, rungs[rung], ladder)
+            raise ValueError(f"rung {rung!r} is not one of {preset}'s rungs {list(rungs)}: a ladder runs one a lease")
+        plan = _make_plan(dry_run, budget_min, rungs[rung], preset)
+    elif preset in GPU_PRESETS:
+        if rung is not None:
+            raise ValueError(f"rung {rung!r} goes with a GPU ladder ({', '.join(GPU_LADDERS)}), not with {preset!r}")
+        plan = _make_plan(dry_run, budget_min, PRESETS[preset], None)
     else:
-        plan = _make_plan(dry_run, budget_min, PRESETS[PRESET], None)
+        raise ValueError(
+            f"preset {preset!r} is not one of the GPU presets {list(GPU_PRESETS)} or GPU ladders {list(GPU_LADDERS)}"
+        )
     narrowed: dict[str, Any] = {}
     if variants:
         narrowed["variants"] = Variant.parse_all(variants)
@@ -635,7 +640,10 @@ def write_summary(kit: Kit, stages: Sequence[Stage]) -> None:
     problems = [row for row in rows if row[2] not in (PASSED, NOT_RUN, PENDING)]
     # The folder and flags that resume it: a rung's kit folder is inside the ladder's, which --out names.
     resume_out = kit.out.parent if plan.ladder else kit.out
-    resume_flags = f" --preset {plan.ladder} --rung {plan.spec.name}" if plan.ladder else ""
+    if plan.ladder:
+        resume_flags = f" --preset {plan.ladder} --rung {plan.spec.name}"
+    else:
+        resume_flags = "" if plan.spec.name == PRESET else f" --preset {plan.spec.name}"
     lines = [
         f"# attnzoo GPU kit: {device_description(plan)}" + (" (dry run, toy sizes)" if plan.name == "dry run" else ""),
         "",
@@ -723,10 +731,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--preset",
-        choices=[PRESET, *GPU_LADDERS],
+        choices=[*GPU_PRESETS, *GPU_LADDERS],
         default=PRESET,
-        help=f"what the compare runs: {PRESET} (default), or one rung of a GPU ladder (with --rung), each rung in "
-        "its own folder inside --out beside the rungs of other leases",
+        help=f"what the compare runs: {PRESET} (default), another GPU preset, or one rung of a GPU ladder (with "
+        "--rung), each rung in its own folder inside --out beside the rungs of other leases",
     )
     rungs = sorted({rung.name for name in GPU_LADDERS for rung in LADDERS[name].rungs})
     parser.add_argument("--rung", choices=rungs, help="the ladder's rung this lease runs (with --preset LADDER)")
@@ -747,12 +755,19 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--skip and --redo both name {overlap}: a stage is either left out or run again")
     if not args.dry_run and not torch.cuda.is_available():
         parser.error("no CUDA device is visible (torch.cuda.is_available() is False): run it on a GPU, or --dry-run")
-    ladder = None if args.preset == PRESET else args.preset
+    ladder = args.preset if args.preset in GPU_LADDERS else None
     if (ladder is None) != (args.rung is None):
         parser.error(f"--rung goes with a ladder's --preset ({', '.join(GPU_LADDERS)}), and a ladder needs --rung")
     try:
         plan = make_plan(
-            args.dry_run, args.budget_min, args.variants, args.seeds, args.steps, not args.no_bench, ladder, args.rung
+            args.dry_run,
+            args.budget_min,
+            args.variants,
+            args.seeds,
+            args.steps,
+            not args.no_bench,
+            args.preset,
+            args.rung,
         )
     except ValueError as err:
         parser.error(str(err))

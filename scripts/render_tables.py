@@ -8,6 +8,7 @@ between. NAME is
 
 * ``claims``: the verdicts of the kept claims run in brief, judged from ``docs/claims/results.json`` by the
   registered claims (``attnzoo.claims``: one module per paper) and the rules of ``attnzoo.claims.verdicts``;
+* ``ladder``: the same for the kept ladder, its rungs (``docs/ladder/*/results.json``) judged together;
 * ``compare-quick``: the side-by-side table of the kept quick compare (the README's main job), from
   ``docs/compare-quick/results.json`` by the report's own ``summary_table``;
 * ``FILE.md#K``: the K-th table (from 1) of ``benchmarks/results/FILE.md``, as the benchmark wrote it.
@@ -27,12 +28,13 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 CLAIMS = REPO / "docs" / "claims"
 QUICK = REPO / "docs" / "compare-quick"
+LADDER = REPO / "docs" / "ladder"
 REGION = re.compile(r"(<!-- table:(?P<name>[^>]+?) -->\n)(?P<body>.*?)(<!-- /table:(?P=name) -->)", re.DOTALL)
 
 
 def documents(root: Path = REPO) -> list[Path]:
     """The README and the site's pages; the claims report is the lead's generated file, rendered by compare."""
-    generated = (root / "docs" / "claims", root / "docs" / "compare-quick")  # reports compare writes itself
+    generated = tuple(root / "docs" / name for name in ("claims", "compare-quick", "ladder"))  # compare writes them
     pages = sorted(p for p in (root / "docs").rglob("*.md") if not any(g in p.parents for g in generated))
     return [root / "README.md", *pages]
 
@@ -70,6 +72,16 @@ def claims_table() -> str:
     return brief_table(judge_all(CompareResults.load(CLAIMS / "results.json"))).to_markdown() + "\n"
 
 
+def ladder_table() -> str:
+    """The kept ladder's rungs judged together, one short row a claim, as its ``verdicts.json``."""
+    from attnzoo.claims.report import brief_table
+    from attnzoo.claims.verdicts import judge_all
+    from attnzoo.results.ladder import load_ladder
+
+    ladder, _ = load_ladder(LADDER)
+    return brief_table(judge_all(ladder)).to_markdown() + "\n"
+
+
 def quick_table() -> str:
     """The kept quick compare's side-by-side table, as its report shows it."""
     from attnzoo.compare import CompareResults
@@ -79,9 +91,8 @@ def quick_table() -> str:
 
 
 def render(name: str) -> str:
-    if name == "claims":
-        return claims_table()
-    return quick_table() if name == "compare-quick" else results_table(name)
+    generated = {"claims": claims_table, "ladder": ladder_table, "compare-quick": quick_table}
+    return generated[name]() if name in generated else results_table(name)
 
 
 def render_document(text: str) -> str:

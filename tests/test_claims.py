@@ -222,6 +222,9 @@ def test_the_task_gate_refuses_a_baseline_at_chance_or_a_variant_below_it(result
     assert learned.gate.passed and learned.outcome == "inconclusive"  # judged, but 2 seeds
 
 
+ABLATION_CLAIMS = ["dcmha.post_beats_pre", "dcmha.query_wise_slightly_worse", "selective.position_temperature_dilution"]
+
+
 def test_a_claim_no_comparison_ran_says_what_would_run_it(results):
     assert judge(_claim({"mha+rope": [1.0, 2.0, 3.0]}), results).outcome == "not run"
     verdicts = {v.claim.id: v for v in judge_all(results)}
@@ -235,6 +238,19 @@ def test_a_claim_no_comparison_ran_says_what_would_run_it(results):
     gpu_verdict = judge(gpu, results)
     assert gpu_verdict.reason.endswith("; the gpu-lm preset runs them on a GPU")
     assert gpu_verdict.would_change == "run the gpu-lm preset (a CUDA GPU)"
+    for ablation in ABLATION_CLAIMS:
+        assert verdicts[ablation].outcome == "not run"
+        assert verdicts[ablation].reason.endswith("; the gpu-ablations preset runs them on a GPU")
+
+
+def test_the_ablations_preset_trains_exactly_the_variants_its_claims_compare():
+    ablations = [claim for claim in CLAIMS.values() if claim.preset == "gpu-ablations"]
+    assert sorted(claim.id for claim in ablations) == ABLATION_CLAIMS
+    assert all(claim.is_run and claim.needs_gpu for claim in ablations)
+    compared = {label for claim in ablations for label in (claim.variant, claim.baseline)}
+    spec = PRESETS["gpu-ablations"]
+    assert set(spec.variant_labels) == compared | {"mha+rope"} and spec.variant_labels[0] == "mha+rope"
+    assert spec.train.device == "cuda" and not spec.tasks
 
 
 def test_implementation_checks_are_never_a_papers_verdict(results, tmp_path):

@@ -127,7 +127,7 @@ def test_summary_is_mean_and_sample_std_over_seeds():
         (
             {"preset_or_spec": "huge"},
             r"preset 'huge' is unknown; choose one of "
-            r"\['micro', 'quick', 'claims', 'gpu', 'gpu-lm', 'standard', 'full'\]",
+            r"\['micro', 'quick', 'claims', 'gpu', 'gpu-lm', 'standard', 'full', 'gpu-ablations'\]",
         ),
         ({"variants": ["mha+bogus"]}, "variant 'mha\\+bogus': 'bogus' is not a known positional scheme"),
         ({"variants": ["diff+alibi+kvx"]}, "bad kv-head count 'x'"),
@@ -494,6 +494,24 @@ def test_the_bench_measures_the_cases_in_interleaved_rounds_and_pools_them(tmp_p
     assert mha.rates == (100.0, 100.0, 300.0, 300.0) and mha.tokens_per_s == 200.0 and mha.rounds == 2
     assert mha.round_load_averages == (0.5, 1.5) and mha.load_average == 1.5
     assert diff.tokens_per_s_min == 200.0 and diff.tokens_per_s_max == 400.0
+
+
+@pytest.mark.parametrize(("dtype", "benched"), [("auto", "float32"), ("bfloat16", "bfloat16")])
+def test_the_bench_times_each_case_in_the_dtype_the_runs_train_in(tmp_path, monkeypatch, dtype, benched):
+    """On CUDA 'auto' trains in bf16 autocast (resolve_dtype), and a bench in fp32 there timed another regime."""
+    spec = resolve_spec("micro", variants=VARIANTS)
+    spec = replace(spec, train=replace(spec.train, dtype=dtype), evals=replace(spec.evals, bench_rounds=1))
+    configs = matched_configs([Variant.parse(v) for v in VARIANTS], spec.baseline_config(64))
+    dtypes = []
+
+    def measured(case, *, repeats, **settings):
+        dtypes.append(case.dtype)
+        return _bench_result(case, 100.0, repeats, load=0.5)
+
+    monkeypatch.setattr(runner, "measure", measured)
+    with contextlib.redirect_stdout(io.StringIO()):
+        bench, _ = runner.Comparison(spec, tmp_path, progress=False).bench(configs)
+    assert dtypes == [benched] * len(VARIANTS) and bench.key["dtype"] == benched
 
 
 def test_a_compare_stopped_during_the_bench_keeps_the_cases_measured(micro, copy_of, monkeypatch):

@@ -270,6 +270,7 @@ TO_HF_REFUSALS = {
     "mlp": (dict(mlp="gelu"), "mlp='gelu'"),
     "parallel-residual": (dict(parallel_residual=True), "parallel_residual=True"),
     "embedding-norm": (dict(embedding_norm=True), "embedding_norm=True"),
+    "scale-embeddings": (dict(scale_embeddings=True), "scale_embeddings=True"),
 }
 
 

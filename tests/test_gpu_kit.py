@@ -94,28 +94,39 @@ def test_the_steps_fall_on_whole_quarters_so_the_gap_gate_finds_its_evaluations(
 
 
 def test_a_gpu_ladder_rung_runs_that_rung_and_never_a_floor_over_the_budget():
-    small = gpu_kit.make_plan(dry_run=False, ladder="gpu-ladder", rung="small")
+    small = gpu_kit.make_plan(dry_run=False, preset="gpu-ladder", rung="small")
     assert small.spec is LADDERS["gpu-ladder"].rungs[0] and small.label == "gpu-ladder rung small"
     assert small.min_steps == gpu_kit.TRAINER_EVALS  # shrink rather than overrun the lease's call
     assert small.identity["ladder"] == "gpu-ladder" and small.identity["preset"] == "small"
     assert "ladder" not in gpu_kit.make_plan(dry_run=False).identity  # gpu-lm folders of before resume
-    dry = {rung: gpu_kit.make_plan(dry_run=True, ladder="gpu-ladder", rung=rung).spec for rung in ("small", "large")}
+    dry = {rung: gpu_kit.make_plan(dry_run=True, preset="gpu-ladder", rung=rung).spec for rung in ("small", "large")}
     assert dry["small"].train.device == "cpu" and dry["small"].model["n_layers"] < dry["large"].model["n_layers"]
     with pytest.raises(ValueError, match=r"rung 'huge' is not one of gpu-ladder's rungs \['small', 'large'\]"):
-        gpu_kit.make_plan(dry_run=False, ladder="gpu-ladder", rung="huge")
-    with pytest.raises(ValueError, match="is not one of the GPU ladders"):
-        gpu_kit.make_plan(dry_run=False, ladder="ladder", rung="small")  # the CPU ladder
+        gpu_kit.make_plan(dry_run=False, preset="gpu-ladder", rung="huge")
+    with pytest.raises(ValueError, match=r"preset 'ladder' is not one of the GPU presets .* or GPU ladders"):
+        gpu_kit.make_plan(dry_run=False, preset="ladder", rung="small")  # the CPU ladder
+    with pytest.raises(ValueError, match="rung 'small' goes with a GPU ladder"):
+        gpu_kit.make_plan(dry_run=False, preset="gpu-ablations", rung="small")
+
+
+def test_another_gpu_preset_runs_whole_in_the_kits_own_compare_folder_and_resumes_by_its_name():
+    plan = gpu_kit.make_plan(dry_run=False, preset="gpu-ablations")
+    assert plan.spec is PRESETS["gpu-ablations"] and plan.ladder is None and plan.label == "gpu-ablations"
+    assert plan.identity["preset"] == "gpu-ablations" and "ladder" not in plan.identity
+    assert set(gpu_kit.GPU_PRESETS) == {"gpu", "gpu-lm", "gpu-ablations"}
+    dry = gpu_kit.make_plan(dry_run=True, preset="gpu-ablations").spec
+    assert dry.train.device == "cpu" and dry.variant_labels == PRESETS["gpu-ablations"].variant_labels
 
 
 def test_a_rungs_comparison_sits_beside_the_other_rungs_and_its_kit_files_apart(tmp_path):
-    plan = gpu_kit.make_plan(dry_run=True, ladder="gpu-ladder", rung="large")
+    plan = gpu_kit.make_plan(dry_run=True, preset="gpu-ladder", rung="large")
     kit = gpu_kit.Kit(plan, tmp_path / "kit-large")
     assert kit.compare_dir == tmp_path / "large" and kit.relative(kit.compare_dir / "report.md") == "../large/report.md"
     assert new_kit(tmp_path).compare_dir == tmp_path / "compare"
 
 
 def test_a_compare_below_twenty_tokens_per_parameter_is_said_at_the_top_of_the_summary(tmp_path):
-    kit = gpu_kit.Kit(gpu_kit.make_plan(dry_run=True, ladder="gpu-ladder", rung="small"), tmp_path / "kit-small")
+    kit = gpu_kit.Kit(gpu_kit.make_plan(dry_run=True, preset="gpu-ladder", rung="small"), tmp_path / "kit-small")
     timing = gpu_kit.Stage("timing", "", None)
     kit.record(
         timing, gpu_kit.Outcome(gpu_kit.PASSED, data={"steps": 20, "preset_steps": 40, "tokens_per_parameter": 12.5}), 1

@@ -289,6 +289,33 @@ def test_embedding_norm_and_tanh_gelu():
     torch.testing.assert_close(maps[0][0], maps[0][1])
 
 
+def test_scaled_embeddings_are_the_fairseq_layout_and_decode_as_the_full_forward():
+    # Vaswani et al. §3.4 / fairseq: x = √d·E[token] + PE with a unit sinusoidal table, E ~ N(0, 1/d), tied to the head.
+    torch.manual_seed(0)
+    config = tiny(dim=64, position="sinusoidal", scale_embeddings=True)
+    model = Transformer(config).eval()
+    assert model.embed_tokens.weight.std().item() == pytest.approx(1 / 8, rel=0.05)  # 1/√64, not init_std
+    assert model.lm_head.weight is model.embed_tokens.weight
+    idx = torch.randint(0, 61, (2, 12))
+    table = model.position.embed(torch.arange(12))
+    torch.testing.assert_close(table.pow(2).mean(), torch.tensor(0.5), rtol=0.02, atol=0)  # a = 1: sin² + cos² = 1
+    hidden = model.embed_tokens(idx) * 8 + table
+    for block in model.layers:
+        hidden = block(hidden, model._context(2, 12, cache=None, maps=None), None)
+    torch.testing.assert_close(model(idx), model.lm_head(model.norm(hidden)), rtol=0, atol=0)
+    # encode scales the vectors that take the embeddings' place, as it scales the embeddings
+    torch.testing.assert_close(model.lm_head(model.encode(model.embed_tokens(idx))), model(idx), rtol=0, atol=0)
+    torch.testing.assert_close(cached_logits(model, idx, prefill=5, single_steps=4), model(idx), rtol=1e-5, atol=1e-5)
+    prompt = idx[:1, :4]
+    cached = model.generate(prompt, 6, temperature=0)
+    assert torch.equal(cached, model.generate(prompt, 6, temperature=0, use_cache=False))
+    unscaled = Transformer(dataclasses.replace(config, scale_embeddings=False))
+    assert unscaled.embed_tokens.weight.std().item() == pytest.approx(config.init_std, rel=0.05)
+    assert unscaled.position.amplitude == pytest.approx(math.sqrt(2) * config.init_std)
+    with pytest.raises(ValueError, match=r"scale_embeddings.*must be true or false"):
+        tiny(scale_embeddings="yes")
+
+
 def test_encode_takes_embeddings_in_place_of_tokens():
     torch.manual_seed(0)
     model = Transformer(ModelConfig(vocab_size=32, dim=16, n_heads=2, n_layers=2, position="sinusoidal")).eval()

@@ -87,6 +87,9 @@ class ModelConfig:
     tie_embeddings: bool = True
     parallel_residual: bool = False  # GPT-J / GPT-NeoX: x + attn(norm1(x)) + mlp(norm2(x))
     embedding_norm: bool = False  # BLOOM: a norm right after the token embedding
+    # Vaswani et al. §3.4, fairseq's transformer_lm (the ALiBi paper's code): token embeddings drawn N(0, 1/dim) and
+    # multiplied by √dim, so the residual stream starts at unit scale, and a sinusoidal table at unit amplitude.
+    scale_embeddings: bool = False
     max_seq_len: int = 1024
     attention: str = "mha"
     attention_options: dict[str, Any] = field(default_factory=dict)
@@ -149,7 +152,7 @@ class ModelConfig:
         require(
             is_number(self.init_std) and self.init_std > 0, "init_std", self.init_std, "must be a finite number > 0"
         )
-        for name in ("bias", "tie_embeddings", "parallel_residual", "embedding_norm", "causal"):
+        for name in ("bias", "tie_embeddings", "parallel_residual", "embedding_norm", "scale_embeddings", "causal"):
             require(isinstance(getattr(self, name), bool), name, getattr(self, name), "must be true or false")
         require(
             self.attn_backend in attn_backends(),

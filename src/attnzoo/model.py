@@ -127,6 +127,7 @@ class Transformer(nn.Module):
         self.config = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.embed_norm = make_norm(cfg) if cfg.embedding_norm else None
+        self.embed_scale = math.sqrt(cfg.dim) if cfg.scale_embeddings else 1.0
         self.position = POSITIONS.get(cfg.position)(cfg, ATTENTION.get(cfg.attention).qk_head_dim(cfg))
         self.dropout = nn.Dropout(cfg.dropout)
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
@@ -144,8 +145,8 @@ class Transformer(nn.Module):
         return {**super().__getstate__(), "_decoder": None}
 
     def reset_parameters(self) -> None:
-        """GPT-2 init: N(0, init_std), residual projections scaled by 1/√(2·n_layers); then each
-        mechanism initialises its own parameters."""
+        """GPT-2 init: N(0, init_std), residual projections scaled by 1/√(2·n_layers), token embeddings N(0, 1/dim)
+        where they are scaled by √dim (``scale_embeddings``); then each mechanism initialises its own parameters."""
         std = self.config.init_std
         for module in self.modules():
             if isinstance(module, nn.Linear):
@@ -157,6 +158,8 @@ class Transformer(nn.Module):
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
                 nn.init.normal_(module.weight, std=std)
+        if self.config.scale_embeddings:  # after the loop: a tied output projection shares the weight, as in fairseq
+            nn.init.normal_(self.embed_tokens.weight, std=1 / self.embed_scale)
         for block in self.layers:
             block.self_attn.reset_mechanism_parameters()
 
@@ -284,7 +287,8 @@ class Transformer(nn.Module):
 
     def encode(self, embeddings: Tensor) -> Tensor:
         """Final hidden states (B, T, dim) of input vectors that take the token embeddings' place (HF's
-        ``inputs_embeds``), for tasks whose inputs are not tokens. Positions are added to them as to tokens."""
+        ``inputs_embeds``), for tasks whose inputs are not tokens. They are scaled (``scale_embeddings``) and given
+        positions as tokens are."""
         if embeddings.dim() != 3 or embeddings.shape[-1] != self.config.dim or 0 in embeddings.shape[:2]:
             raise ValueError(
                 f"embeddings must have shape (batch >= 1, seq_len >= 1, dim={self.config.dim}); "
@@ -296,6 +300,8 @@ class Transformer(nn.Module):
     def _blocks(self, x: Tensor, ctx: AttentionContext, cache: KVCache | None) -> Tensor:
         """Token (or input) embeddings ``x`` through positions, every block and the final norm: the part of a
         forward that runs on the device alone."""
+        if self.config.scale_embeddings:
+            x = x * self.embed_scale
         position_embedding = self.position.embed(ctx.positions)
         if position_embedding is not None:
             x = x + position_embedding.to(x.dtype)

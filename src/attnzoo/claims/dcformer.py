@@ -7,6 +7,7 @@ import math
 from attnzoo.claims.claim import HIGHER, LOWER, Claim, register_claim
 from attnzoo.claims.measures import compute_multiple, not_built, task_metric
 from attnzoo.claims.protocol import (
+    ABLATIONS,
     ACCURACY_EFFECT_SOURCE,
     BASELINE,
     LEARNED,
@@ -86,7 +87,8 @@ register_claim(
         gate=LM_PROTOCOL,
         paper_scale="405M parameters (003:628)",
         checks=DCMHA_CHECKS,
-        experiment="language models of pre-only and post-only DCMHA (no preset trains them: DCMHA's CPU cost)",
+        preset=ABLATIONS,
+        needs_gpu=True,
     )
 )
 
@@ -108,7 +110,8 @@ register_claim(
         gate=LM_PROTOCOL,
         paper_scale="405M parameters (003:628)",
         checks=DCMHA_CHECKS,
-        experiment="language models of query-wise DCMHA (no preset trains them: DCMHA's CPU cost)",
+        preset=ABLATIONS,
+        needs_gpu=True,
     )
 )
 

@@ -11,6 +11,9 @@ from attnzoo.claims.claim import LanguageModelGate, TaskLearned
 from attnzoo.claims.measures import lm_metric
 
 BASELINE = "mha+rope"
+# The GPU preset of the one-size ablations (DCMHA's pre/post and query-wise compositions, selective attention's
+# position temperature): DCMHA's variants cost a CPU ladder's budget several times over.
+ABLATIONS = "gpu-ablations"
 VAL_LOSS = lm_metric("val_loss", "validation loss (nats/token)")
 
 # The smallest LM-loss difference of interest, and the gate that goes with it: see LM_EFFECT_SOURCE.

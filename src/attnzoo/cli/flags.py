@@ -56,6 +56,7 @@ MODEL_HELP = {
     "init_std": "standard deviation of the initial weights",
     "parallel_residual": "attention and MLP read the same block input (GPT-J, GPT-NeoX)",
     "embedding_norm": "normalise the token embeddings (BLOOM)",
+    "scale_embeddings": "token embeddings N(0, 1/dim) times √dim, a unit sinusoidal table (Vaswani et al., fairseq)",
     "causal": "attend to earlier tokens only; --no-causal attends both ways (an encoder: no cache, no generate)",
 }
 MODEL_CHOICES = {

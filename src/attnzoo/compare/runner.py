@@ -89,7 +89,7 @@ from attnzoo.training.checkpoint import (
 from attnzoo.training.config import DataConfig, TrainConfig
 from attnzoo.training.metrics import MetricsLog
 from attnzoo.training.timing import seconds_per_step
-from attnzoo.training.trainer import METRICS, Trainer, check_resumable, load_corpus
+from attnzoo.training.trainer import METRICS, Trainer, check_resumable, load_corpus, resolve_dtype
 from attnzoo.variants import Variant, matched_configs
 
 R = TypeVar("R")
@@ -593,6 +593,8 @@ class Comparison:
         """
         spec, train = self.spec.evals, self.spec.train
         threads = torch.get_num_threads()
+        # The dtype the runs train in (bf16 autocast on CUDA): a bench in fp32 there times another regime.
+        dtype = str(resolve_dtype(train.dtype, self.env.device)).removeprefix("torch.")
         key = _jsonable(
             {
                 "configs": {label: configs[label].to_dict() for label in self.labels},
@@ -604,6 +606,7 @@ class Comparison:
                 "warmup": spec.bench_warmup,
                 "threads": threads,
                 "device": str(self.env.device),
+                "dtype": dtype,
             }
         )
         stored = _read_record(BenchRecord, self.out_dir / BENCH)
@@ -615,7 +618,9 @@ class Comparison:
         for variant in self.spec.variants:
             models.setdefault(variant.model_label, variant.label)
         cases = [
-            BenchCase(model, configs[label], max(1, train.batch_size // multiple), train.seq_len * multiple, mode)
+            BenchCase(
+                model, configs[label], max(1, train.batch_size // multiple), train.seq_len * multiple, mode, dtype=dtype
+            )
             for (mode, multiple), (model, label) in product(spec.bench_cases, models.items())
         ]
         partial = _read_record(BenchRecord, self.out_dir / BENCH_PARTIAL)

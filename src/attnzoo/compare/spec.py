@@ -5,8 +5,8 @@ the baseline model (every variant is parameter-matched to it), the training budg
 and the evaluations. The variants are the only thing that differs. ``micro`` exists for tests; ``quick``
 is the README's main job (5-8 minutes on 2 CPU cores, measured; see ``quick``'s description);
 ``standard`` and ``full`` spend more steps, seeds and evaluation samples and are meant for longer jobs;
-``gpu`` and ``gpu-lm`` need a CUDA GPU (``gpu-lm`` is what ``scripts/gpu_kit.sh`` runs), as do the rungs of the
-``gpu-ladder`` ladder (the kit runs one a lease)."""
+``gpu``, ``gpu-lm`` and ``gpu-ablations`` need a CUDA GPU (``scripts/gpu_kit.sh`` runs ``gpu-lm`` by default), as do
+the rungs of the ``gpu-ladder`` ladder (the kit runs one a lease)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from attnzoo.claims.experiments import claim_tasks, claim_variants
+from attnzoo.claims.protocol import ABLATIONS
 from attnzoo.config import ModelConfig
 from attnzoo.evals.spec import EvalSpec
 from attnzoo.evals.task import SCALES, TaskSpec, check_model_settings, tasks_at_scale
@@ -531,3 +532,22 @@ LADDERS: dict[str, LadderSpec] = {
         ),
     ),
 }
+
+
+# The one-size ablations (issue 35) on a GPU: the claims registered for this preset (attnzoo.claims.protocol.
+# ABLATIONS: DCMHA post- against pre-composition and query-wise alone, selective attention with and without its
+# position temperature) at the GPU ladder's small rung, 3 seeds, one call of a lease (scripts/gpu_kit.sh --preset
+# gpu-ablations). Its seven variants, four of them DCMHA, estimate 2.7 minutes of H100 training by the GPU ladder's
+# method (gpu-lm's timed steps scaled by FLOPs per token, a lower bound); the kit times them first and shrinks the
+# steps rather than overrun.
+PRESETS["gpu-ablations"] = dataclasses.replace(
+    LADDERS["gpu-ladder"].rungs[0],
+    name="gpu-ablations",
+    description=(
+        "DCFormer's and selective attention's ablations on one CUDA GPU at one size, the GPU ladder's small rung "
+        "(1.38M parameters, heads of 48, 21 tokens per parameter, pysource): MHA, DCMHA whole, post- and "
+        "pre-composition alone and query-wise, selective attention with and without its position temperature × 3 "
+        "seeds; estimated 2.7 minutes of H100 training"
+    ),
+    variants=Variant.parse_all(claim_variants(ABLATIONS)),
+)

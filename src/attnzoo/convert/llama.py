@@ -97,6 +97,7 @@ def to_hf(model: Transformer) -> LlamaForCausalLM:
         ("mlp", cfg.mlp, "swiglu"),
         ("parallel_residual", cfg.parallel_residual, False),
         ("embedding_norm", cfg.embedding_norm, False),
+        ("scale_embeddings", cfg.scale_embeddings, False),
     ):
         if value != llama:
             raise refuse(field, value, f"has no LLaMA equivalent; LLaMA has {field}={llama!r}")

@@ -42,16 +42,17 @@ class SinusoidalPositions(PositionalEncoding):
 
     The amplitude a = √2·init_std gives the table an RMS of exactly init_std per element (sin² + cos² = 1 over a
     pair), the scale of the token embeddings and of learned positions at initialisation. Vaswani et al. keep the
-    two of one order by multiplying the token embeddings by √d_model (§3.4); the unit table next to attnzoo's
-    N(0, 0.02) embeddings would be 35 times larger and drown them, and such a model does not learn beyond the
-    unigram loss. Computed in fp32 for any position, so it has no length limit.
+    two of one order by multiplying the token embeddings by √d_model (§3.4), and so does fairseq, the ALiBi paper's
+    code: with ``scale_embeddings`` the model does that and the table has a = 1. The unit table next to attnzoo's
+    unscaled N(0, 0.02) embeddings would be 35 times larger and drown them, and such a model does not learn beyond
+    the unigram loss. Computed in fp32 for any position, so it has no length limit.
     """
 
     def __init__(self, cfg, qk_head_dim):
         super().__init__(cfg, qk_head_dim)
         exponent = torch.arange(0, cfg.dim, 2, dtype=torch.float32) / cfg.dim
         self.register_buffer("inv_freq", torch.exp(-math.log(10000.0) * exponent), persistent=False)
-        self.amplitude = math.sqrt(2) * cfg.init_std
+        self.amplitude = 1.0 if cfg.scale_embeddings else math.sqrt(2) * cfg.init_std
 
     @classmethod
     def validate_config(cls, cfg, qk_head_dim):
