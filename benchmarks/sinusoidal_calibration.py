@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.jobs < 1:
         parser.error(f"--jobs={args.jobs} is invalid: must be an integer >= 1")
     planned = cells(args.toy)
+    commit = source_commit()  # the code that trains: the tree may change while it runs
     started = time.perf_counter()
     context = multiprocessing.get_context("spawn")  # a fork would share torch's threads
     with ProcessPoolExecutor(args.jobs, context) as pool:
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     minutes = (time.perf_counter() - started) / 60
     header = (
         f"Sinusoidal calibration{' (toy sizes)' if args.toy else ''}: seed 0 of each CPU ladder rung's budget, "
-        f"validation loss (nats/token) on the whole split; attnzoo {source_commit()}, {done[0].machine.description}, "
+        f"validation loss (nats/token) on the whole split; attnzoo {commit}, {done[0].machine.description}, "
         f"{args.jobs} run(s) at once, {minutes:.1f} min. Conclusion: {conclusion}."
     )
     table = Table(
@@ -129,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"\n{header}\n\n{table.to_text()}")
     atomic_write_text(args.results.with_suffix(".md"), f"{header}\n\n{table.to_markdown()}\n")
-    payload = {"commit": source_commit(), "toy": args.toy, "conclusion": conclusion, "runs": records}
+    payload = {"commit": commit, "toy": args.toy, "conclusion": conclusion, "runs": records}
     atomic_write_text(args.results.with_suffix(".json"), json.dumps(payload, indent=1) + "\n")
     print(f"\nwrote {args.results.with_suffix('.md')} and .json")
     return 0

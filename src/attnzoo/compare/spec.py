@@ -475,10 +475,12 @@ _GPU_LADDER_RUN = (
 # and DCMHA composes four. Why not smaller: a 60,912-parameter rung (dim 48, heads of 12) at 21 tokens per
 # parameter reached 2.41 nats/byte (mha, seed 0, 2026-11-27), far above the trigram level (2.03), so it cannot pass
 # the competent-model gate. Five seeds: at three, Diff's and DCFormer's multiples were contradicted at each size but
-# not after Holm's adjustment (0.054, 0.061; docs/ladder at 83ab204). Cost, measured from a clean clone of 1d8af96
-# on 2 quiet AMD EPYC cores (2026-11-28, --executor local --jobs 2, /usr/bin/time -v): 1 h 36 min 24 s wall, 192% CPU,
-# 677 MB peak; the small rung 27.7 min (40 min of training summed over its runs), the large 68.2 min (116 min).
-# Over the 90 minutes by 6; each of its 70 runs gave the validation loss of the stored runs bit for bit.
+# not after Holm's adjustment (0.054, 0.061; docs/ladder at 83ab204), and at 3 seeds of the small rung only,
+# selective attention's gap there moved 0.011 over the last quarter (gate (c)), so its primary lost its second size.
+# Cost, measured from clean clones with --executor local --jobs 2 and /usr/bin/time -v on 2 AMD EPYC cores: 53 min
+# 20 s (1ee93ce, tasks included, 2026-11-29, 191% CPU, 721 MB peak; the small rung 13.8 min, the large 39.3 min) and
+# 1 h 36 min 24 s (1d8af96, no tasks, 2026-11-28) on a machine whose runs trained 1.8× slower: the 90 minutes hold on
+# the first and not on the second.
 _LADDER_VARIANTS = (
     "mha+rope",
     "diff+rope",
@@ -497,8 +499,9 @@ LADDERS: dict[str, LadderSpec] = {
         description=(
             "the primary language-model claims at two sizes 2× apart (0.12M and 0.25M parameters, 21 tokens "
             "per parameter): MHA, Diff, selective, DCMHA and GQA uptrained with 5, 10 and 20% of the steps × 5 "
-            "seeds, evaluated at 50, 75 and 100% of training on 1,024 windows; 1 h 36 min on 2 cores with "
-            "--executor local --jobs 2 (measured from a clean clone, 2026-11-28)"
+            "seeds, evaluated at 50, 75 and 100% of training on 1,024 windows, and selective attention's denoising "
+            "and graph tasks; 53 min to 1 h 36 min on 2 cores with --executor local --jobs 2, by the machine "
+            "(measured from clean clones, 2026-11-29 and 11-28)"
         ),
         rungs=(
             _rung("ladder", "small", {"dim": 64, "n_layers": 2, "n_heads": 4}, 640, *_LADDER_RUN),
