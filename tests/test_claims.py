@@ -710,6 +710,8 @@ def test_the_stored_run_says_what_each_rewritten_claim_measured():
     assert norm.outcome == "contradicted" and norm.difference.mean == pytest.approx(0.3896, abs=1e-3)
     assert norm.levels[f"{GRAPH_SELECTIVE}: ‖W_q W_kᵀ‖ alone"] < norm.levels["mha+none: ‖W_q W_kᵀ‖ alone"]
     assert norm.parts[0].outcome == "not run" and "made before the task's probe recorded it" in norm.parts[0].reason
+    # a task's models are its own, not the comparison's 0.12M language models beside which they ran
+    assert norm.sizes[0].describe().startswith("task graph, run with the 0.12M rung: +0.3896")
     graph = verdicts["selective.graph_temperature"]
     assert graph.outcome == "inconclusive" and graph.parts[0].outcome == "supported"
     assert graph.parts[0].effect == pytest.approx(-0.6729, abs=1e-3)

@@ -109,7 +109,13 @@ def test_a_gpu_ladder_rung_runs_that_rung_and_never_a_floor_over_the_budget():
         gpu_kit.make_plan(dry_run=False, preset="gpu-ablations", rung="small")
 
 
-def test_another_gpu_preset_runs_whole_in_the_kits_own_compare_folder_and_resumes_by_its_name():
+def test_another_gpu_preset_runs_whole_in_the_kits_own_compare_folder_and_resumes_by_its_name(tmp_path):
+    kit = gpu_kit.Kit(gpu_kit.make_plan(dry_run=True, preset="gpu-ablations"), tmp_path)
+    assert kit.compare_dir == tmp_path / "compare"
+    gpu_kit.write_summary(kit, gpu_kit.STAGES)
+    assert f"--out {tmp_path} --preset gpu-ablations`" in (tmp_path / gpu_kit.SUMMARY).read_text()
+    gpu_kit.write_summary(new_kit(tmp_path / "lm"), gpu_kit.STAGES)  # gpu-lm, the default, resumes without it
+    assert "--preset" not in (tmp_path / "lm" / gpu_kit.SUMMARY).read_text().split("Resume")[-1]
     plan = gpu_kit.make_plan(dry_run=False, preset="gpu-ablations")
     assert plan.spec is PRESETS["gpu-ablations"] and plan.ladder is None and plan.label == "gpu-ablations"
     assert plan.identity["preset"] == "gpu-ablations" and "ladder" not in plan.identity

@@ -89,6 +89,7 @@ class SizeVerdict:
     p_raw: float | None = None  # of the claim's decisive test at this size
     conditions: str = ""
     levels: dict[str, float] = dataclasses.field(default_factory=dict)
+    task: str | None = None  # a task's claim: its models are the task's own, run beside this size's
 
     @property
     def judged(self) -> bool:
@@ -96,7 +97,9 @@ class SizeVerdict:
 
     def describe(self) -> str:
         effect = self.difference.format(4) if self.difference is not None else "—"
-        return f"{self.parameters / 1e6:.2f}M (head {self.head_dim}): {effect}, {self.outcome}"
+        size = f"{self.parameters / 1e6:.2f}M"
+        where = f"task {self.task}, run with the {size} rung" if self.task else f"{size} (head {self.head_dim})"
+        return f"{where}: {effect}, {self.outcome}"
 
 
 DECIDED: tuple[Outcome, ...] = ("supported", "contradicted", "negligible")
@@ -274,6 +277,7 @@ def _at_size(claim: Claim, ladder: Ladder, rung: CompareResults) -> SizeVerdict 
         claim.gate.check(rung, claim),
         conditions=_conditions(claim, rung, seeds),
         levels=_levels(claim, rung, ours, theirs),
+        task=claim.measure.task,
     )
     if not size.gate.passed:  # type: ignore[union-attr]
         return dataclasses.replace(size, outcome="not measurable", reason=size.gate.reason)  # type: ignore[union-attr]
@@ -677,6 +681,7 @@ def verdicts_record(results: CompareResults | Ladder, verdicts: list[Verdict]) -
                     {
                         "parameters": s.parameters,
                         "head_dim": s.head_dim,
+                        **({"task": s.task} if s.task else {}),  # the task's own models, run beside this size
                         "outcome": s.outcome,
                         "reason": s.reason,
                         "effect": s.difference.mean if s.difference else None,
