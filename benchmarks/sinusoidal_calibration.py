@@ -44,7 +44,7 @@ LAYOUTS = {
 def cells(toy: bool) -> list[tuple[str, str, CompareSpec]]:
     """(rung, layout, the one-run comparison) for every rung of the CPU ladder and every layout."""
     found = []
-    for rung in LADDERS["ladder"].rungs:
+    for rung in LADDERS["claims"].rungs:
         if toy:
             micro = PRESETS["micro"]
             rung = dataclasses.replace(rung, model={**micro.model, "n_layers": rung.model["n_layers"]})

@@ -6,9 +6,10 @@
 A document marks a table as ``<!-- table:NAME -->`` ... ``<!-- /table:NAME -->``; this script owns what lies
 between. NAME is
 
-* ``claims``: the verdicts of the kept claims run in brief, judged from ``docs/claims/results.json`` by the
-  registered claims (``attnzoo.claims``: one module per paper) and the rules of ``attnzoo.claims.verdicts``;
-* ``ladder``: the same for the kept ladder, its rungs (``docs/ladder/*/results.json``) judged together;
+* ``claims``: the verdicts of the kept claims ladder in brief, its rungs (``docs/claims/*/results.json``) judged
+  together by the registered claims (``attnzoo.claims``: one module per paper) and the rules of
+  ``attnzoo.claims.verdicts``;
+* ``claims-one-size``: the same for the kept one-size run, ``docs/claims-one-size/results.json``;
 * ``compare-quick``: the side-by-side table of the kept quick compare (the README's main job), from
   ``docs/compare-quick/results.json`` by the report's own ``summary_table``;
 * ``FILE.md#K``: the K-th table (from 1) of ``benchmarks/results/FILE.md``, as the benchmark wrote it.
@@ -26,15 +27,17 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
-CLAIMS = REPO / "docs" / "claims"
+CLAIMS = REPO / "docs" / "claims"  # the claims ladder: a folder of rungs
+ONE_SIZE = REPO / "docs" / "claims-one-size"
 QUICK = REPO / "docs" / "compare-quick"
-LADDER = REPO / "docs" / "ladder"
 REGION = re.compile(r"(<!-- table:(?P<name>[^>]+?) -->\n)(?P<body>.*?)(<!-- /table:(?P=name) -->)", re.DOTALL)
 
 
 def documents(root: Path = REPO) -> list[Path]:
     """The README and the site's pages; the claims report is the lead's generated file, rendered by compare."""
-    generated = tuple(root / "docs" / name for name in ("claims", "compare-quick", "ladder"))  # compare writes them
+    generated = tuple(
+        root / "docs" / name for name in ("claims", "claims-one-size", "compare-quick")
+    )  # compare writes them
     pages = sorted(p for p in (root / "docs").rglob("*.md") if not any(g in p.parents for g in generated))
     return [root / "README.md", *pages]
 
@@ -63,23 +66,23 @@ def results_table(name: str) -> str:
 
 
 def claims_table() -> str:
-    """The kept claims run judged by the registered claims and this version's rules, one short row a claim: the
-    same verdicts as the ``verdicts.json`` the run's report wrote beside it."""
-    from attnzoo.claims.report import brief_table
-    from attnzoo.claims.verdicts import judge_all
-    from attnzoo.compare import CompareResults
-
-    return brief_table(judge_all(CompareResults.load(CLAIMS / "results.json"))).to_markdown() + "\n"
-
-
-def ladder_table() -> str:
-    """The kept ladder's rungs judged together, one short row a claim, as its ``verdicts.json``."""
+    """The kept claims ladder's rungs judged together by the registered claims and this version's rules, one short
+    row a claim: the same verdicts as the ``verdicts.json`` its report wrote beside it."""
     from attnzoo.claims.report import brief_table
     from attnzoo.claims.verdicts import judge_all
     from attnzoo.results.ladder import load_ladder
 
-    ladder, _ = load_ladder(LADDER)
+    ladder, _ = load_ladder(CLAIMS)
     return brief_table(judge_all(ladder)).to_markdown() + "\n"
+
+
+def one_size_table() -> str:
+    """The kept one-size claims run judged the same way, as its ``verdicts.json``."""
+    from attnzoo.claims.report import brief_table
+    from attnzoo.claims.verdicts import judge_all
+    from attnzoo.compare import CompareResults
+
+    return brief_table(judge_all(CompareResults.load(ONE_SIZE / "results.json"))).to_markdown() + "\n"
 
 
 def quick_table() -> str:
@@ -91,7 +94,7 @@ def quick_table() -> str:
 
 
 def render(name: str) -> str:
-    generated = {"claims": claims_table, "ladder": ladder_table, "compare-quick": quick_table}
+    generated = {"claims": claims_table, "claims-one-size": one_size_table, "compare-quick": quick_table}
     return generated[name]() if name in generated else results_table(name)
 
 

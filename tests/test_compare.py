@@ -127,7 +127,7 @@ def test_summary_is_mean_and_sample_std_over_seeds():
         (
             {"preset_or_spec": "huge"},
             r"preset 'huge' is unknown; choose one of "
-            r"\['micro', 'quick', 'claims', 'gpu', 'gpu-lm', 'standard', 'full', 'gpu-ablations'\]",
+            r"\['micro', 'quick', 'claims-one-size', 'gpu', 'gpu-lm', 'standard', 'full', 'gpu-ablations'\]",
         ),
         ({"variants": ["mha+bogus"]}, "variant 'mha\\+bogus': 'bogus' is not a known positional scheme"),
         ({"variants": ["diff+alibi+kvx"]}, "bad kv-head count 'x'"),
@@ -399,7 +399,7 @@ def test_an_uptrained_variant_starts_from_its_sources_pooled_weights(micro, copy
 
 def test_uptraining_rewarms_decays_to_the_floor_and_spends_its_fraction_of_the_steps(tmp_path):
     """Ainslie et al.'s recipe: pre-training's schedule again over α of its steps, from a fresh warmup to the floor."""
-    rung = LADDERS["ladder"].rungs[-1]
+    rung = LADDERS["claims"].rungs[-1]
     pretraining = rung.train
     for fraction in (0.05, 0.1, 0.2):
         _, up, _ = runner.Comparison(rung, tmp_path, progress=False).run_plan(

@@ -103,8 +103,8 @@ def test_a_gpu_ladder_rung_runs_that_rung_and_never_a_floor_over_the_budget():
     assert dry["small"].train.device == "cpu" and dry["small"].model["n_layers"] < dry["large"].model["n_layers"]
     with pytest.raises(ValueError, match=r"rung 'huge' is not one of gpu-ladder's rungs \['small', 'large'\]"):
         gpu_kit.make_plan(dry_run=False, preset="gpu-ladder", rung="huge")
-    with pytest.raises(ValueError, match=r"preset 'ladder' is not one of the GPU presets .* or GPU ladders"):
-        gpu_kit.make_plan(dry_run=False, preset="ladder", rung="small")  # the CPU ladder
+    with pytest.raises(ValueError, match=r"preset 'claims' is not one of the GPU presets .* or GPU ladders"):
+        gpu_kit.make_plan(dry_run=False, preset="claims", rung="small")  # the CPU ladder
     with pytest.raises(ValueError, match="rung 'small' goes with a GPU ladder"):
         gpu_kit.make_plan(dry_run=False, preset="gpu-ablations", rung="small")
 

@@ -9,6 +9,7 @@ import json
 import shutil
 
 import pytest
+from record_helpers import assert_same_record
 from training_helpers import write_text_corpus
 
 from attnzoo.compare.report_ladder import write_ladder_report
@@ -110,14 +111,14 @@ def test_a_rung_run_on_its_own_merges_with_the_other_to_the_verdicts_of_one_run_
 
 def test_every_rung_of_the_cpu_ladder_meets_the_budget_part_by_construction():
     """Gate (a): at least 20 tokens per parameter and at most 4 passes, from the spec and the corpus it names."""
-    for rung in LADDERS["ladder"].rungs:
+    for rung in LADDERS["claims"].rungs:
         corpus = prepare_corpus(rung.train.data.corpus, rung.train.data.tokenizer, rung.train.data.val_fraction)
         parameters = count_parameters(rung.baseline_config(corpus.tokenizer.vocab_size))
         tokens = rung.train.steps * rung.train.tokens_per_step
         assert tokens / parameters >= 20 and tokens / len(corpus.train) <= 4, rung.name
         assert rung.train.steps % 4 == 0 and rung.train.eval_interval * 4 == rung.train.steps  # 50, 75, 100%
         assert rung.train.eval_windows >= 1024
-    sizes = [count_parameters(r.baseline_config(256)) for r in LADDERS["ladder"].rungs]
+    sizes = [count_parameters(r.baseline_config(256)) for r in LADDERS["claims"].rungs]
     assert sizes[-1] >= 2 * sizes[0]
 
 
@@ -187,7 +188,9 @@ def test_report_only_on_a_folder_of_rungs_judges_the_ladder(ladder_run, tmp_path
     (copy / "verdicts.json").unlink()
     assert main(["compare", "--out", str(copy), "--report-only"]) == 0
     said = capsys.readouterr().out.splitlines()
-    assert said[0].startswith("primaries over 2 sizes (Holm-corrected together): alibi.short_matches_long not run;")
+    assert said[0].startswith(
+        "primaries over 2 sizes (Holm-corrected together): alibi.short_matches_long not measurable;"
+    )
     assert said[1].startswith("claims over 2 sizes: ") and f"report: {copy / 'report.md'}" in said[2]
     assert (
         json.loads((copy / "verdicts.json").read_text())["claims"]
@@ -198,20 +201,45 @@ def test_report_only_on_a_folder_of_rungs_judges_the_ladder(ladder_run, tmp_path
 def test_a_ladder_preset_refuses_the_flags_that_would_break_its_protocol(capsys):
     from attnzoo.cli import main
 
-    assert main(["compare", "--preset", "ladder", "--steps", "10"]) == 1
+    assert main(["compare", "--preset", "claims", "--steps", "10"]) == 1
     assert (
-        "--preset ladder is a ladder whose sizes share one protocol: --steps would break it" in capsys.readouterr().err
+        "--preset claims is a ladder whose sizes share one protocol: --steps would break it" in capsys.readouterr().err
     )
 
 
 def test_the_stored_ladder_re_renders_to_the_committed_report(tmp_path):
-    """docs/ladder is a pure function of its rungs' results.json: the verdicts and the report agree."""
+    """docs/claims is a pure function of its rungs' results.json: the verdicts and the report agree."""
     from pathlib import Path
 
-    stored = Path(__file__).parents[1] / "docs" / "ladder"
-    copy = tmp_path / "ladder"
+    stored = Path(__file__).parents[1] / "docs" / "claims"
+    copy = tmp_path / "claims"
     shutil.copytree(stored, copy)
     ladder, dirs = load_ladder(copy)
     paths = write_ladder_report(ladder, dirs, copy)
-    assert json.loads(paths["verdicts"].read_text()) == json.loads((stored / "verdicts.json").read_text())
+    assert_same_record(json.loads(paths["verdicts"].read_text()), json.loads((stored / "verdicts.json").read_text()))
     assert paths["markdown"].read_text() == (stored / "report.md").read_text()
+
+
+def test_a_claim_a_calibration_rules_out_on_the_cpu_is_not_measurable_there_and_not_run_elsewhere():
+    """ALiBi's sinusoidal claims: the stored ladder (on a CPU) trained no sinusoidal model, and the committed
+    calibration says no CPU size would have made a competent one; the same runs labelled as a GPU's leave them "not
+    run", since a GPU size might."""
+    from pathlib import Path
+
+    from attnzoo.claims import CLAIMS, judge
+    from attnzoo.results.ladder import Ladder
+
+    ladder, _ = load_ladder(Path(__file__).parents[1] / "docs" / "claims")
+    on_gpu = Ladder.of(
+        [dataclasses.replace(r, machine=dataclasses.replace(r.machine, device="cuda:0")) for r in ladder.rungs]
+    )
+    for claim_id in ("alibi.in_distribution_vs_sinusoidal", "alibi.short_matches_long"):
+        claim = CLAIMS[claim_id]
+        on_cpu = judge(claim, ladder)
+        assert on_cpu.outcome == "not measurable"
+        assert f"on the CPU: {claim.cpu_calibration}" in on_cpu.reason
+        assert judge(claim, on_gpu).outcome == "not run"
+    unbuilt = judge(CLAIMS["alibi.short_matches_long"], ladder).reason
+    assert "no preset runs it yet: it needs a sinusoidal language model trained at twice the length" in unbuilt
+    # A claim with no calibration is "not run" on the CPU as well.
+    assert judge(CLAIMS["alibi.in_distribution_vs_rope"], ladder).outcome == "not run"

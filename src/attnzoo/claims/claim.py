@@ -519,6 +519,9 @@ class Claim:
     preset: str = "claims"  # the preset that runs its experiment
     needs_gpu: bool = False
     experiment: str = ""  # for a claim no preset runs yet: what would test it (its own measure; parts still run)
+    # Why no CPU comparison can measure it, from a committed calibration: a CPU run that did not train it calls it
+    # "not measurable on the CPU" for this reason, where "not run" would suggest that running it could decide it.
+    cpu_calibration: str = ""
     # The statement's other parts, each measured on its own: the claim holds only as a whole (verdicts.py).
     parts: tuple[Part | BenchPart, ...] = ()
 

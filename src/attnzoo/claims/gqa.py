@@ -107,18 +107,18 @@ register_claim(
         id="gqa.mqa_behind_gqa",
         paper=PAPER,
         statement=(
-            "Multi-query attention loses some quality, while grouped-query attention stays close to MHA (figure "
-            "not available)."
+            "Uptrained multi-query attention loses some quality, while uptrained grouped-query attention stays "
+            "close to MHA (figure not available)."
         ),
         source="shared/seeds/001:230, 001:234, 001:249",
-        variant="mha+rope+kv1",
-        baseline="mha+rope+kv2",
+        variant="mha+rope+kv1+up0.05",
+        baseline="mha+rope+kv2+up0.05",
         measure=VAL_LOSS,
         rule=HIGHER,
         smallest_effect=LM_EFFECT,
         smallest_effect_source=LM_EFFECT_SOURCE,
-        gate=LM_PROTOCOL,
-        paper_scale="uptrained checkpoints (sizes not given in the review)",
-        checks=SETUP_CHECKS,
+        gate=UPTRAINING_PROTOCOL,
+        paper_scale="T5 checkpoints uptrained with 5% of their pre-training compute (arXiv 2305.13245, abstract)",
+        checks=UPTRAINING_CHECKS,
     )
 )

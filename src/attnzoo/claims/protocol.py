@@ -20,7 +20,7 @@ VAL_LOSS = lm_metric("val_loss", "validation loss (nats/token)")
 LM_EFFECT = 0.02
 LM_EFFECT_SOURCE = (
     "our choice, no paper figure being citable: 2% in perplexity, about a quarter of what 1.5× the training compute "
-    "gave MHA in the stored claims run (docs/claims, made at c76947c: 1.7929 → 1.7051 nats, mean of 3 seeds)"
+    "gave MHA in the stored claims run (docs/claims-one-size, made at c76947c: 1.7929 → 1.7051 nats, mean of 3 seeds)"
 )
 LM_PROTOCOL = LanguageModelGate(loss_effect=LM_EFFECT)
 ACCURACY_EFFECT_SOURCE = (

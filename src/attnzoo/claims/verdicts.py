@@ -3,7 +3,9 @@
 A claim is measured at every model size of the ladder that ran it (:class:`~attnzoo.results.ladder.Ladder`; one
 comparison is a ladder of one size). In order, the first that applies:
 
-1. **not run**: no size trained what the claim needs (a variant, a task, a GPU preset).
+1. **not run**: no size trained what the claim needs (a variant, a task, a GPU preset); or **not measurable** for a
+   claim that a committed calibration shows no CPU size can measure (``Claim.cpu_calibration``), when every size
+   ran on a CPU.
 2. **not measurable**: the largest size that ran it fails the claim's gate (for a language model: the budget, the
    end state, the gap's stability or the models' competence, :class:`~attnzoo.claims.claim.LanguageModelGate`;
    for a task: the baseline did not learn it), or a run diverged; or, for a paper's primary language-model claim,
@@ -189,12 +191,20 @@ def _pending(verdict: Verdict) -> bool:
 
 
 def _measure(claim: Claim, ladder: Ladder) -> Verdict:
+    sizes = [_at_size(claim, ladder, rung) for rung in ladder.rungs] if claim.is_run else []
+    ran = [size for size in sizes if not isinstance(size, str)]
+    if not ran and claim.cpu_calibration and all(rung.machine.device == "cpu" for rung in ladder.rungs):
+        unbuilt = "" if claim.is_run else f"; and no preset runs it yet: it needs {claim.experiment}"
+        return Verdict(
+            claim,
+            "not measurable",
+            f"on the CPU: {claim.cpu_calibration}{unbuilt}",
+            would_change=f"{claim.experiment or 'its runs'} on a GPU, at a size the calibration finds competent",
+        )
     if not claim.is_run:
         return Verdict(
             claim, "not run", f"no preset runs it yet: it needs {claim.experiment}", would_change="that experiment"
         )
-    sizes = [_at_size(claim, ladder, rung) for rung in ladder.rungs]
-    ran = [size for size in sizes if not isinstance(size, str)]
     if not ran:
         gpu = " (a CUDA GPU)" if claim.needs_gpu else ""
         return Verdict(

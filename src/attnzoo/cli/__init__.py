@@ -31,7 +31,7 @@ COMMANDS: tuple[Command, ...] = (
             "  attnzoo compare --preset standard --out runs/compare-standard\n"
             "  attnzoo compare --variants mha+rope mha+rope+kv1 diff+alibi --seeds 3 --tasks mqar\n"
             "  attnzoo compare --config examples/compare.toml --seeds 2\n"
-            "  attnzoo compare --out docs/claims --report-only"
+            "  attnzoo compare --out docs/claims-one-size --report-only"
         ),
     ),
     Command(

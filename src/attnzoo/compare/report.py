@@ -27,7 +27,7 @@ from attnzoo.compare.plots import (
     plot_task,
     plot_throughput_memory,
 )
-from attnzoo.compare.spec import PRESETS
+from attnzoo.compare.spec import LADDERS
 from attnzoo.document import Bullets, Heading, Image, Paragraph, Report
 from attnzoo.io import atomic_write_text
 from attnzoo.results.comparison import ATTENTION_MAPS, BenchRecord, CompareResults, Provenance, TaskResult
@@ -382,7 +382,7 @@ def _judges_claims(results: CompareResults, verdicts: list[Verdict]) -> bool:
 def _verdicts_elsewhere(results: CompareResults) -> str:
     return (
         f"**Verdicts on the papers' claims** need at least {MIN_SEEDS} seeds and each claim's own experiment: "
-        f"`attnzoo compare --preset claims` runs {PRESETS['claims'].description}. This run ({results.preset}, "
+        f"`attnzoo compare --preset claims` runs {LADDERS['claims'].description}. This run ({results.preset}, "
         f"{len(results.seeds)} seed(s)) lists them below only for completeness."
     )
 
