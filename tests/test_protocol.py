@@ -297,3 +297,26 @@ def registered_primaries():
     yield _ladder(1000, 2000)
     CLAIMS.clear()
     CLAIMS.update(saved)
+
+
+def test_a_short_cpu_run_whose_sinusoidal_model_never_learned_its_context_leaves_alibis_claim_not_measurable(
+    tmp_path, monkeypatch
+):
+    """Gate (d) on runs actually trained: six micro steps leave the sinusoidal model far above the corpus's trigram
+    level, and the verdict names the model and both levels instead of ranking ALiBi against it."""
+    from training_helpers import write_text_corpus
+
+    from attnzoo.compare.runner import run_compare
+
+    monkeypatch.setenv("ATTNZOO_CACHE_DIR", str(tmp_path / "cache"))
+    text = write_text_corpus(tmp_path / "text.txt")
+    variants = ["mha+rope", "mha+alibi", "mha+sinusoidal"]
+    results = run_compare("micro", tmp_path / "out", variants, corpus=str(text), tasks=[], progress=False).results
+    assert results is not None
+    verdict = judge(CLAIMS["alibi.in_distribution_vs_sinusoidal"], results)
+    trigram = results.corpus.ngram.val_loss
+    sinusoidal = float(np.mean([run.val.loss for run in results.variants["mha+sinusoidal"].runs]))
+    assert verdict.outcome == "not measurable" and sinusoidal > trigram
+    assert verdict.gate.levels["3-gram level (nats/token)"] == trigram
+    assert f"mha+sinusoidal {sinusoidal:.3f}" in verdict.reason
+    assert f"no better than a 3-gram count model ({trigram:.3f}, fitted on" in verdict.reason

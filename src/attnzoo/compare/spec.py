@@ -481,7 +481,7 @@ _GPU_LADDER_RUN = (
 # Cost, measured from clean clones with --executor local --jobs 2 and /usr/bin/time -v on 2 AMD EPYC cores: 53 min
 # 20 s (1ee93ce, tasks included, 2026-11-29, 191% CPU, 721 MB peak; the small rung 13.8 min, the large 39.3 min) and
 # 1 h 36 min 24 s (1d8af96, no tasks, 2026-11-28) on a machine whose runs trained 1.8× slower: the 90 minutes hold on
-# the first and not on the second.
+# the first and not on the second. With MQA uptrained beside GQA: 1 h 35 min 33 s (f743cb9, 2026-11-29, 682 MB).
 _LADDER_VARIANTS = (
     "mha+rope",
     "diff+rope",
