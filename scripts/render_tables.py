@@ -35,9 +35,8 @@ REGION = re.compile(r"(<!-- table:(?P<name>[^>]+?) -->\n)(?P<body>.*?)(<!-- /tab
 
 def documents(root: Path = REPO) -> list[Path]:
     """The README and the site's pages; the claims report is the lead's generated file, rendered by compare."""
-    generated = tuple(
-        root / "docs" / name for name in ("claims", "claims-one-size", "compare-quick")
-    )  # compare writes them
+    # compare writes these folders' reports
+    generated = tuple(root / "docs" / name for name in ("claims", "claims-one-size", "compare-quick"))
     pages = sorted(p for p in (root / "docs").rglob("*.md") if not any(g in p.parents for g in generated))
     return [root / "README.md", *pages]
 

@@ -476,7 +476,7 @@ _GPU_LADDER_RUN = (
 # and DCMHA composes four. Why not smaller: a 60,912-parameter rung (dim 48, heads of 12) at 21 tokens per
 # parameter reached 2.41 nats/byte (mha, seed 0, 2026-11-27), far above the trigram level (2.03), so it cannot pass
 # the competent-model gate. Five seeds: at three, Diff's and DCFormer's multiples were contradicted at each size but
-# not after Holm's adjustment (0.054, 0.061; docs/claims at 83ab204), and at 3 seeds of the small rung only,
+# not after Holm's adjustment (0.054, 0.061; docs/ladder at 83ab204), and at 3 seeds of the small rung only,
 # selective attention's gap there moved 0.011 over the last quarter (gate (c)), so its primary lost its second size.
 # Cost, measured from clean clones with --executor local --jobs 2 and /usr/bin/time -v on 2 AMD EPYC cores: 53 min
 # 20 s (1ee93ce, tasks included, 2026-11-29, 191% CPU, 721 MB peak; the small rung 13.8 min, the large 39.3 min) and
