@@ -510,8 +510,9 @@ def timing_stage(kit: Kit) -> Outcome:
     corpus = load_corpus(spec.train.data, env)
     train = spec.train
     configs = matched_configs(spec.variants, spec.baseline_config(corpus.tokenizer.vocab_size))
-    per_step = {
-        label: seconds_per_step(config, train, corpus, env, plan.timing_steps) for label, config in configs.items()
+    per_step = {  # each at its own length (+lenN), on the same tokens a step
+        v.label: seconds_per_step(configs[v.label], spec.train_for(v), corpus, env, plan.timing_steps)
+        for v in spec.variants
     }
     largest = max(count_parameters(config) for config in configs.values())
     baseline = per_step[spec.variant_labels[0]]

@@ -22,7 +22,8 @@ import torch
 from training_helpers import write_text_corpus
 
 from attnzoo.bench import BenchResult
-from attnzoo.claims.verdicts import counts, judge_all
+from attnzoo.claims import CLAIMS
+from attnzoo.claims.verdicts import counts, judge, judge_all
 from attnzoo.cli.compare import add_arguments, run
 from attnzoo.compare import (
     PRESETS,
@@ -380,6 +381,32 @@ def test_a_variant_with_more_compute_trains_the_same_model_longer(micro, copy_of
     longer, base = results.variants["mha+rope+x2"], results.variants["mha+rope"]
     assert [run.steps for run in longer.runs] == [12, 12] and longer.runs[0].tokens == 2 * base.runs[0].tokens
     assert longer.config == base.config and {m.variant for m in results.bench.measurements} == set(VARIANTS)
+
+
+def test_a_variant_at_twice_the_length_trains_on_the_same_tokens_and_is_scored_on_the_same_ones(micro, copy_of):
+    """``+len2``: sequences twice as long, half as many a step; every run is scored at multiples of the comparison's
+    length on the same tokens, which alibi.short_matches_long reads at 2L (ALiBi at L against sinusoidal at 2L)."""
+    labels = ["mha+alibi", "mha+sinusoidal+len2"]
+    spec = resolve_spec("micro", variants=[*VARIANTS, *labels], corpus=str(micro["text"]), tasks=[])
+    results = _compare_again(copy_of, spec)
+    longer, short = results.variants["mha+sinusoidal+len2"], results.variants["mha+alibi"]
+    trained = json.loads((copy_of / longer.runs[0].run_dir / "train_config.json").read_text())
+    assert (trained["seq_len"], trained["batch_size"]) == (2 * spec.train.seq_len, spec.train.batch_size // 2)
+    assert longer.config["max_seq_len"] == 2 * spec.train.seq_len and longer.runs[0].tokens == short.runs[0].tokens
+    for record in (*longer.runs, *short.runs):
+        assert [(p.multiple, p.block_len) for p in record.extrapolation] == [
+            (m, m * spec.train.seq_len) for m in spec.evals.extrapolation_multiples
+        ]
+    measure = CLAIMS["alibi.short_matches_long"].measure
+    for label in labels:
+        runs = results.variants[label].runs
+        at_2l = {r.seed: next(p.score.loss for p in r.extrapolation if p.multiple == 2) for r in runs}
+        assert measure.read(results, label) == at_2l
+    # The claim is read at the micro size, whose toy models its gate then turns away.
+    sizes = judge(CLAIMS["alibi.short_matches_long"], results).sizes
+    assert [size.outcome for size in sizes] == ["not measurable"] and not sizes[0].gate.passed
+    with pytest.raises(ValueError, match=r"train.batch_size=7 is invalid: must be a multiple of 2: mha\+sinusoidal"):
+        replace(spec, train=replace(spec.train, batch_size=7))
 
 
 def test_an_uptrained_variant_starts_from_its_sources_pooled_weights(micro, copy_of):

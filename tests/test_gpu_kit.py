@@ -445,6 +445,21 @@ def test_the_dry_run_of_two_gpu_ladder_rungs_in_one_folder_forms_the_ladder_and_
     assert (out / ".gitignore").read_text() == "*/runs/\n*/.attnzoo.lock\n"
 
 
+@pytest.mark.slow
+def test_the_dry_run_of_an_alibi_rung_trains_sinusoidal_at_2l_and_reads_alibis_primary_off_it(tmp_path):
+    """ALiBi's GPU ladder at toy sizes on a CPU: the sinusoidal model trains on sequences of 2L, half as many a step,
+    and alibi.short_matches_long is read at that size (a toy fails its gate; no run is missing)."""
+    out = tmp_path / "gpu-alibi"
+    flags = ["--dry-run", "--preset", "gpu-alibi", "--rung", "small", "--skip", "gpu_check", "tests", "dcmha_triton"]
+    assert gpu_kit.main([*flags, "--out", str(out)]) == 0
+    toy = gpu_kit.make_plan(dry_run=True, preset="gpu-alibi", rung="small").spec.train
+    trained = json.loads((out / "small/runs/mha+sinusoidal+len2/seed0/train_config.json").read_text())
+    assert (trained["seq_len"], trained["batch_size"]) == (2 * toy.seq_len, toy.batch_size // 2)
+    claims = {row["id"]: row for row in json.loads((out / "small" / "verdicts.json").read_text())["claims"]}
+    assert [size["outcome"] for size in claims["alibi.short_matches_long"]["sizes"]] == ["not measurable"]
+    assert claims["alibi.short_matches_long"]["sizes"][0]["gate"]["passed"] is False
+
+
 def test_the_test_the_tests_stage_leaves_out_exists():
     """A renamed test would make --deselect a silent no-op and the stage 3 minutes longer."""
     path, name = gpu_kit.REPEATED_TEST.split("::")

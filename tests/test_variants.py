@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 
 from attnzoo import ModelConfig, Transformer
@@ -24,6 +26,8 @@ BASE = ModelConfig(vocab_size=256, dim=128, n_layers=2, n_heads=8, max_seq_len=6
         ("selective[temperature_fn=mlp]", Variant("selective", "rope", options=(("temperature_fn", "mlp"),))),
         ("mha+rope+x1.5", Variant("mha", "rope", compute=1.5)),
         ("mha+rope+kv2+x2", Variant("mha", "rope", 2, compute=2.0)),
+        ("mha+sinusoidal+len2", Variant("mha", "sinusoidal", length=2)),
+        ("diff+alibi+kv2+len4+x1.5", Variant("diff", "alibi", 2, compute=1.5, length=4)),
     ],
 )
 def test_parse(spec, expected):
@@ -42,6 +46,10 @@ def test_parse(spec, expected):
         ("mha+rope+x1.2.3", "bad compute multiple '1.2.3'"),
         ("mha+rope+x2+kv2", "expected ATTENTION"),
         ("mha+rope+alibi", "expected ATTENTION"),
+        ("mha+rope+len1", r"bad length multiple '1': expected lenN with 2 <= N <= 64"),
+        ("mha+rope+len", r"bad length multiple '': expected lenN"),
+        ("mha+rope+len2+kv2", "expected ATTENTION"),
+        ("mha+rope+kv2+up0.1+len2", r"an uptrained variant \(\+upF\) trains at its source's length; drop \+lenN"),
         ("mha[+rope", "expected ATTENTION"),
         ("selective[bogus=1]+rope", r"'selective\[bogus=1\]\+rope'.*unknown option\(s\) \['bogus'\]"),
         ("selective[value_temperature=2]", "value_temperature=2 is invalid: must be true or false"),
@@ -105,3 +113,14 @@ def test_a_compute_multiple_trains_the_same_model_longer():
     assert longer.steps(300) == 450 and Variant.parse("mha+rope+x1").label == "mha+rope"
     configs = matched_configs([Variant.parse("mha+rope"), Variant.parse("mha+rope+x2")], BASE)
     assert configs["mha+rope+x2"] == configs["mha+rope"]
+
+
+def test_a_length_multiple_trains_the_same_model_with_room_for_its_longer_sequences():
+    longer = Variant.parse("mha+sinusoidal+len2")
+    assert longer.label == "mha+sinusoidal+len2" and longer.model_label == "mha+sinusoidal" and longer.steps(300) == 300
+    configs = matched_configs([Variant.parse("mha+sinusoidal"), longer], BASE)
+    assert configs["mha+sinusoidal+len2"] == dataclasses.replace(
+        configs["mha+sinusoidal"], max_seq_len=2 * BASE.max_seq_len
+    )
+    learned = matched_configs([Variant.parse("mha+learned+len2")], BASE)["mha+learned+len2"]
+    assert learned.max_seq_len == 128 and abs(count_parameters(learned) / count_parameters(BASE) - 1) <= 0.02

@@ -22,9 +22,9 @@ from attnzoo.config import ModelConfig, parse_key_value
 from attnzoo.positions import POSITIONS
 
 SPEC_FORMAT = (
-    "ATTENTION[KEY=VALUE,...]+POSITION+kvN+upF+xC, the options, position, kv, uptraining and compute parts optional, "
-    "e.g. 'mha+rope', 'diff+alibi', 'mha+rope+kv2', 'selective[value_temperature=false]+none', 'mha+rope+x1.5', "
-    "'mha+rope+kv2+up0.05'"
+    "ATTENTION[KEY=VALUE,...]+POSITION+kvN+upF+lenN+xC, the options, position, kv, uptraining, length and compute "
+    "parts optional, e.g. 'mha+rope', 'diff+alibi', 'mha+rope+kv2', 'selective[value_temperature=false]+none', "
+    "'mha+rope+x1.5', 'mha+rope+kv2+up0.05', 'mha+sinusoidal+len2'"
 )
 _SPEC = re.compile(r"(?P<attention>[^+\[\]]+)(?:\[(?P<options>[^\]]*)\])?(?P<rest>(?:\+[^+\[\]]+)*)")
 
@@ -33,7 +33,9 @@ _SPEC = re.compile(r"(?P<attention>[^+\[\]]+)(?:\[(?P<options>[^\]]*)\])?(?P<res
 class Variant:
     """An attention mechanism with its options × a positional scheme × a kv-head count, trained with ``compute``
     times the comparison's training tokens (``+x1.5``: the same model, 1.5× the steps), so that a mechanism can
-    be set against the baseline at several budgets (DCFormer's compute-equivalence claim)."""
+    be set against the baseline at several budgets (DCFormer's compute-equivalence claim), on sequences ``length``
+    times the comparison's (``+len2``: half as many sequences a step, so the same tokens; ALiBi's "trained at L
+    matches sinusoidal trained at 2L")."""
 
     attention: str
     position: str = "rope"
@@ -43,6 +45,7 @@ class Variant:
     # GQA uptraining (Ainslie et al., 2023, ``+upF``): converted from the same seed's trained model without the kv
     # part (its kv heads mean-pooled), then trained for F × the steps; None: trained from scratch.
     uptrain: float | None = None
+    length: int = 1
 
     @property
     def model_label(self) -> str:
@@ -54,7 +57,8 @@ class Variant:
 
     @property
     def label(self) -> str:
-        return self.model_label + (f"+x{self.compute:g}" if self.compute != 1 else "")
+        length = f"+len{self.length}" if self.length != 1 else ""
+        return self.model_label + length + (f"+x{self.compute:g}" if self.compute != 1 else "")
 
     @property
     def source(self) -> Variant:
@@ -73,9 +77,19 @@ class Variant:
         attention = match["attention"].strip()
         rest = [p.strip() for p in match["rest"].split("+")[1:]]
         compute = _multiple(spec, rest, "x", "compute multiple", "xC with 0 < C <= 100", 100.0)
+        length = 1
+        if rest and re.fullmatch(r"len[0-9]*", rest[-1]):
+            digits = rest.pop()[3:]
+            if not digits.isdigit() or not 2 <= int(digits) <= 64:
+                raise ValueError(
+                    f"variant {spec!r} has a bad length multiple {digits!r}: expected lenN with 2 <= N <= 64"
+                )
+            length = int(digits)
         uptrain = _multiple(spec, rest, "up", "uptraining fraction", "upF with 0 < F <= 1", 1.0)
         if uptrain is not None and compute is not None:
             raise ValueError(f"variant {spec!r}: an uptrained variant (+upF) trains F of the steps; drop +xC")
+        if uptrain is not None and length != 1:
+            raise ValueError(f"variant {spec!r}: an uptrained variant (+upF) trains at its source's length; drop +lenN")
         kv = None
         if rest and rest[-1].startswith("kv"):
             digits = rest.pop()[2:]
@@ -102,7 +116,7 @@ class Variant:
             raise ValueError(f"variant {spec!r}: {err}") from None
         if uptrain is not None and kv is None:
             raise ValueError(f"variant {spec!r}: uptraining (+upF) converts to fewer kv heads; name them with +kvN")
-        return cls(attention, position, kv, tuple(sorted(options.items())), compute or 1.0, uptrain)
+        return cls(attention, position, kv, tuple(sorted(options.items())), compute or 1.0, uptrain, length)
 
     @classmethod
     def parse_all(cls, specs: Iterable[Variant | str]) -> tuple[Variant, ...]:
@@ -147,6 +161,8 @@ def variant_config(variant: Variant, baseline: ModelConfig) -> ModelConfig:
         changes.update(position=variant.position, position_options={})
     if variant.n_kv_heads is not None:
         changes["n_kv_heads"] = variant.n_kv_heads
+    if variant.length != 1:  # room for the longer sequences it trains on (learned positions: a longer table)
+        changes["max_seq_len"] = baseline.max_seq_len * variant.length
     paired = dataclasses.replace(baseline, **changes)
     return dataclasses.replace(paired, **ATTENTION.get(variant.attention).paired_overrides(paired))
 

@@ -5,8 +5,16 @@ from __future__ import annotations
 import math
 
 from attnzoo.claims.claim import HIGHER, LOWER, NONINFERIOR, BenchPart, Claim, LanguageModelGate, register_claim
-from attnzoo.claims.measures import loss_rise, not_built
-from attnzoo.claims.protocol import BASELINE, LM_EFFECT, LM_EFFECT_SOURCE, LM_PROTOCOL, SETUP_CHECKS, VAL_LOSS
+from attnzoo.claims.measures import loss_at, loss_rise
+from attnzoo.claims.protocol import (
+    ALIBI_LADDER,
+    BASELINE,
+    LM_EFFECT,
+    LM_EFFECT_SOURCE,
+    LM_PROTOCOL,
+    SETUP_CHECKS,
+    VAL_LOSS,
+)
 
 PAPER = "ALiBi (Press et al., 2022)"
 EXTRAPOLATION_EFFECT = 0.1
@@ -19,7 +27,7 @@ SINUSOIDAL_CALIBRATION = (
     "at neither size of the CPU ladder, at its budget, did a sinusoidal model get below the trigram level, in "
     "attnzoo's layout or fairseq's (benchmarks/sinusoidal_calibration.py, results in "
     "benchmarks/results/sinusoidal_calibration.md), so no CPU size has the competent sinusoidal baseline the claim "
-    "is judged against"
+    f"is judged against; the {ALIBI_LADDER} ladder runs ALiBi's claims on a GPU"
 )
 
 
@@ -121,17 +129,16 @@ register_claim(
         ),
         source="arXiv 2108.12409, abstract; shared/seeds/004:21–22",
         variant="mha+alibi",
-        baseline="mha+sinusoidal@2L",
-        measure=not_built("validation loss at 2L (nats/token)", "a sinusoidal run trained at 2L"),
+        baseline="mha+sinusoidal+len2",
+        measure=loss_at(2),
         rule=NONINFERIOR,
         smallest_effect=LM_EFFECT,
         smallest_effect_source=LM_EFFECT_SOURCE,
         gate=LM_PROTOCOL,
         primary=True,
         paper_scale="1.3B parameters, trained at 1024, evaluated at 2048",
-        experiment=(
-            "a sinusoidal language model trained at twice the length on the same tokens, evaluated with ALiBi's at 2L"
-        ),
+        preset=ALIBI_LADDER,
+        needs_gpu=True,
         parts=(
             BenchPart(
                 quantity="speed",

@@ -70,6 +70,37 @@ def loss_rise(multiple: int) -> Measure:
     )
 
 
+def loss_at(multiple: int) -> Measure:
+    """The loss at ``multiple`` times the comparison's length, where every run scores the same tokens whatever
+    length it trained at: a model trained at that length (``+lenN``) is read in distribution, the others past their
+    training length (ALiBi trained at L against sinusoidal positions trained at 2L, both scored at 2L)."""
+
+    def scores(results: CompareResults, variant: str):
+        found = results.variants.get(variant)
+        if found is None:
+            return None
+        at = {run.seed: {p.multiple: p.score for p in run.extrapolation}.get(multiple) for run in found.runs}
+        return None if any(score is None for score in at.values()) else at
+
+    def read(results: CompareResults, variant: str) -> Values | None:
+        found = scores(results, variant)
+        return {seed: score.loss for seed, score in found.items()} if found else None
+
+    def blocks(results: CompareResults, variant: str) -> Blocks | None:
+        found = scores(results, variant)
+        if not found or any(score.block_losses is None for score in found.values()):
+            return None
+        return {seed: np.asarray(score.block_losses) for seed, score in found.items()}
+
+    return Measure(
+        f"validation loss at {multiple}L (nats/token)",
+        f"extrapolation to {multiple}×",
+        read,
+        blocks=blocks,
+        loss_sign=1,
+    )
+
+
 def lm_probe(key: str, label: str) -> Measure:
     """A probe of the trained language model (attention outliers, spikiness), stored with each run."""
 

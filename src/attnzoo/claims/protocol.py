@@ -14,6 +14,9 @@ BASELINE = "mha+rope"
 # The GPU preset of the one-size ablations (DCMHA's pre/post and query-wise compositions, selective attention's
 # position temperature): DCMHA's variants cost a CPU ladder's budget several times over.
 ABLATIONS = "gpu-ablations"
+# The GPU ladder of ALiBi's claims against sinusoidal positions trained at 2L, which no CPU size makes competent
+# (attnzoo.claims.alibi.SINUSOIDAL_CALIBRATION).
+ALIBI_LADDER = "gpu-alibi"
 VAL_LOSS = lm_metric("val_loss", "validation loss (nats/token)")
 
 # The smallest LM-loss difference of interest, and the gate that goes with it: see LM_EFFECT_SOURCE.

@@ -195,11 +195,12 @@ def _measure(claim: Claim, ladder: Ladder) -> Verdict:
     ran = [size for size in sizes if not isinstance(size, str)]
     if not ran and claim.cpu_calibration and all(rung.machine.device == "cpu" for rung in ladder.rungs):
         unbuilt = "" if claim.is_run else f"; and no preset runs it yet: it needs {claim.experiment}"
+        where = f"the {claim.preset} preset" if claim.needs_gpu else claim.experiment or "its runs"
         return Verdict(
             claim,
             "not measurable",
             f"on the CPU: {claim.cpu_calibration}{unbuilt}",
-            would_change=f"{claim.experiment or 'its runs'} on a GPU, at a size the calibration finds competent",
+            would_change=f"{where} on a GPU, at a size the calibration finds competent",
         )
     if not claim.is_run:
         return Verdict(

@@ -275,6 +275,13 @@ def build_report(results: CompareResults, plots: dict[str, str]) -> Report:
             f"same order under the same budget; **{baseline}** is the baseline. Parameters are matched to the "
             f"baseline within 2% by the MLP width, except an uptrained variant (+upF), which keeps its source's model "
             f"with fewer kv heads, as GQA uptraining does."
+            + (
+                " A +lenN variant trains on sequences N times as long, N times fewer a step (the same tokens); every "
+                "variant is scored on the same tokens at the training length and its multiples, so a +lenN "
+                "variant's loss at N× is in distribution."
+                if any(Variant.parse(label).length != 1 for label in results.variants)
+                else ""
+            )
         ),
         Bullets(
             [

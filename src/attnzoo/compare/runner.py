@@ -370,9 +370,9 @@ class Comparison:
         """Training seconds of one run of each variant, from its token budget and the throughput the bench just
         measured at its length, or where the bench measured none (a ladder benches nothing), from a few steps
         timed here for each variant with a run still to train."""
-        train, estimates, timed = self.spec.train, {}, {}
+        estimates, timed = {}, {}
         for variant in self.spec.variants:
-            label = variant.label
+            label, train = variant.label, self.spec.train_for(variant)
             rates = [
                 m.timing.tokens_per_s
                 for m in bench.measurements
@@ -383,7 +383,7 @@ class Comparison:
             elif all(self.finished(variant, seed) for seed in self.spec.seeds):
                 per_step = 0.0
             else:  # a model several variants share (uptrained at several fractions) is timed once
-                model = json.dumps(configs[label].to_dict(), sort_keys=True)
+                model = json.dumps([configs[label].to_dict(), train.seq_len], sort_keys=True)
                 if model not in timed:
                     timed[model] = seconds_per_step(configs[label], train, corpus, self.env, TIMED_STEPS)
                 per_step = timed[model]
@@ -414,7 +414,7 @@ class Comparison:
     def run_plan(self, variant: Variant, seed: int) -> tuple[Path, TrainConfig, dict[str, Any]]:
         """Where a run lives, how it trains and how it is evaluated."""
         spec = self.spec
-        train_config = dataclasses.replace(spec.train, seed=seed, steps=variant.steps(spec.train.steps))
+        train_config = dataclasses.replace(spec.train_for(variant), seed=seed, steps=variant.steps(spec.train.steps))
         if variant.uptrain is not None:
             train_config = uptraining_config(dataclasses.replace(spec.train, seed=seed), train_config.steps)
         evals = _jsonable({**asdict(spec.evals), "maps": seed == spec.seeds[0]})
@@ -525,15 +525,15 @@ class Comparison:
         spec, device = self.spec, self.env.device
         started = time.perf_counter()
         token_bytes = corpus.tokenizer.token_bytes()
-        # The whole validation split, in contiguous blocks whose losses let the verdicts count the text's sampling
-        # noise as well as the seeds'; the trainer's curve scored a sample of its windows.
-        val_config = LMEvalConfig(
-            train_config.seq_len, batch_size=train_config.batch_size, max_windows=spec.evals.val_windows
-        )
+        # Every run is scored on the same tokens, at the comparison's length and its multiples, whatever length it
+        # trained at (+lenN): the whole validation split, in contiguous blocks whose losses let the verdicts count
+        # the text's sampling noise as well as the seeds'; the trainer's curve scored a sample of its windows.
+        length = spec.train.seq_len
+        val_config = LMEvalConfig(length, batch_size=spec.train.batch_size, max_windows=spec.evals.val_windows)
         windows_scored = len(window_plan(len(corpus.val), val_config)[0]) // self.env.world_size * self.env.world_size
         blocks = min(spec.evals.val_blocks, windows_scored)
         val = evaluate_lm(model, corpus.val, token_bytes, val_config, env=self.env, blocks=blocks)
-        extrapolation_config = LMEvalConfig(train_config.seq_len, batch_size=spec.evals.extrapolation_batch_size)
+        extrapolation_config = LMEvalConfig(length, batch_size=spec.evals.extrapolation_batch_size)
         points = length_extrapolation(
             model,
             self.extrapolation_tokens(corpus),
@@ -542,8 +542,8 @@ class Comparison:
             spec.evals.extrapolation_multiples,
             blocks=spec.evals.extrapolation_blocks,
         )
-        windows = np.asarray(corpus.val[: spec.evals.probe_windows * train_config.seq_len], dtype=np.int64)
-        probes = lm_probes(model, torch.from_numpy(windows).view(-1, train_config.seq_len))
+        windows = np.asarray(corpus.val[: spec.evals.probe_windows * length], dtype=np.int64)
+        probes = lm_probes(model, torch.from_numpy(windows).view(-1, length))
         has_maps = seed == spec.seeds[0]
         if has_maps and self.env.is_main:
             prompt = torch.from_numpy(np.asarray(corpus.val[: spec.evals.map_tokens], dtype=np.int64))[None]

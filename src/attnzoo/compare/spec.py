@@ -81,6 +81,13 @@ class CompareSpec:
                 labels,
                 f"uptrain {variant.label} from {variant.source.label}, which must be compared too and listed before it",
             )
+            require(
+                self.train.batch_size % variant.length == 0,
+                "train.batch_size",
+                self.train.batch_size,
+                f"must be a multiple of {variant.length}: {variant.label} trains on sequences {variant.length}× as "
+                f"long, {variant.length}× fewer a step",
+            )
         check_model_settings(self.model, "model")
         names = [task.name for task in self.tasks]
         require(len(set(names)) == len(names), "tasks", names, "must name each task at most once")
@@ -98,6 +105,15 @@ class CompareSpec:
     @property
     def variant_labels(self) -> list[str]:
         return [variant.label for variant in self.variants]
+
+    def train_for(self, variant: Variant) -> TrainConfig:
+        """The comparison's training as ``variant`` runs it: on sequences ``variant.length`` times as long, that
+        many times fewer a step, so every variant trains on the same tokens."""
+        if variant.length == 1:
+            return self.train
+        return dataclasses.replace(
+            self.train, seq_len=self.train.seq_len * variant.length, batch_size=self.train.batch_size // variant.length
+        )
 
     def baseline_config(self, vocab_size: int) -> ModelConfig:
         """The MHA + RoPE model every variant is matched to (the model's own defaults apply)."""
@@ -462,10 +478,23 @@ def _rung(
 # evaluations a few seconds on top. Scaling by FLOPs flatters small models (their kernels are short, so launches and
 # memory traffic weigh more), so each is a lower bound; the kit times 50 steps of each variant first and shrinks the
 # steps rather than overrun, and the small rung's timing.json measures what the large one will cost.
-_GPU_LADDER_RUN = (
-    ("mha+rope", "diff+rope", "selective+rope", "dcmha+rope"),
-    (0, 1, 2),
-    {"data": _GPU_DATA, "batch_size": 128, "lr": 2e-3, "device": "cuda"},
+_GPU_LADDER_TRAIN = {"data": _GPU_DATA, "batch_size": 128, "lr": 2e-3, "device": "cuda"}
+_GPU_LADDER_RUN = (("mha+rope", "diff+rope", "selective+rope", "dcmha+rope"), (0, 1, 2), _GPU_LADDER_TRAIN)
+_GPU_LADDER_SIZES = (
+    ("small", {"dim": 192, "n_layers": 3, "n_heads": 4}, 888),
+    ("large", {"dim": 192, "n_layers": 6, "n_heads": 4, "mlp_hidden_dim": 528}, 1780),
+)
+# ALiBi's claims on a GPU (issue 35): no CPU size of the ladder gets a sinusoidal model below the trigram level
+# (SINUSOIDAL_CALIBRATION in attnzoo.claims.alibi), so its claims against sinusoidal positions run here, at the GPU
+# ladder's two sizes and budgets: ALiBi and sinusoidal positions at L = 256, sinusoidal trained at 2L on the same
+# tokens (+len2: 64 sequences of 512 a step) for alibi.short_matches_long, and RoPE, the baseline of the others.
+# Every run is scored at L, 2L and 16L on the same tokens; the bench times ALiBi at L against sinusoidal at 2L, the
+# claim's speed and memory. Estimated by the GPU ladder's method, ALiBi's and sinusoidal's models at MHA + RoPE's
+# measured time per FLOP (no H100 step of them is stored), the sinusoidal one at 2L by its FLOPs at 2L: 3 seeds × 4
+# variants train in 0.8 and 3.2 minutes, a lower bound as the GPU ladder's; the kit times 50 steps of each first.
+_GPU_ALIBI_RUN = (("mha+rope", "mha+alibi", "mha+sinusoidal", "mha+sinusoidal+len2"), (0, 1, 2), _GPU_LADDER_TRAIN)
+_GPU_ALIBI_EVALS = EvalSpec(
+    extrapolation_multiples=(1, 2, 16), extrapolation_blocks=4, bench_cases=(("train", 1), ("train", 2)), bench_rounds=1
 )
 
 
@@ -486,6 +515,7 @@ _GPU_LADDER_RUN = (
 # rung and Ainslie et al.'s α = 5% (gqa.mqa_behind_gqa). At the small rung both uptrained models stayed above the
 # trigram level (MQA 2.2795, GQA 2.0606 against 2.027), so the claim was not measurable there, and MQA's 10 and 20%
 # traced no claim; the runs' own times put the cut at 8.3 of those 95.5 minutes. GQA keeps its trace at both sizes.
+# So cut: 1 h 21 min 9 s (d033df6, 2026-11-29, 191% CPU, 696 MB; MHA's 0.25M runs 249 s each, 300 s on 1d8af96's draw).
 _LADDER_MODELS = ("mha+rope", "diff+rope", "selective+rope", "dcmha+rope")
 # GQA (2 kv heads) uptrained from each seed's MHA: Ainslie et al.'s α, and twice and 4× it
 _GQA_UPTRAINED = tuple(f"mha+rope+kv2+up{fraction:g}" for fraction in (0.05, 0.1, 0.2))
@@ -536,15 +566,21 @@ LADDERS: dict[str, LadderSpec] = {
             "seeds, one rung per 15-minute lease (scripts/gpu_kit.sh --preset gpu-ladder --rung small, then large); "
             "estimated 1.2 and 4.8 minutes of H100 training (scaled from gpu-lm's timed steps by FLOPs per token)"
         ),
-        rungs=(
-            _rung("gpu-ladder", "small", {"dim": 192, "n_layers": 3, "n_heads": 4}, 888, *_GPU_LADDER_RUN),
-            _rung(
-                "gpu-ladder",
-                "large",
-                {"dim": 192, "n_layers": 6, "n_heads": 4, "mlp_hidden_dim": 528},
-                1780,
-                *_GPU_LADDER_RUN,
-            ),
+        rungs=tuple(_rung("gpu-ladder", *size, *_GPU_LADDER_RUN) for size in _GPU_LADDER_SIZES),
+    ),
+    "gpu-alibi": LadderSpec(
+        name="gpu-alibi",
+        description=(
+            "ALiBi's claims on one CUDA GPU at the GPU ladder's two sizes (1.38M and 2.76M parameters, heads of 48, "
+            "21 tokens per parameter, pysource): RoPE, ALiBi and sinusoidal positions at L = 256, and sinusoidal "
+            "trained at 2L on the same tokens, × 3 seeds, scored at L, 2L and 16L, with ALiBi's training speed and "
+            "memory at L against sinusoidal's at 2L; one rung per 15-minute lease (scripts/gpu_kit.sh --preset "
+            "gpu-alibi --rung small, then large); estimated 0.8 and 3.2 minutes of H100 training (scaled from "
+            "gpu-lm's timed MHA steps by FLOPs per token)"
+        ),
+        rungs=tuple(
+            dataclasses.replace(_rung("gpu-alibi", *size, *_GPU_ALIBI_RUN), evals=_GPU_ALIBI_EVALS)
+            for size in _GPU_LADDER_SIZES
         ),
     ),
 }
