@@ -33,8 +33,9 @@ steps between two CUDA events, as a training loop runs them, after warmup steps 
 time shown is the first step's wall time less a timed step's.
 
 Output: ``--out DIR`` gets ``gpu-speed.md`` (the ratios at a glance, then every row, then what was not measured and
-why) and ``gpu-speed.json`` (the raw numbers, device, versions, commit), both rewritten atomically after every case,
-so a run cut off keeps what it measured and names the cases it did not reach. The dry run forces the CPU, toy sizes,
+why), ``gpu-speed.json`` (the raw numbers, device, versions, commit) and ``summary.json`` (issue 36's figures, each
+with the row it came from: :func:`headline`), all rewritten atomically after every case, so a run cut off keeps
+what it measured and names the cases it did not reach. The dry run forces the CPU, toy sizes,
 fp32, and dynamo's "eager" compile backend (the compiled path traced, no code generated: inductor took 41 s for one
 toy MHA on a 2-core CPU), so its numbers check the script, not a speed; the Triton case is skipped there with the
 kernel's reason.
@@ -590,9 +591,53 @@ def summary(cases: list[Case], records: dict[str, dict[str, Any]]) -> dict[str, 
     return {"train_speed_vs_mha": speed, "mfu": mfu, "decode_tokens_per_s": decode}
 
 
+def headline(meta: dict[str, Any], cases: list[Case], records: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """``summary.json``: the figures issue 36 names, each the best measured row of its kind (None where none was
+    measured), with ``sources`` naming the row each came from or why it is None."""
+    speed = summary(cases, records)["train_speed_vs_mha"]
+    sources: dict[str, str] = {}
+
+    def best_ratio(key: str, mechanism: str) -> float | None:
+        rows = [(value, mode, label) for mode, by in speed.items() for label, value in by.items()]
+        rows = [row for row in rows if row[2] == mechanism or row[2].startswith(f"{mechanism}[")]
+        if not rows:
+            sources[key] = f"no gpu-lm {mechanism} training row measured"
+            return None
+        value, mode, label = max(rows)
+        sources[key] = f"gpu-lm {label} {mode} ÷ gpu-lm mha {mode}, tok/s"
+        return value
+
+    anchor = [(r["mfu"], name) for name, r in records.items() if name.startswith("nanogpt-124m mha") and r.get("mfu")]
+    decode = records.get("decode mha batch 1", {})
+    rows = decode.get("rows", []) if decode.get("status") == MEASURED else []
+    compiled = next((row["tokens_per_s"] for row in rows if row["path"] == "compiled"), None)
+    sources |= {
+        "dcmha_layer_vs_flash_T2048": "the layer bench's: benchmarks/bench_dcmha_triton.py (the kit's dcmha_triton)",
+        "mha_mfu_185m": "not this script's size: it measures the nanoGPT-124M anchor (mha_mfu_nanogpt_124m)",
+        "mha_mfu_nanogpt_124m": f"{max(anchor)[1]}" if anchor else "no nanogpt-124m row measured",
+        "decode_mha_b1_tok_s_compiled": "decode mha batch 1, generate(compile=True)'s step"
+        if compiled
+        else "no compiled decode row of mha at batch 1",
+    }
+    return {
+        "device": meta["device"],
+        "commit": meta["commit"],
+        "dtype": meta["settings"].dtype,
+        "dcmha_vs_mha_train_bf16": best_ratio("dcmha_vs_mha_train_bf16", "dcmha"),
+        "diff_vs_mha_train_bf16": best_ratio("diff_vs_mha_train_bf16", "diff"),
+        "selective_vs_mha_train_bf16": best_ratio("selective_vs_mha_train_bf16", "selective"),
+        "dcmha_layer_vs_flash_T2048": None,
+        "mha_mfu_185m": None,
+        "mha_mfu_nanogpt_124m": max(anchor)[0] if anchor else None,
+        "decode_mha_b1_tok_s_compiled": compiled,
+        "sources": sources,
+    }
+
+
 def write_report(out: Path, meta: dict[str, Any], cases: list[Case], records: dict[str, dict[str, Any]]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "gpu-speed.md", render_markdown(meta, cases, records))
+    atomic_write_text(out / "summary.json", json.dumps(headline(meta, cases, records), indent=2))
     payload = {
         "meta": {**meta, "settings": dataclasses.asdict(meta["settings"])},
         "summary": summary(cases, records),

@@ -36,6 +36,19 @@ def test_the_dry_run_records_every_planned_case_measured_or_skipped_with_a_reaso
             assert [row["path"] for row in case["rows"]] == ["eager", "compiled"]
     assert cases["gpu-lm dcmha[chunked] eager"]["kernels"] == ["chunked", "chunked"]
     assert payload["summary"]["train_speed_vs_mha"]["compiled"]["mha"] == 1.0
+    # summary.json: issue 36's figures, each the best measured row of its kind, with the row it came from.
+    headline = json.loads((tmp_path / "summary.json").read_text())
+    assert (headline["device"], headline["commit"]) == (payload["meta"]["device"], payload["meta"]["commit"])
+    speed = payload["summary"]["train_speed_vs_mha"]
+    dcmha = max((by[label], f"gpu-lm {label} {mode}") for mode, by in speed.items() for label in by if "dcmha" in label)
+    assert headline["dcmha_vs_mha_train_bf16"] == dcmha[0] and headline["sources"][
+        "dcmha_vs_mha_train_bf16"
+    ].startswith(dcmha[1])
+    assert headline["diff_vs_mha_train_bf16"] == max(by["diff"] for by in speed.values())
+    anchor = [case["mfu"] for case in payload["cases"] if case["name"].startswith("nanogpt-124m")]
+    assert headline["mha_mfu_nanogpt_124m"] == max(anchor) and headline["mha_mfu_185m"] is None
+    decode = next(row for row in cases["decode mha batch 1"]["rows"] if row["path"] == "compiled")
+    assert headline["decode_mha_b1_tok_s_compiled"] == decode["tokens_per_s"] > 0
     assert "| mha | 1.00× | 1.00× |" in text  # the glance table: MHA against itself in both modes
 
 
