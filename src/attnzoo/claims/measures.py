@@ -15,6 +15,7 @@ import numpy as np
 
 from attnzoo.claims.claim import Blocks, Measure, Values
 from attnzoo.config import ModelConfig
+from attnzoo.evals.lm import LMScore
 from attnzoo.model import training_flops_per_token
 from attnzoo.results import CompareResults, Ladder
 
@@ -38,22 +39,24 @@ def lm_metric(name: str, label: str) -> Measure:
     return Measure(label, "the language-model runs", read, blocks=blocks if loss else None, loss_sign=1 if loss else 0)
 
 
+def _scores_at(results: CompareResults, variant: str, multiple: int) -> dict[int, LMScore] | None:
+    """Each seed's score at ``multiple`` times the comparison's length, on the tokens every run scores there; None
+    unless every seed has one."""
+    found = results.variants.get(variant)
+    if found is None:
+        return None
+    at = {run.seed: {p.multiple: p.score for p in run.extrapolation}.get(multiple) for run in found.runs}
+    return None if any(score is None for score in at.values()) else at
+
+
 def loss_rise(multiple: int) -> Measure:
     """How much the validation loss rises from the training length to ``multiple`` times it. Every length scores the
     same tokens, so where the runs stored each extrapolation block's loss the rise is also read block by block, and
     the interval counts the sampling of the text as the in-distribution loss does."""
 
     def points(results: CompareResults, variant: str):
-        found = results.variants.get(variant)
-        if found is None:
-            return None
-        pairs = {}
-        for run in found.runs:
-            at = {p.multiple: p.score for p in run.extrapolation}
-            if at.get(1) is None or at.get(multiple) is None:
-                return None
-            pairs[run.seed] = (at[1], at[multiple])
-        return pairs
+        short, long = _scores_at(results, variant, 1), _scores_at(results, variant, multiple)
+        return {seed: (short[seed], long[seed]) for seed in short} if short and long else None
 
     def read(results: CompareResults, variant: str) -> Values | None:
         pairs = points(results, variant)
@@ -75,19 +78,12 @@ def loss_at(multiple: int) -> Measure:
     length it trained at: a model trained at that length (``+lenN``) is read in distribution, the others past their
     training length (ALiBi trained at L against sinusoidal positions trained at 2L, both scored at 2L)."""
 
-    def scores(results: CompareResults, variant: str):
-        found = results.variants.get(variant)
-        if found is None:
-            return None
-        at = {run.seed: {p.multiple: p.score for p in run.extrapolation}.get(multiple) for run in found.runs}
-        return None if any(score is None for score in at.values()) else at
-
     def read(results: CompareResults, variant: str) -> Values | None:
-        found = scores(results, variant)
+        found = _scores_at(results, variant, multiple)
         return {seed: score.loss for seed, score in found.items()} if found else None
 
     def blocks(results: CompareResults, variant: str) -> Blocks | None:
-        found = scores(results, variant)
+        found = _scores_at(results, variant, multiple)
         if not found or any(score.block_losses is None for score in found.values()):
             return None
         return {seed: np.asarray(score.block_losses) for seed, score in found.items()}
