@@ -78,25 +78,29 @@ def cuda_refusal() -> str | None:
     return None
 
 
-def make_layer(path: str, window_type: str, seq_len: int) -> tuple[torch.nn.Module, AttentionContext]:
+def layer_config(path: str, window_type: str, seq_len: int, dim: int = DIM, heads: int = HEADS) -> ModelConfig:
+    """The one-layer config of a path: DCMHA's defaults with the path's kernel, or MHA of the same size."""
     mechanism = "mha" if path == "mha-flash" else "dcmha"
     options = {"window_type": window_type, "window_size": WINDOW} if mechanism == "dcmha" else {}
     backend = {"dcmha-triton": "dcmha-triton", "dcmha-pytorch": "chunked"}.get(path, "auto")
-    cfg = ModelConfig(
-        dim=DIM,
-        n_heads=HEADS,
+    return ModelConfig(
+        dim=dim,
+        n_heads=heads,
         n_layers=1,
         max_seq_len=seq_len,
         attention=mechanism,
         attention_options=options,
         attn_backend=backend,
     )
-    layer = ATTENTION.get(mechanism)(cfg, 0)
+
+
+def make_layer(cfg: ModelConfig, device: str = "cuda") -> tuple[torch.nn.Module, AttentionContext]:
+    layer = ATTENTION.get(cfg.attention)(cfg, 0)
     layer.reset_mechanism_parameters()  # DCMHA's dynamic weights start at zero otherwise: no composition at all
-    scheme = POSITIONS.get(cfg.position)(cfg, cfg.head_dim)
-    positions = torch.arange(seq_len)
-    ctx = AttentionContext(positions.cuda(), 0, scheme.cuda(), scheme.cuda().prepare(positions.cuda(), seq_len))
-    return layer.cuda().train(), ctx
+    scheme = POSITIONS.get(cfg.position)(cfg, cfg.head_dim).to(device)
+    positions = torch.arange(cfg.max_seq_len, device=device)
+    ctx = AttentionContext(positions, 0, scheme, scheme.prepare(positions, cfg.max_seq_len))
+    return layer.to(device).train(), ctx
 
 
 def time_steps(step: Callable[[], torch.Tensor], repeats: int, warmup: int) -> tuple[list[float], float]:
@@ -126,7 +130,7 @@ def run_path(
     parameters and input."""
     torch.cuda.empty_cache()
     torch.manual_seed(0)
-    layer, ctx = make_layer(path, window_type, seq_len)
+    layer, ctx = make_layer(layer_config(path, window_type, seq_len))
     x = torch.randn(batch, seq_len, DIM, device="cuda", requires_grad=True)
     grad = torch.randn(batch, seq_len, DIM, device="cuda")
 

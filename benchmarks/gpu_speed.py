@@ -3,13 +3,18 @@
     timeout -s TERM 560 python3 benchmarks/gpu_speed.py --out runs/gpu-speed; cp runs/gpu-speed/* "$OUT"/  # CUDA
     python benchmarks/gpu_speed.py --dry-run --out runs/gpu-speed   # every case at toy sizes on the CPU (CI)
 
-The cases, in the order they run, which is the order issue 36 ranks them in (groups 1, 3, 2):
+The cases, in the order they run, which is the order issue 36 ranks them in (groups 1, 4, 3, 2):
 
 1. Training steps (forward, backward, AdamW; bf16 autocast) at the ``gpu-lm`` preset's size (dim 384, 6 layers, 6
    heads of 64, byte vocabulary) at T = 1024, 32 sequences a step, for mha, dcmha, diff and selective with RoPE,
    parameter-matched to MHA (``attnzoo.variants``): eager, then ``torch.compile`` of the whole model. DCMHA runs with
    its kernel named (``attn_backend``): ``dcmha-triton``, the fused Triton kernel, and ``chunked``, the PyTorch path;
-   the others with "auto". Speed and memory are ratios to MHA in the same mode, measured in this run.
+   Diff with its default (two SDPA calls) and with each one-call layout, ``diff-halves`` and ``diff-stacked``; the
+   others with "auto". Speed and memory are ratios to MHA in the same mode, measured in this run.
+4. One attention layer at ``bench_dcmha_triton``'s size (dim 1024, 16 heads of 64, T = 2048, 8 sequences), forward
+   and backward: MHA restricted to flash attention, DCMHA on its Triton kernel and on the chunked PyTorch path, eager
+   and compiled (not the kernel, which runs between graphs), for the layer's speed against FlashAttention; then the
+   registers, spills and shared memory of every Triton kernel variant that case compiled.
 3. Decoding at the same size: greedy tok/s at batch 1 and 16 with bf16 weights after a 512-token prompt, eager and
    ``generate(compile=True)``'s step (CUDA graphs), by ``bench_decode.measure``.
 2. The anchor: MHA at a nanoGPT-124M-like size (dim 768, 12 layers, 12 heads, GELU, LayerNorm, learned positions,
@@ -44,6 +49,7 @@ kernel's reason.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import gc
 import importlib.metadata
@@ -62,11 +68,14 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import bench_dcmha_triton
 import bench_decode
 import torch
 from gpu_check import git_commit
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attnzoo import ModelConfig, Transformer
+from attnzoo.attention import dcmha_triton
 from attnzoo.attention.kernels import KERNELS, Call
 from attnzoo.bench import DTYPES, machine_description
 from attnzoo.io import atomic_write_text
@@ -76,13 +85,43 @@ from attnzoo.training.optim import parameter_groups
 from attnzoo.variants import Variant, matched_configs
 
 MEASURED, SKIPPED, ERROR, CUT_OFF, NOT_RUN = "measured", "skipped", "error", "cut off", "not run"
-GROUPS = (1, 3, 2)  # issue 36's priority: the mechanisms' training, then decoding, then the nanoGPT anchor
+# Issue 36's priority: the mechanisms' training, the DCMHA layer against flash attention, decoding, the nanoGPT anchor
+GROUPS = (1, 4, 3, 2)
 MECHANISMS = ("mha", "dcmha", "diff", "selective")
-DCMHA_KERNELS = ("dcmha-triton", "chunked")
+# The kernels timed by name besides each mechanism's default ("auto"; DCMHA's is its Triton kernel, so it runs named).
+NAMED_KERNELS = {"dcmha": ("dcmha-triton", "chunked"), "diff": ("diff-halves", "diff-stacked")}
 # Eager first, every mechanism, since a compile costs what several eager cases do; compiled DCMHA on the chunked
-# PyTorch path before the kernel: the issue's cheap route, the one the official DCFormer code takes.
-EAGER_ORDER = ("mha", "dcmha[dcmha-triton]", "dcmha[chunked]", "diff", "selective")
-COMPILED_ORDER = ("mha", "dcmha[chunked]", "dcmha[dcmha-triton]", "diff", "selective")
+# PyTorch path before the kernel: the issue's cheap route, the one the official DCFormer code takes. Diff's one-call
+# layouts come last when compiled, where the budget may cut them before selective.
+EAGER_ORDER = (
+    "mha",
+    "dcmha[dcmha-triton]",
+    "dcmha[chunked]",
+    "diff",
+    "diff[diff-halves]",
+    "diff[diff-stacked]",
+    "selective",
+)
+COMPILED_ORDER = (
+    "mha",
+    "dcmha[chunked]",
+    "dcmha[dcmha-triton]",
+    "diff",
+    "selective",
+    "diff[diff-halves]",
+    "diff[diff-stacked]",
+)
+# The DCMHA layer against MHA on flash attention (bench_dcmha_triton's paths), eager, then compiled where a path
+# compiles (the Triton kernel runs between graphs, so its compiled row would time the same launches).
+LAYER_PATHS = (
+    ("mha-flash", False),
+    ("dcmha-triton", False),
+    ("dcmha-pytorch", False),
+    ("mha-flash", True),
+    ("dcmha-pytorch", True),
+)
+TRITON_KERNELS = ("_forward_kernel", "_backward_query_kernel", "_backward_key_kernel")
+TILE_CONSTANTS = ("M", "R", "D", "BT", "BS")
 DECODE_PATHS = ("eager", "compiled")
 DECODE_BATCHES = (1, 16)
 GRACE_S = 10.0  # how long past its budget a case may run before the worker is stopped
@@ -115,15 +154,19 @@ class Sizes:
     anchor: ModelConfig  # the nanoGPT-124M-like MHA
     anchor_batch: int
     seq_len: int
+    layer_dim: int  # the DCMHA layer bench's: one layer of layer_heads heads at layer_seq_len
+    layer_heads: int
+    layer_seq_len: int
+    layer_batch: int
 
 
 @dataclass(frozen=True)
 class Case:
     name: str
     group: int
-    kind: str  # "train" or "decode"
-    size: str  # "gpu-lm" or "nanogpt-124m"
-    label: str  # the mechanism, with the kernel it names: "mha", "dcmha[chunked]"
+    kind: str  # "train", "layer" or "decode"
+    size: str  # "gpu-lm", "nanogpt-124m" or "dcmha-layer"
+    label: str  # the mechanism, with the kernel it names: "mha", "dcmha[chunked]"; a layer case's path
     config: ModelConfig
     batch_size: int
     seq_len: int
@@ -156,6 +199,10 @@ GPU_SIZES = Sizes(
     ),
     anchor_batch=12,
     seq_len=1024,
+    layer_dim=bench_dcmha_triton.DIM,
+    layer_heads=bench_dcmha_triton.HEADS,
+    layer_seq_len=2048,
+    layer_batch=8,  # bench_dcmha_triton's 16,384 tokens a step
 )
 DRY_RUN_SIZES = Sizes(
     lm=ModelConfig(vocab_size=64, dim=32, n_layers=2, n_heads=2, max_seq_len=32),
@@ -165,6 +212,10 @@ DRY_RUN_SIZES = Sizes(
     ),
     anchor_batch=2,
     seq_len=32,
+    layer_dim=64,
+    layer_heads=4,
+    layer_seq_len=48,
+    layer_batch=2,
 )
 
 
@@ -173,16 +224,24 @@ def plan_cases(sizes: Sizes, groups: Sequence[int] = GROUPS) -> list[Case]:
     matched = matched_configs([Variant(m, "rope") for m in MECHANISMS], sizes.lm)
     auto = {mechanism: matched[f"{mechanism}+rope"] for mechanism in MECHANISMS}
     by_label = {label: cfg for label, cfg in auto.items() if label != "dcmha"}
-    for kernel in DCMHA_KERNELS:
-        by_label[f"dcmha[{kernel}]"] = dataclasses.replace(auto["dcmha"], attn_backend=kernel)
+    for mechanism, kernels in NAMED_KERNELS.items():
+        for kernel in kernels:
+            by_label[f"{mechanism}[{kernel}]"] = dataclasses.replace(auto[mechanism], attn_backend=kernel)
 
     def train(size: str, label: str, cfg: ModelConfig, batch: int, compiled: bool, group: int) -> Case:
         mode = "compiled" if compiled else "eager"
         return Case(f"{size} {label} {mode}", group, "train", size, label, cfg, batch, sizes.seq_len, compiled)
 
+    def layer(path: str, compiled: bool) -> Case:
+        cfg = bench_dcmha_triton.layer_config(path, "G", sizes.layer_seq_len, sizes.layer_dim, sizes.layer_heads)
+        mode = "compiled" if compiled else "eager"
+        return Case(f"layer {path} {mode}", 4, "layer", "dcmha-layer", path, cfg, sizes.layer_batch,
+                    sizes.layer_seq_len, compiled)  # fmt: skip
+
     cases = {
         1: [train("gpu-lm", label, by_label[label], sizes.lm_batch, False, 1) for label in EAGER_ORDER]
         + [train("gpu-lm", label, by_label[label], sizes.lm_batch, True, 1) for label in COMPILED_ORDER],
+        4: [layer(path, compiled) for path, compiled in LAYER_PATHS],
         3: [
             Case(f"decode {mechanism} batch {batch}", 3, "decode", "gpu-lm", mechanism, cfg, batch, 0, True)
             for mechanism, cfg in auto.items()
@@ -308,6 +367,88 @@ def run_training(case: Case, settings: Settings, deadline: float) -> dict[str, A
     return {"status": MEASURED, "reason": reason, **result}
 
 
+def run_layer(case: Case, settings: Settings) -> dict[str, Any]:
+    """One attention layer's forward and backward, projections included, as ``bench_dcmha_triton`` times it; after
+    the Triton kernel's case, what each compiled kernel uses (:func:`triton_resources`)."""
+    device = torch.device(settings.device)
+    dtype = DTYPES[settings.dtype]
+    torch.manual_seed(0)
+    layer, ctx = bench_dcmha_triton.make_layer(case.config, settings.device)
+    named = case.config.attn_backend
+    if named != "auto":
+        kernel = KERNELS.get(named)
+        call = Call.planned(
+            case.config,
+            ctx.position,
+            device_type=device.type,
+            dtype=dtype,
+            length=case.seq_len,
+            compiling=case.compiled,
+        )
+        reason = kernel.static_refusal(case.config) or kernel.call_refusal(layer, call)
+        if reason is not None:
+            return {"status": SKIPPED, "reason": f"{named} cannot run here: {reason}"}
+    forward = torch.compile(layer, backend=settings.compile_backend) if case.compiled else layer
+    x = torch.randn(case.batch_size, case.seq_len, case.config.dim, device=device, requires_grad=True)
+    grad = torch.randn_like(x)
+    autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
+
+    def step() -> None:
+        x.grad = None
+        layer.zero_grad(set_to_none=True)
+        flash = case.label == "mha-flash"
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]) if flash else contextlib.nullcontext(), autocast:
+            out = forward(x, ctx)
+        out.backward(grad.to(out.dtype))
+
+    first_step_s = wall_s(step, device)
+    for _ in range(settings.warmup_steps - 1):
+        wall_s(step, device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    step_ms = [timed_s(step, device) * 1e3 for _ in range(settings.rounds * settings.steps_per_round)]
+    median_ms = statistics.median(step_ms)
+    record = {
+        "status": MEASURED,
+        "reason": "",
+        "ms_per_step": median_ms,
+        "ms_min": min(step_ms),
+        "ms_max": max(step_ms),
+        "steps": len(step_ms),
+        "tokens_per_s": case.batch_size * case.seq_len / median_ms * 1e3,
+        "peak_mem_mib": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
+        "first_step_s": first_step_s,
+        "compile_s": first_step_s - median_ms / 1e3 if case.compiled else None,
+    }
+    if named == "dcmha-triton":
+        record["triton_kernels"] = triton_resources()
+    return record
+
+
+def triton_resources() -> list[dict[str, Any]]:
+    """Each compiled variant of the DCMHA kernels in this process: its tile constants, warps and stages, registers
+    per thread, spilled registers and shared memory, as ptxas left them (issue 36's resource dump)."""
+    rows = []
+    for name in TRITON_KERNELS:
+        function = getattr(dcmha_triton, name)
+        for kernel_cache, *_ in function.device_caches.values():
+            for compiled in kernel_cache.values():
+                compiled._init_handles()  # loads the binary, which fills n_regs and n_spills
+                constants = {function.arg_names[key[0]]: value for key, value in compiled.src.constants.items()}
+                rows.append(
+                    {
+                        "kernel": name.strip("_"),
+                        **{constant: constants.get(constant) for constant in TILE_CONSTANTS},
+                        "num_warps": compiled.metadata.num_warps,
+                        "num_stages": compiled.metadata.num_stages,
+                        "registers": compiled.n_regs,
+                        "spills": compiled.n_spills,
+                        "shared_bytes": compiled.metadata.shared,
+                    }
+                )
+    return rows
+
+
 def run_decode(case: Case, settings: Settings) -> dict[str, Any]:
     device = torch.device(settings.device)
     torch.manual_seed(0)
@@ -327,7 +468,12 @@ def run_case(case: Case, settings: Settings, seconds: float) -> dict[str, Any]:
     """One case's record; an exception is recorded as the case's error."""
     start = time.perf_counter()
     try:
-        record = run_training(case, settings, start + seconds) if case.kind == "train" else run_decode(case, settings)
+        if case.kind == "train":
+            record = run_training(case, settings, start + seconds)
+        elif case.kind == "layer":
+            record = run_layer(case, settings)
+        else:
+            record = run_decode(case, settings)
     except Exception as err:
         message = str(err).strip().splitlines()
         record = {
@@ -517,6 +663,58 @@ def training_table(cases: list[Case], records: dict[str, dict[str, Any]]) -> Tab
     return Table(header, rows)
 
 
+def layer_speeds(cases: list[Case], records: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """Each measured layer case's speed against MHA on flash attention, eager: FlashAttention's time ÷ its time."""
+    base = records.get("layer mha-flash eager", {})
+    if base.get("status") != MEASURED:
+        return {}
+    return {
+        case.name: base["ms_per_step"] / records[case.name]["ms_per_step"]
+        for case in cases
+        if case.kind == "layer" and records[case.name]["status"] == MEASURED
+    }
+
+
+def layer_table(cases: list[Case], records: dict[str, dict[str, Any]]) -> Table:
+    speeds = layer_speeds(cases, records)
+    header = ["case", "batch × T", "ms/step (min–max)", "tok/s", "speed vs mha-flash eager", "peak MiB", "compile s"]
+    rows = [
+        [
+            case.name,
+            f"{case.batch_size} × {case.seq_len}",
+            f"{r['ms_per_step']:.2f} ({r['ms_min']:.2f}–{r['ms_max']:.2f})",
+            f"{r['tokens_per_s']:,.0f}",
+            ratio(speeds[case.name]) if case.name in speeds else "–",
+            number(r["peak_mem_mib"], ",.0f"),
+            number(r["compile_s"], ".1f"),
+        ]
+        for case in cases
+        if case.kind == "layer" and (r := records[case.name])["status"] == MEASURED
+    ]
+    return Table(header, rows)
+
+
+def resource_table(records: dict[str, dict[str, Any]]) -> Table | None:
+    """The Triton kernels' resources, from the layer case that ran them; None where it did not run."""
+    rows = records.get("layer dcmha-triton eager", {}).get("triton_kernels")
+    if rows is None:
+        return None
+    header = ["kernel", *TILE_CONSTANTS, "warps", "stages", "registers/thread", "spills", "shared KiB"]
+    body = [
+        [
+            row["kernel"],
+            *(str(row[constant]) for constant in TILE_CONSTANTS),
+            str(row["num_warps"]),
+            str(row["num_stages"]),
+            str(row["registers"]),
+            str(row["spills"]),
+            f"{row['shared_bytes'] / 1024:.1f}",
+        ]
+        for row in rows
+    ]
+    return Table(header, body)
+
+
 def decode_table(cases: list[Case], records: dict[str, dict[str, Any]]) -> Table:
     header = ["case", "path", "tok/s (median)", "spread (min–max)", "vs eager", "compile s", "same tokens as eager"]
     rows = []
@@ -567,6 +765,22 @@ def render_markdown(meta: dict[str, Any], cases: list[Case], records: dict[str, 
     ]
     lines += [part + "\n" for part in glance_tables(cases, records)]
     lines += ["## Training, every row", "", training_table(cases, records).to_markdown(), ""]
+    layer = next((c for c in cases if c.kind == "layer"), None)
+    if layer is not None:
+        lines += [
+            f"## The DCMHA layer against flash attention (dim {layer.config.dim}, {layer.config.n_heads} heads, "
+            "forward + backward, projections included)",
+            "",
+            layer_table(cases, records).to_markdown(),
+            "",
+        ]
+        resources = resource_table(records)
+        lines += [
+            "What each compiled Triton kernel uses (ptxas):",
+            "",
+            resources.to_markdown() if resources is not None else "not recorded: the kernel's layer case did not run",
+            "",
+        ]
     lines += ["## Decoding, every row", "", decode_table(cases, records).to_markdown(), ""]
     missing = [[c.name, records[c.name]["status"], records[c.name]["reason"]] for c in cases]
     missing = [row for row in missing if row[1] != MEASURED]
@@ -588,13 +802,15 @@ def summary(cases: list[Case], records: dict[str, dict[str, Any]]) -> dict[str, 
         for row in records[case.name]["rows"]
     }
     mfu = {name: r["mfu"] for name, r in records.items() if r["status"] == MEASURED and "mfu" in r}
-    return {"train_speed_vs_mha": speed, "mfu": mfu, "decode_tokens_per_s": decode}
+    layer = layer_speeds(cases, records)
+    return {"train_speed_vs_mha": speed, "layer_speed_vs_flash": layer, "mfu": mfu, "decode_tokens_per_s": decode}
 
 
 def headline(meta: dict[str, Any], cases: list[Case], records: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """``summary.json``: the figures issue 36 names, each the best measured row of its kind (None where none was
     measured), with ``sources`` naming the row each came from or why it is None."""
-    speed = summary(cases, records)["train_speed_vs_mha"]
+    figures = summary(cases, records)
+    speed = figures["train_speed_vs_mha"]
     sources: dict[str, str] = {}
 
     def best_ratio(key: str, mechanism: str) -> float | None:
@@ -611,8 +827,13 @@ def headline(meta: dict[str, Any], cases: list[Case], records: dict[str, dict[st
     decode = records.get("decode mha batch 1", {})
     rows = decode.get("rows", []) if decode.get("status") == MEASURED else []
     compiled = next((row["tokens_per_s"] for row in rows if row["path"] == "compiled"), None)
+    layers = [(value, name) for name, value in figures["layer_speed_vs_flash"].items() if " dcmha-" in name]
+    layer_case = next((c for c in cases if c.kind == "layer"), None)
+    if layers:
+        sources["dcmha_layer_vs_flash_T2048"] = f"{max(layers)[1]} ÷ layer mha-flash eager, at T = {layer_case.seq_len}"
+    else:
+        sources["dcmha_layer_vs_flash_T2048"] = "no DCMHA layer case and mha-flash eager both measured"
     sources |= {
-        "dcmha_layer_vs_flash_T2048": "the layer bench's: benchmarks/bench_dcmha_triton.py (the kit's dcmha_triton)",
         "mha_mfu_185m": "not this script's size: it measures the nanoGPT-124M anchor (mha_mfu_nanogpt_124m)",
         "mha_mfu_nanogpt_124m": f"{max(anchor)[1]}" if anchor else "no nanogpt-124m row measured",
         "decode_mha_b1_tok_s_compiled": "decode mha batch 1, generate(compile=True)'s step"
@@ -626,7 +847,7 @@ def headline(meta: dict[str, Any], cases: list[Case], records: dict[str, dict[st
         "dcmha_vs_mha_train_bf16": best_ratio("dcmha_vs_mha_train_bf16", "dcmha"),
         "diff_vs_mha_train_bf16": best_ratio("diff_vs_mha_train_bf16", "diff"),
         "selective_vs_mha_train_bf16": best_ratio("selective_vs_mha_train_bf16", "selective"),
-        "dcmha_layer_vs_flash_T2048": None,
+        "dcmha_layer_vs_flash_T2048": max(layers)[0] if layers else None,
         "mha_mfu_185m": None,
         "mha_mfu_nanogpt_124m": max(anchor)[0] if anchor else None,
         "decode_mha_b1_tok_s_compiled": compiled,
@@ -663,6 +884,8 @@ def progress_line(case: Case, record: dict[str, Any]) -> str:
         return f"{record['status']}: {record['reason']}"
     if case.kind == "decode":
         return ", ".join(f"{row['path']} {row['tokens_per_s']:,.1f} tok/s" for row in record["rows"])
+    if case.kind == "layer":
+        return f"{record['ms_per_step']:.2f} ms/step, {record['tokens_per_s']:,.0f} tok/s"
     speed = f"{record['tokens_per_s']:,.0f} tok/s, {record['ms_per_step']:.2f} ms/step, MFU {percent(record['mfu'])}"
     return speed if record["compile_s"] is None else f"{speed}, compile {record['compile_s']:.1f} s"
 

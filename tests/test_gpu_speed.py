@@ -19,7 +19,7 @@ def test_the_dry_run_records_every_planned_case_measured_or_skipped_with_a_reaso
     payload = json.loads((tmp_path / "gpu-speed.json").read_text())
     planned = [case.name for case in gpu_speed.plan_cases(gpu_speed.DRY_RUN_SIZES)]
     assert [case["name"] for case in payload["cases"]] == planned
-    assert len(planned) == 20 and payload["meta"]["finished"]
+    assert len(planned) == 29 and payload["meta"]["finished"]
     cases = {case["name"]: case for case in payload["cases"]}
     for name, case in cases.items():
         assert f"| {name} |" in text, name
@@ -35,6 +35,17 @@ def test_the_dry_run_records_every_planned_case_measured_or_skipped_with_a_reaso
         if case["kind"] == "decode":
             assert [row["path"] for row in case["rows"]] == ["eager", "compiled"]
     assert cases["gpu-lm dcmha[chunked] eager"]["kernels"] == ["chunked", "chunked"]
+    for layout in ("diff-halves", "diff-stacked"):  # Diff's one-call layouts run where they are named
+        assert cases[f"gpu-lm diff[{layout}] compiled"]["kernels"] == [layout, layout]
+    # The DCMHA layer against flash attention: every path but the Triton kernel's, whose resources are then absent.
+    layers = [case for case in payload["cases"] if case["kind"] == "layer"]
+    assert [case["name"] for case in layers if case["status"] == "measured"] == [
+        "layer mha-flash eager",
+        "layer dcmha-pytorch eager",
+        "layer mha-flash compiled",
+        "layer dcmha-pytorch compiled",
+    ]
+    assert "not recorded: the kernel's layer case did not run" in text
     assert payload["summary"]["train_speed_vs_mha"]["compiled"]["mha"] == 1.0
     # summary.json: issue 36's figures, each the best measured row of its kind, with the row it came from.
     headline = json.loads((tmp_path / "summary.json").read_text())
@@ -44,7 +55,14 @@ def test_the_dry_run_records_every_planned_case_measured_or_skipped_with_a_reaso
     assert headline["dcmha_vs_mha_train_bf16"] == dcmha[0] and headline["sources"][
         "dcmha_vs_mha_train_bf16"
     ].startswith(dcmha[1])
-    assert headline["diff_vs_mha_train_bf16"] == max(by["diff"] for by in speed.values())
+    assert headline["diff_vs_mha_train_bf16"] == max(
+        value for by in speed.values() for label, value in by.items() if label.startswith("diff")
+    )
+    flash_ms = cases["layer mha-flash eager"]["ms_per_step"]
+    layer_ratios = [
+        flash_ms / case["ms_per_step"] for case in layers if "dcmha" in case["name"] and "ms_per_step" in case
+    ]
+    assert headline["dcmha_layer_vs_flash_T2048"] == pytest.approx(max(layer_ratios))
     anchor = [case["mfu"] for case in payload["cases"] if case["name"].startswith("nanogpt-124m")]
     assert headline["mha_mfu_nanogpt_124m"] == max(anchor) and headline["mha_mfu_185m"] is None
     decode = next(row for row in cases["decode mha batch 1"]["rows"] if row["path"] == "compiled")

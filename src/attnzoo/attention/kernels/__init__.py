@@ -6,12 +6,13 @@ point that picks between them.
 * ``sdpa``: ``F.scaled_dot_product_attention`` with the same semantics (:func:`sdpa_attention`);
 * ``chunked``: the eager kernel over blocks of queries (:func:`chunked_attention`), for hooks SDPA cannot run;
 * the fused kernels of one mechanism each: ``diff-flash``, ``dcmha-fused``, ``dcmha-decode`` (C++, CPU) and
-  ``dcmha-triton`` (CUDA).
+  ``dcmha-triton`` (CUDA);
+* Diff's two maps in one SDPA call, two head layouts for the GPU: ``diff-halves`` and ``diff-stacked``.
 
 Each module registers its kernel: one file and one name per kernel (``docs/jobs/plugins.md``, "Adding a kernel").
 """
 
-from attnzoo.attention.kernels import dcmha_fused, dcmha_triton, diff_flash  # noqa: F401  (registers the kernel)
+from attnzoo.attention.kernels import dcmha_fused, dcmha_triton, diff_flash, diff_sdpa  # noqa: F401  (registers the kernel)
 from attnzoo.attention.kernels.chunked import chunked_attention
 from attnzoo.attention.kernels.dispatch import attend, backend_refusal, choose, kernel_chain
 from attnzoo.attention.kernels.eager import BlockHooks, HookInputs, Hooks, ScoreHook, eager_attention, repeat_kv
