@@ -18,11 +18,13 @@ The cases, in the order they run, which is the order issue 36 ranks them in (gro
 3. Decoding at the same size: greedy tok/s at batch 1 and 16 with bf16 weights after a 512-token prompt, eager and
    ``generate(compile=True)``'s step (CUDA graphs), by ``bench_decode.measure``.
 2. The anchor: MHA at a nanoGPT-124M-like size (dim 768, 12 layers, 12 heads, GELU, LayerNorm, learned positions,
-   vocabulary 50,304; nanoGPT's 12 × 1024 tokens a step), eager and compiled, for its MFU (nanoGPT ≈ 33% on one H100).
+   vocabulary 50,304; nanoGPT's 12 × 1024 tokens a step), eager and compiled, for its MFU (nanoGPT ≈ 33% on one H100);
+   then the 185M size of gpu_check's speed plan (dim 1024, 12 layers, 16 heads, vocabulary 32,768, 16 × 1024 tokens):
+   MHA compiled (issue 36's MFU target), DCMHA's chunked path compiled, then both eager, DCMHA on its kernel.
 
 MFU is ``attnzoo.model.training_flops_per_token`` × tok/s ÷ the device's dense bf16 peak (:data:`PEAK_BF16_TFLOPS`,
-from NVIDIA's datasheets; ``--peak-tflops`` for another device). The AdamW step is fused on CUDA (attnzoo's trainer
-uses torch's default, foreach) with the trainer's parameter groups.
+from NVIDIA's datasheets; ``--peak-tflops`` for another device). The AdamW step is fused on CUDA, as attnzoo's trainer
+runs it there (``training.optim.build_optimizer``), with the trainer's parameter groups.
 
 Budget: ``--budget-s`` (480 by default) bounds the cases' time from the start. A case is skipped before it starts
 when a finished case of its kind (training or decoding, eager or compiled, same size) took longer than what is left;
@@ -120,6 +122,7 @@ LAYER_PATHS = (
     ("mha-flash", True),
     ("dcmha-pytorch", True),
 )
+RATIO_SIZES = ("gpu-lm", "185m")  # the sizes whose training cases are ratios to MHA's
 TRITON_KERNELS = ("_forward_kernel", "_backward_query_kernel", "_backward_key_kernel")
 TILE_CONSTANTS = ("M", "R", "D", "BT", "BS")
 DECODE_PATHS = ("eager", "compiled")
@@ -153,6 +156,8 @@ class Sizes:
     lm_batch: int
     anchor: ModelConfig  # the nanoGPT-124M-like MHA
     anchor_batch: int
+    large: ModelConfig  # the 185M MHA of the earlier leases' speed checks, which DCMHA is matched to there
+    large_batch: int
     seq_len: int
     layer_dim: int  # the DCMHA layer bench's: one layer of layer_heads heads at layer_seq_len
     layer_heads: int
@@ -165,7 +170,7 @@ class Case:
     name: str
     group: int
     kind: str  # "train", "layer" or "decode"
-    size: str  # "gpu-lm", "nanogpt-124m" or "dcmha-layer"
+    size: str  # "gpu-lm", "nanogpt-124m", "185m" or "dcmha-layer"
     label: str  # the mechanism, with the kernel it names: "mha", "dcmha[chunked]"; a layer case's path
     config: ModelConfig
     batch_size: int
@@ -198,6 +203,9 @@ GPU_SIZES = Sizes(
         max_seq_len=1024,
     ),
     anchor_batch=12,
+    # gpu_check's speed plan (benchmarks/gpu_checks/plan.py): MHA's MFU there was 22.7-24.4% eager.
+    large=ModelConfig(vocab_size=32768, dim=1024, n_layers=12, n_heads=16, max_seq_len=1024),
+    large_batch=16,
     seq_len=1024,
     layer_dim=bench_dcmha_triton.DIM,
     layer_heads=bench_dcmha_triton.HEADS,
@@ -211,6 +219,8 @@ DRY_RUN_SIZES = Sizes(
         vocab_size=128, dim=48, n_layers=2, n_heads=2, mlp="gelu", norm="layernorm", position="learned", max_seq_len=32
     ),
     anchor_batch=2,
+    large=ModelConfig(vocab_size=128, dim=64, n_layers=2, n_heads=4, max_seq_len=32),
+    large_batch=2,
     seq_len=32,
     layer_dim=64,
     layer_heads=4,
@@ -222,6 +232,7 @@ DRY_RUN_SIZES = Sizes(
 def plan_cases(sizes: Sizes, groups: Sequence[int] = GROUPS) -> list[Case]:
     """Every case, in the order they run: ``groups`` in the order given."""
     matched = matched_configs([Variant(m, "rope") for m in MECHANISMS], sizes.lm)
+    large_dcmha = matched_configs([Variant("dcmha", "rope")], sizes.large)["dcmha+rope"]
     auto = {mechanism: matched[f"{mechanism}+rope"] for mechanism in MECHANISMS}
     by_label = {label: cfg for label, cfg in auto.items() if label != "dcmha"}
     for mechanism, kernels in NAMED_KERNELS.items():
@@ -247,7 +258,16 @@ def plan_cases(sizes: Sizes, groups: Sequence[int] = GROUPS) -> list[Case]:
             for mechanism, cfg in auto.items()
             for batch in DECODE_BATCHES
         ],
-        2: [train("nanogpt-124m", "mha", sizes.anchor, sizes.anchor_batch, compiled, 2) for compiled in (False, True)],
+        2: [train("nanogpt-124m", "mha", sizes.anchor, sizes.anchor_batch, compiled, 2) for compiled in (False, True)]
+        + [
+            train("185m", label, cfg, sizes.large_batch, compiled, 2)
+            for label, cfg, compiled in (
+                ("mha", sizes.large, True),
+                ("dcmha[chunked]", dataclasses.replace(large_dcmha, attn_backend="chunked"), True),
+                ("mha", sizes.large, False),
+                ("dcmha[dcmha-triton]", dataclasses.replace(large_dcmha, attn_backend="dcmha-triton"), False),
+            )
+        ],
     }
     return [case for group in groups for case in cases[group]]
 
@@ -597,16 +617,19 @@ def number(value: float | None, fmt: str) -> str:
 
 
 def glance_tables(cases: list[Case], records: dict[str, dict[str, Any]]) -> list[str]:
-    labels = list(dict.fromkeys(c.label for c in cases if c.kind == "train" and c.size == "gpu-lm"))
-    header = ["gpu-lm", "eager: speed / memory vs mha", "compiled: speed / memory vs mha", "compiled ÷ eager"]
-    rows = []
-    for label in labels:
-        eager, compiled = (training_record(records, "gpu-lm", label, mode) for mode in ("eager", "compiled"))
-        base_eager, base_compiled = (training_record(records, "gpu-lm", "mha", mode) for mode in ("eager", "compiled"))
-        gain = ratio(compiled["tokens_per_s"] / eager["tokens_per_s"]) if eager and compiled else "–"
-        mfu = [percent(r.get("mfu")) if r else "–" for r in (eager, compiled)]
-        rows.append([label, speed_memory(eager, base_eager), speed_memory(compiled, base_compiled), gain, *mfu])
-    parts = [Table([*header, "MFU eager", "MFU compiled"], rows).to_markdown()]
+    parts = []
+    for size in RATIO_SIZES:
+        labels = list(dict.fromkeys(c.label for c in cases if c.kind == "train" and c.size == size))
+        header = [size, "eager: speed / memory vs mha", "compiled: speed / memory vs mha", "compiled ÷ eager"]
+        rows = []
+        for label in labels:
+            eager, compiled = (training_record(records, size, label, mode) for mode in ("eager", "compiled"))
+            base_eager, base_compiled = (training_record(records, size, "mha", mode) for mode in ("eager", "compiled"))
+            gain = ratio(compiled["tokens_per_s"] / eager["tokens_per_s"]) if eager and compiled else "–"
+            mfu = [percent(r.get("mfu")) if r else "–" for r in (eager, compiled)]
+            rows.append([label, speed_memory(eager, base_eager), speed_memory(compiled, base_compiled), gain, *mfu])
+        if rows:
+            parts.append(Table([*header, "MFU eager", "MFU compiled"], rows).to_markdown())
     anchor = [
         [mode, number(r["tokens_per_s"], ",.0f"), percent(r["mfu"])] if r else [mode, "–", "–"]
         for mode in ("eager", "compiled")
@@ -789,12 +812,13 @@ def render_markdown(meta: dict[str, Any], cases: list[Case], records: dict[str, 
 
 
 def summary(cases: list[Case], records: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The figures issue 36 asks after, from the rows above."""
-    speed: dict[str, dict[str, float]] = {}
+    """The figures issue 36 asks after, from the rows above: training speed against MHA per size and mode."""
+    speed: dict[str, dict[str, dict[str, float]]] = {}
     for case in cases:
         record, base = records[case.name], training_record(records, case.size, "mha", case.mode)
-        if case.kind == "train" and case.size == "gpu-lm" and record["status"] == MEASURED and base:
-            speed.setdefault(case.mode, {})[case.label] = record["tokens_per_s"] / base["tokens_per_s"]
+        if case.kind == "train" and case.size in RATIO_SIZES and record["status"] == MEASURED and base:
+            by_mode = speed.setdefault(case.size, {})
+            by_mode.setdefault(case.mode, {})[case.label] = record["tokens_per_s"] / base["tokens_per_s"]
     decode = {
         f"{case.label} batch {case.batch_size} {row['path']}": row["tokens_per_s"]
         for case in cases
@@ -810,20 +834,24 @@ def headline(meta: dict[str, Any], cases: list[Case], records: dict[str, dict[st
     """``summary.json``: the figures issue 36 names, each the best measured row of its kind (None where none was
     measured), with ``sources`` naming the row each came from or why it is None."""
     figures = summary(cases, records)
-    speed = figures["train_speed_vs_mha"]
     sources: dict[str, str] = {}
 
-    def best_ratio(key: str, mechanism: str) -> float | None:
-        rows = [(value, mode, label) for mode, by in speed.items() for label, value in by.items()]
+    def best_ratio(key: str, mechanism: str, size: str = "gpu-lm") -> float | None:
+        by_mode = figures["train_speed_vs_mha"].get(size, {})
+        rows = [(value, mode, label) for mode, by in by_mode.items() for label, value in by.items()]
         rows = [row for row in rows if row[2] == mechanism or row[2].startswith(f"{mechanism}[")]
         if not rows:
-            sources[key] = f"no gpu-lm {mechanism} training row measured"
+            sources[key] = f"no {size} {mechanism} training row measured with mha's in the same mode"
             return None
         value, mode, label = max(rows)
-        sources[key] = f"gpu-lm {label} {mode} ÷ gpu-lm mha {mode}, tok/s"
+        sources[key] = f"{size} {label} {mode} ÷ {size} mha {mode}, tok/s"
         return value
 
-    anchor = [(r["mfu"], name) for name, r in records.items() if name.startswith("nanogpt-124m mha") and r.get("mfu")]
+    def best_mfu(key: str, size: str) -> float | None:
+        rows = [(r["mfu"], name) for name, r in records.items() if name.startswith(f"{size} mha ") and r.get("mfu")]
+        sources[key] = max(rows)[1] if rows else f"no {size} mha row measured"
+        return max(rows)[0] if rows else None
+
     decode = records.get("decode mha batch 1", {})
     rows = decode.get("rows", []) if decode.get("status") == MEASURED else []
     compiled = next((row["tokens_per_s"] for row in rows if row["path"] == "compiled"), None)
@@ -833,23 +861,20 @@ def headline(meta: dict[str, Any], cases: list[Case], records: dict[str, dict[st
         sources["dcmha_layer_vs_flash_T2048"] = f"{max(layers)[1]} ÷ layer mha-flash eager, at T = {layer_case.seq_len}"
     else:
         sources["dcmha_layer_vs_flash_T2048"] = "no DCMHA layer case and mha-flash eager both measured"
-    sources |= {
-        "mha_mfu_185m": "not this script's size: it measures the nanoGPT-124M anchor (mha_mfu_nanogpt_124m)",
-        "mha_mfu_nanogpt_124m": f"{max(anchor)[1]}" if anchor else "no nanogpt-124m row measured",
-        "decode_mha_b1_tok_s_compiled": "decode mha batch 1, generate(compile=True)'s step"
-        if compiled
-        else "no compiled decode row of mha at batch 1",
-    }
+    sources["decode_mha_b1_tok_s_compiled"] = (
+        "decode mha batch 1, generate(compile=True)'s step" if compiled else "no compiled decode row of mha at batch 1"
+    )
     return {
         "device": meta["device"],
         "commit": meta["commit"],
         "dtype": meta["settings"].dtype,
         "dcmha_vs_mha_train_bf16": best_ratio("dcmha_vs_mha_train_bf16", "dcmha"),
+        "dcmha_vs_mha_train_bf16_185m": best_ratio("dcmha_vs_mha_train_bf16_185m", "dcmha", "185m"),
         "diff_vs_mha_train_bf16": best_ratio("diff_vs_mha_train_bf16", "diff"),
         "selective_vs_mha_train_bf16": best_ratio("selective_vs_mha_train_bf16", "selective"),
         "dcmha_layer_vs_flash_T2048": max(layers)[0] if layers else None,
-        "mha_mfu_185m": None,
-        "mha_mfu_nanogpt_124m": max(anchor)[0] if anchor else None,
+        "mha_mfu_185m": best_mfu("mha_mfu_185m", "185m"),
+        "mha_mfu_nanogpt_124m": best_mfu("mha_mfu_nanogpt_124m", "nanogpt-124m"),
         "decode_mha_b1_tok_s_compiled": compiled,
         "sources": sources,
     }
@@ -936,6 +961,7 @@ def main(argv: list[str] | None = None) -> int:
         "gpu-lm": f"{describe(sizes.lm)}, matched per mechanism (attnzoo.variants), {sizes.lm_batch} × {sizes.seq_len} "
         "tokens a step",
         "nanogpt-124m": f"{describe(sizes.anchor)}, {sizes.anchor_batch} × {sizes.seq_len} tokens a step",
+        "185m": f"{describe(sizes.large)}, DCMHA matched to it, {sizes.large_batch} × {sizes.seq_len} tokens a step",
     }
     meta: dict[str, Any] = {
         "device": device,

@@ -19,7 +19,7 @@ def test_the_dry_run_records_every_planned_case_measured_or_skipped_with_a_reaso
     payload = json.loads((tmp_path / "gpu-speed.json").read_text())
     planned = [case.name for case in gpu_speed.plan_cases(gpu_speed.DRY_RUN_SIZES)]
     assert [case["name"] for case in payload["cases"]] == planned
-    assert len(planned) == 29 and payload["meta"]["finished"]
+    assert len(planned) == 33 and payload["meta"]["finished"]
     cases = {case["name"]: case for case in payload["cases"]}
     for name, case in cases.items():
         assert f"| {name} |" in text, name
@@ -46,11 +46,11 @@ def test_the_dry_run_records_every_planned_case_measured_or_skipped_with_a_reaso
         "layer dcmha-pytorch compiled",
     ]
     assert "not recorded: the kernel's layer case did not run" in text
-    assert payload["summary"]["train_speed_vs_mha"]["compiled"]["mha"] == 1.0
+    assert payload["summary"]["train_speed_vs_mha"]["gpu-lm"]["compiled"]["mha"] == 1.0
     # summary.json: issue 36's figures, each the best measured row of its kind, with the row it came from.
     headline = json.loads((tmp_path / "summary.json").read_text())
     assert (headline["device"], headline["commit"]) == (payload["meta"]["device"], payload["meta"]["commit"])
-    speed = payload["summary"]["train_speed_vs_mha"]
+    speed = payload["summary"]["train_speed_vs_mha"]["gpu-lm"]
     dcmha = max((by[label], f"gpu-lm {label} {mode}") for mode, by in speed.items() for label in by if "dcmha" in label)
     assert headline["dcmha_vs_mha_train_bf16"] == dcmha[0] and headline["sources"][
         "dcmha_vs_mha_train_bf16"
@@ -64,7 +64,11 @@ def test_the_dry_run_records_every_planned_case_measured_or_skipped_with_a_reaso
     ]
     assert headline["dcmha_layer_vs_flash_T2048"] == pytest.approx(max(layer_ratios))
     anchor = [case["mfu"] for case in payload["cases"] if case["name"].startswith("nanogpt-124m")]
-    assert headline["mha_mfu_nanogpt_124m"] == max(anchor) and headline["mha_mfu_185m"] is None
+    large = [case["mfu"] for case in payload["cases"] if case["name"].startswith("185m mha ")]
+    assert headline["mha_mfu_nanogpt_124m"] == max(anchor) and headline["mha_mfu_185m"] == max(large)
+    # At 185M, DCMHA's chunked path compiled against MHA compiled (its kernel's eager row is skipped on the CPU).
+    large_speed = payload["summary"]["train_speed_vs_mha"]["185m"]
+    assert headline["dcmha_vs_mha_train_bf16_185m"] == large_speed["compiled"]["dcmha[chunked]"]
     decode = next(row for row in cases["decode mha batch 1"]["rows"] if row["path"] == "compiled")
     assert headline["decode_mha_b1_tok_s_compiled"] == decode["tokens_per_s"] > 0
     assert "| mha | 1.00× | 1.00× |" in text  # the glance table: MHA against itself in both modes

@@ -26,7 +26,7 @@ from attnzoo.training import (
     read_checkpoint,
 )
 from attnzoo.training.checkpoint import complete_checkpoints, latest_checkpoint
-from attnzoo.training.optim import learning_rate, parameter_groups
+from attnzoo.training.optim import build_optimizer, learning_rate, parameter_groups
 from attnzoo.training.timing import seconds_per_step
 from attnzoo.training.trainer import DivergenceWatch
 
@@ -109,6 +109,27 @@ def test_weight_decay_applies_to_linear_weights_only():
     model.layers[0].mlp.requires_grad_(False)
     frozen = parameter_groups(model, 0.1)
     assert sum(len(g["params"]) for g in frozen) == sum(p.requires_grad for p in model.parameters())
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_adamw_is_fused_on_cuda_only(device):
+    """On CUDA the fused kernel takes the step; on the CPU torch's default path, which every stored CPU run used.
+    Either way one step moves the weights as AdamW's own unfused reference does (fp32, rtol 1e-5)."""
+    torch.manual_seed(0)
+    model = Transformer(tiny_model_config()).to(device)
+    reference = Transformer(tiny_model_config()).to(device)
+    reference.load_state_dict(model.state_dict())
+    cfg = TrainConfig(lr=1e-3, warmup_steps=0)
+    optimizer = build_optimizer(model, cfg)
+    assert optimizer.defaults["fused"] == (device == "cuda")
+    plain = torch.optim.AdamW(parameter_groups(reference, cfg.weight_decay), lr=optimizer.param_groups[0]["lr"],
+                              betas=(cfg.beta1, cfg.beta2), foreach=False)  # fmt: skip
+    idx = torch.randint(0, model.config.vocab_size, (2, 16), device=device)
+    for net, opt in ((model, optimizer), (reference, plain)):
+        net(idx, idx)[1].backward()
+        opt.step()
+    for (name, param), expected in zip(model.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(param, expected, rtol=1e-5, atol=1e-7, msg=name)
 
 
 def test_learning_rate_warms_up_linearly_then_decays_by_cosine_to_the_floor():
