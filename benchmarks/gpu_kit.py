@@ -91,6 +91,9 @@ MIN_TOKENS_PER_PARAMETER = LanguageModelGate.min_tokens_per_parameter
 
 # The quick GPU check is the gpu_check stage's own run; the tests stage leaves out the test that repeats it (3 min).
 REPEATED_TEST = "tests/test_gpu_check.py::test_the_quick_check_passes_on_this_gpu"
+# A dry run's tests stage: pytest run and its junit file read, on a few quick tests of one file; the full suite
+# already runs the Triton tests on a CPU.
+DRY_RUN_TESTS = ("tests/test_dcmha_triton.py", "-k", "bad_input or runs_on or cannot_compute")
 
 PASSED, FAILED, NOT_RUN, ERROR, INTERRUPTED = "passed", "FAILED", "not run", "ERROR", "interrupted"
 PENDING = "pending"
@@ -275,7 +278,7 @@ def _make_plan(dry_run: bool, budget_min: float | None, preset: CompareSpec, lad
     )
     bench_args = ("--seq-lens", "64", "--tokens", "128", "--window-types", "L", "--repeats", "1", "--warmup", "1")
     budget_s = 60.0 * (2 if budget_min is None else budget_min)
-    tests = ("tests/test_dcmha_triton.py", "-k", "bad_input or runs_on or cannot_compute")
+    tests = DRY_RUN_TESTS
     # gpu_check's own tests cover its sections; here 10 s of them show the stage's plumbing, the rest recorded as
     # skipped (its compile sections alone take a minute of inductor on a CPU).
     check = ("--dry-run", "--budget", "10")
@@ -471,22 +474,44 @@ def gpu_check_stage(kit: Kit) -> Outcome:
     return Outcome(PASSED if code == 0 else FAILED, f"{failures} failing check(s)", outputs)
 
 
-def tests_stage(kit: Kit) -> Outcome:
-    junit = kit.out / "tests" / "junit.xml"
-    junit.parent.mkdir(parents=True, exist_ok=True)
-    # -n 0: one process, not the suite's worker per core (pyproject's addopts): the CUDA tests share one GPU.
+# pytest's exit codes of a run that reached its end: 0 all passed, 1 some failed, 5 none collected; the others
+# (interrupted, internal or usage error) did not.
+PYTEST_FINISHED = (0, 1, 5)
+
+
+def gpu_tests_command(args: Sequence[str], junit: Path) -> list[str]:
+    """``pytest -m "cuda or triton"`` narrowed by ``args``, without :data:`REPEATED_TEST`, writing ``junit``. One
+    process (-n 0, not the suite's worker per core from pyproject's addopts): the CUDA tests share one GPU."""
     command = [sys.executable, "-m", "pytest", "-m", "cuda or triton", "-q", "-p", "no:cacheprovider", "-n", "0"]
-    command += [*kit.plan.test_args, "--deselect", REPEATED_TEST, f"--junitxml={junit}"]
-    code, _ = run_logged(kit, "tests", command)
-    # pytest's exit codes: 0 all passed, 1 some failed, 5 none collected; others (interrupted, internal or usage
-    # error) did not run to the end.
-    if code not in (0, 1, 5) or not junit.is_file():
-        return Outcome(ERROR, f"pytest exited {code} (logs/tests.log)", completed=False)
+    return [*command, *args, "--deselect", REPEATED_TEST, f"--junitxml={junit}"]
+
+
+def junit_counts(junit: Path) -> dict[str, Any]:
+    """passed, failed (failures and errors) and skipped of a pytest junit file, and the failed tests' ids."""
     suite = ElementTree.parse(junit).getroot()
     suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
     counts = {key: int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped")}
-    passed = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
-    note = f"{passed} passed, {counts['failures'] + counts['errors']} failed, {counts['skipped']} skipped"
+    failed = [
+        f"{case.get('classname')}::{case.get('name')}"
+        for case in suite.iter("testcase")
+        if case.find("failure") is not None or case.find("error") is not None
+    ]
+    return {
+        "passed": counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"],
+        "failed": counts["failures"] + counts["errors"],
+        "skipped": counts["skipped"],
+        "failed_tests": failed,
+    }
+
+
+def tests_stage(kit: Kit) -> Outcome:
+    junit = kit.out / "tests" / "junit.xml"
+    junit.parent.mkdir(parents=True, exist_ok=True)
+    code, _ = run_logged(kit, "tests", gpu_tests_command(kit.plan.test_args, junit))
+    if code not in PYTEST_FINISHED or not junit.is_file():
+        return Outcome(ERROR, f"pytest exited {code} (logs/tests.log)", completed=False)
+    counts = junit_counts(junit)
+    note = f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped"
     status = {0: PASSED, 1: FAILED, 5: NOT_RUN}[code]
     return Outcome(status, note, (kit.relative(junit),))
 

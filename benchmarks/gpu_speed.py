@@ -3,7 +3,7 @@
     timeout -s TERM 560 python3 benchmarks/gpu_speed.py --out runs/gpu-speed; cp runs/gpu-speed/* "$OUT"/  # CUDA
     python benchmarks/gpu_speed.py --dry-run --out runs/gpu-speed   # every case at toy sizes on the CPU (CI)
 
-The cases, in the order they run, which is the order issue 36 ranks them in (groups 1, 4, 3, 2):
+The cases, in the order they run, which is the order issue 36 ranks them in (groups 1, 4, 3, 2, 5):
 
 1. Training steps (forward, backward, AdamW; bf16 autocast) at the ``gpu-lm`` preset's size (dim 384, 6 layers, 6
    heads of 64, byte vocabulary) at T = 1024, 32 sequences a step, for mha, dcmha, diff and selective with RoPE,
@@ -21,6 +21,8 @@ The cases, in the order they run, which is the order issue 36 ranks them in (gro
    vocabulary 50,304; nanoGPT's 12 × 1024 tokens a step), eager and compiled, for its MFU (nanoGPT ≈ 33% on one H100);
    then the 185M size of gpu_check's speed plan (dim 1024, 12 layers, 16 heads, vocabulary 32,768, 16 × 1024 tokens):
    MHA compiled (issue 36's MFU target), DCMHA's chunked path compiled, then both eager, DCMHA on its kernel.
+5. Last, with the budget left (at least :data:`MIN_TESTS_S`): ``pytest -m "cuda or triton"``, as the GPU kit's tests
+   stage runs it (``gpu_kit.gpu_tests_command``), recorded with every failed test's id.
 
 MFU is ``attnzoo.model.training_flops_per_token`` × tok/s ÷ the device's dense bf16 peak (:data:`PEAK_BF16_TFLOPS`,
 from NVIDIA's datasheets; ``--peak-tflops`` for another device). The AdamW step is fused on CUDA, as attnzoo's trainer
@@ -59,6 +61,7 @@ import json
 import multiprocessing
 import signal
 import statistics
+import subprocess
 import sys
 import time
 import traceback
@@ -72,6 +75,7 @@ from typing import Any
 
 import bench_dcmha_triton
 import bench_decode
+import gpu_kit
 import torch
 from gpu_check import git_commit
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -88,7 +92,10 @@ from attnzoo.variants import Variant, matched_configs
 
 MEASURED, SKIPPED, ERROR, CUT_OFF, NOT_RUN = "measured", "skipped", "error", "cut off", "not run"
 # Issue 36's priority: the mechanisms' training, the DCMHA layer against flash attention, decoding, the nanoGPT anchor
-GROUPS = (1, 4, 3, 2)
+GROUPS = (1, 4, 3, 2, 5)
+TESTS_GROUP = 5  # pytest -m "cuda or triton": not a case, run after every case with the budget they left
+REPOSITORY = Path(__file__).resolve().parent.parent  # where the tests' paths start
+MIN_TESTS_S = 30.0  # less left than this, and the tests are not started
 MECHANISMS = ("mha", "dcmha", "diff", "selective")
 # The kernels timed by name besides each mechanism's default ("auto"; DCMHA's is its Triton kernel, so it runs named).
 NAMED_KERNELS = {"dcmha": ("dcmha-triton", "chunked"), "diff": ("diff-halves", "diff-stacked")}
@@ -148,6 +155,7 @@ class Settings:
     decode_context: int
     decode_new_tokens: int
     decode_repeats: int
+    test_args: tuple[str, ...]  # narrows the tests' pytest (gpu_kit.gpu_tests_command)
 
 
 @dataclass(frozen=True)
@@ -187,8 +195,8 @@ class Case:
         return self.kind, self.size, self.compiled
 
 
-GPU_SETTINGS = Settings("cuda", "bfloat16", "inductor", 3, 5, 5, 512, 64, 3)
-DRY_RUN_SETTINGS = Settings("cpu", "float32", "eager", 2, 2, 1, 16, 8, 1)
+GPU_SETTINGS = Settings("cuda", "bfloat16", "inductor", 3, 5, 5, 512, 64, 3, ())
+DRY_RUN_SETTINGS = Settings("cpu", "float32", "eager", 2, 2, 1, 16, 8, 1, gpu_kit.DRY_RUN_TESTS)
 GPU_SIZES = Sizes(
     lm=ModelConfig(vocab_size=256, dim=384, n_layers=6, n_heads=6, max_seq_len=1024),
     lm_batch=32,
@@ -269,7 +277,7 @@ def plan_cases(sizes: Sizes, groups: Sequence[int] = GROUPS) -> list[Case]:
             )
         ],
     }
-    return [case for group in groups for case in cases[group]]
+    return [case for group in groups for case in cases.get(group, [])]
 
 
 # The worker: runs one case at a time, in its own process.
@@ -555,6 +563,36 @@ class Worker:
 # The parent: plans, keeps the budget, writes the report.
 
 
+def run_tests(out: Path, settings: Settings, seconds: float) -> dict[str, Any]:
+    """``pytest -m "cuda or triton"`` in a subprocess, stopped after ``seconds``: its counts and failed tests, from the
+    junit file it writes beside the report."""
+    if seconds < MIN_TESTS_S:
+        return {
+            "status": SKIPPED,
+            "reason": f"{max(seconds, 0):.0f} s of the budget were left, under {MIN_TESTS_S:.0f}",
+        }
+    junit = (out / "tests-junit.xml").resolve()
+    command = gpu_kit.gpu_tests_command(settings.test_args, junit)
+    start = time.perf_counter()
+    try:
+        completed = subprocess.run(command, cwd=REPOSITORY, capture_output=True, text=True, timeout=seconds)
+    except subprocess.TimeoutExpired:
+        return {"status": CUT_OFF, "reason": f"still running when the budget's {seconds:.0f} s left to it ran out"}
+    record: dict[str, Any] = {"command": " ".join(command[1:]), "wall_s": time.perf_counter() - start}
+    if completed.returncode not in gpu_kit.PYTEST_FINISHED or not junit.is_file():
+        tail = (completed.stdout + completed.stderr)[-2000:]
+        return {"status": ERROR, "reason": f"pytest exited {completed.returncode}", "output_tail": tail, **record}
+    return {"status": MEASURED, "reason": "", **gpu_kit.junit_counts(junit), **record}
+
+
+def tests_line(tests: dict[str, Any] | None) -> str:
+    if tests is None:
+        return "not asked for (--groups without 5)"
+    if tests["status"] != MEASURED:
+        return f"{tests['status']}: {tests['reason']}"
+    return f"{tests['passed']} passed, {tests['failed']} failed, {tests['skipped']} skipped"
+
+
 class Stopped(Exception):
     """SIGTERM (timeout's) or SIGINT arrived."""
 
@@ -807,6 +845,9 @@ def render_markdown(meta: dict[str, Any], cases: list[Case], records: dict[str, 
     lines += ["## Decoding, every row", "", decode_table(cases, records).to_markdown(), ""]
     missing = [[c.name, records[c.name]["status"], records[c.name]["reason"]] for c in cases]
     missing = [row for row in missing if row[1] != MEASURED]
+    lines += ["## The CUDA and Triton tests", "", f'`pytest -m "cuda or triton"`: {tests_line(meta["tests"])}', ""]
+    failed = (meta["tests"] or {}).get("failed_tests", [])
+    lines += [*(f"- failed: `{name}`" for name in failed), *([""] if failed else [])]
     lines += ["## Not measured", "", Table(["case", "status", "why"], missing).to_markdown() if missing else "none"]
     return "\n".join(lines) + "\n"
 
@@ -876,6 +917,7 @@ def headline(meta: dict[str, Any], cases: list[Case], records: dict[str, dict[st
         "mha_mfu_185m": best_mfu("mha_mfu_185m", "185m"),
         "mha_mfu_nanogpt_124m": best_mfu("mha_mfu_nanogpt_124m", "nanogpt-124m"),
         "decode_mha_b1_tok_s_compiled": compiled,
+        "tests": tests_line(meta["tests"]),
         "sources": sources,
     }
 
@@ -981,6 +1023,7 @@ def main(argv: list[str] | None = None) -> int:
         "elapsed_s": 0.0,
         "finished": False,
         "stopped": None,
+        "tests": {"status": NOT_RUN, "reason": "the script ended before it"} if TESTS_GROUP in args.groups else None,
     }
     records = {c.name: {"status": NOT_RUN, "reason": "the script ended before it"} for c in cases}
     print(f"gpu_speed: {len(cases)} cases on {device}, {args.budget_s:.0f} s budget, writing {out}", flush=True)
@@ -1014,6 +1057,14 @@ def main(argv: list[str] | None = None) -> int:
             meta["elapsed_s"] = time.perf_counter() - start
             write_report(out, meta, cases, records)
             print(f"[{meta['elapsed_s']:5.0f} s] {case.name}: {progress_line(case, record)}", flush=True)
+        if meta["tests"] is not None:
+            if worker is not None:  # its CUDA context would hold memory the tests need
+                worker.stop()
+                worker = None
+            meta["tests"] = {"status": CUT_OFF, "reason": "running when the script was stopped"}
+            meta["tests"] = run_tests(out, settings, args.budget_s - (time.perf_counter() - start))
+            meta["elapsed_s"] = time.perf_counter() - start
+            print(f"[{meta['elapsed_s']:5.0f} s] tests: {tests_line(meta['tests'])}", flush=True)
         meta["finished"] = True
     except Stopped as stop:
         meta["stopped"] = f"stopped by {stop} after {time.perf_counter() - start:.0f} s"

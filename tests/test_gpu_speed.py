@@ -72,6 +72,11 @@ def test_the_dry_run_records_every_planned_case_measured_or_skipped_with_a_reaso
     decode = next(row for row in cases["decode mha batch 1"]["rows"] if row["path"] == "compiled")
     assert headline["decode_mha_b1_tok_s_compiled"] == decode["tokens_per_s"] > 0
     assert "| mha | 1.00× | 1.00× |" in text  # the glance table: MHA against itself in both modes
+    # The tests ran last, narrowed to a few quick Triton tests on the CPU, and their counts reached both reports.
+    tests = payload["meta"]["tests"]
+    assert tests["status"] == "measured" and tests["passed"] > 0 and tests["failed"] == 0, tests
+    assert headline["tests"] == f"{tests['passed']} passed, 0 failed, {tests['skipped']} skipped"
+    assert f'`pytest -m "cuda or triton"`: {headline["tests"]}' in text
 
 
 def case_named(name):
@@ -110,3 +115,33 @@ def test_a_case_still_running_past_its_budget_and_the_grace_is_stopped():
         assert not worker.process.is_alive()
     finally:
         worker.stop()
+
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?>
+<testsuites><testsuite name="pytest" errors="1" failures="1" skipped="2" tests="7">
+<testcase classname="tests.test_a" name="test_ok"/>
+<testcase classname="tests.test_a" name="test_bad"><failure message="assert 1 == 2"/></testcase>
+<testcase classname="tests.test_b" name="test_broken[cuda]"><error message="fixture"/></testcase>
+<testcase classname="tests.test_b" name="test_skip"><skipped message="needs a CUDA device"/></testcase>
+</testsuite></testsuites>
+"""
+
+
+def test_the_tests_counts_come_from_pytests_junit_file_with_every_failed_test_named(tmp_path):
+    junit = tmp_path / "junit.xml"
+    junit.write_text(JUNIT)
+    assert gpu_speed.gpu_kit.junit_counts(junit) == {
+        "passed": 3,
+        "failed": 2,
+        "skipped": 2,
+        "failed_tests": ["tests.test_a::test_bad", "tests.test_b::test_broken[cuda]"],
+    }
+
+
+def test_the_tests_are_skipped_with_too_little_budget_and_stopped_when_it_runs_out(tmp_path, monkeypatch):
+    settings = gpu_speed.DRY_RUN_SETTINGS
+    skipped = gpu_speed.run_tests(tmp_path, settings, gpu_speed.MIN_TESTS_S - 1)
+    assert skipped["status"] == "skipped" and "under 30" in skipped["reason"]
+    monkeypatch.setattr(gpu_speed, "MIN_TESTS_S", 0.0)
+    stopped = gpu_speed.run_tests(tmp_path, settings, 0.01)  # no interpreter starts in 10 ms
+    assert stopped["status"] == "cut off" and "ran out" in stopped["reason"]
