@@ -568,3 +568,25 @@ def test_the_identity_hook_zeroes_the_dynamic_weights_and_says_what_it_cannot_st
     )
     assert "qk_norm normalises queries and keys" in global_reasons[0] and len(global_reasons) == 1
     assert local_reasons[1].startswith("a query sees the last 5 keys where the source's saw all")
+
+
+def test_a_compiled_training_step_on_the_chunked_path_is_one_graph_and_equals_eager():
+    """Under torch.compile each query block is a checkpoint, not the eager path's recomputing autograd.Function, whose
+    backward (autograd.grad) dynamo cannot trace: the model is one graph, and AOT autograd's forward and backward
+    (``aot_eager``: traced, nothing generated) give the eager step's loss and gradients (fp32, 1e-5)."""
+    import torch._dynamo
+
+    model = make_model(backend="chunked", window_type="LG").train()  # 4 queries a block, windows of 5 keys
+    idx = tokens(length=19)
+    loss = model(idx, idx)[1]
+    expected = torch.autograd.grad(loss, list(model.parameters()))
+    torch._dynamo.reset()
+    try:
+        assert torch._dynamo.explain(model)(idx, idx).graph_break_count == 0
+        compiled_loss = torch.compile(model, backend="aot_eager", fullgraph=True)(idx, idx)[1]
+        got = torch.autograd.grad(compiled_loss, list(model.parameters()))
+    finally:
+        torch._dynamo.reset()
+    torch.testing.assert_close(compiled_loss, loss, rtol=0, atol=1e-5)
+    for name, grad, want in zip(dict(model.named_parameters()), got, expected, strict=True):
+        torch.testing.assert_close(grad, want, rtol=0, atol=1e-5 * max(want.abs().max().item(), 1.0), msg=name)

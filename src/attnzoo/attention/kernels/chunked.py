@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from attnzoo.attention.base import AttentionContext
 from attnzoo.attention.kernels.eager import BlockHooks, HookInputs, eager_attention, no_hooks
@@ -44,7 +45,8 @@ def chunked_attention(
     q, k, v and the hook inputs) and the backward pass recomputes its scores, one block at a time, so training
     memory grows with T, not T·S. That costs one more forward pass of each block: 1.16× the eager DCMHA training
     step at T = 1024 (CPU, contended). Blocks run from the last (the most keys) to the first, so each block's
-    score-sized temporaries fit in memory its larger predecessor freed.
+    score-sized temporaries fit in memory its larger predecessor freed. Under ``torch.compile`` each block is a
+    ``torch.utils.checkpoint`` instead, which the compiled graph recomputes the same way without a break.
     """
     query_len = q.shape[2]
     k_positions = ctx.key_positions(k.shape[2]) if key_positions is None else key_positions
@@ -64,8 +66,14 @@ def chunked_attention(
         args = (q[:, :, rows], k[:, :, cols], v[:, :, cols], None if query_scale is None else query_scale[:, :, rows])
         args += tuple(hook_inputs)
         records = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in args)
-        random = kernel.get("dropout_p", 0.0) > 0
-        outs.append(RecomputedBlock.apply(block, random, *args) if records else block(*args))
+        if not records:
+            outs.append(block(*args))
+        elif torch.compiler.is_compiling():
+            # Traced, checkpoint is one node the compiled backward recomputes; RecomputedBlock's backward calls
+            # autograd.grad, which dynamo does not trace, and broke the graph at every block.
+            outs.append(checkpoint(block, *args, use_reentrant=False))
+        else:
+            outs.append(RecomputedBlock.apply(block, kernel.get("dropout_p", 0.0) > 0, *args))
     return torch.cat(outs[::-1], dim=2)
 
 
