@@ -106,6 +106,47 @@ def test_any_gradient_layout(device):
         torch.testing.assert_close(got, want, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("name", ["local", "global-query-wise", "groups-padded"])
+def test_a_compiled_call_is_one_graph_and_equals_the_eager_call(device, name):
+    """The kernels are custom operators: dynamo traces the layer's call as one graph (no break at the launch), and AOT
+    autograd's forward and backward (``aot_eager``: traced, nothing generated) give the eager call's output and every
+    gradient exactly, since both launch the same kernels."""
+    import torch._dynamo
+
+    case = CASES[name]
+    leaves = make_inputs(case, torch.float32, device)
+
+    def attention(*tensors: torch.Tensor) -> torch.Tensor:
+        q, k, v, pre, post = split(list(tensors), case)
+        return dcmha_triton.fused_attention(q, k, v, pre, post, num_groups=case.groups, window=case.window)
+
+    out = attention(*leaves)
+    grad_out = torch.randn_like(out)
+    expected = torch.autograd.grad(out, leaves, grad_out)
+    torch._dynamo.reset()
+    try:
+        assert torch._dynamo.explain(attention)(*leaves).graph_break_count == 0
+        compiled = torch.compile(attention, backend="aot_eager", fullgraph=True)(*leaves)
+        got = torch.autograd.grad(compiled, leaves, grad_out)
+    finally:
+        torch._dynamo.reset()
+    torch.testing.assert_close(compiled, out, rtol=0, atol=0)
+    for grad, want in zip(got, expected, strict=True):
+        torch.testing.assert_close(grad, want, rtol=0, atol=0)
+
+
+def test_the_operators_registrations_pass_torchs_own_checks(device):
+    """``torch.library.opcheck``: the schema, the fake (shape) implementation against the real one, and the autograd
+    registration of the forward operator, on the smallest case."""
+    case = CASES["local"]
+    q, k, v, pre, post = split(make_inputs(case, torch.float32, device), case)
+    spec = dcmha_triton.KernelSpec(1, case.n_heads, case.rank, True, True, True, case.window, 0.25, 16)
+    query_w = dcmha_triton.pack_weights([(m.qw1, m.qw2, m.qdd) for m in (pre, post)], q)
+    key_w = dcmha_triton.pack_weights([(m.kw1, m.kw2, m.kdd) for m in (pre, post)], q)
+    args = (q, k, v, query_w.detach().requires_grad_(), key_w.detach().requires_grad_(), *spec.as_args())
+    torch.library.opcheck(dcmha_triton.dcmha_forward, args)
+
+
 # ---------------------------------------------------------------------------------------------------
 # The layer's dispatch: the kernel where it applies, the PyTorch path everywhere else
 

@@ -19,7 +19,7 @@ def test_the_dry_run_records_every_planned_case_measured_or_skipped_with_a_reaso
     payload = json.loads((tmp_path / "gpu-speed.json").read_text())
     planned = [case.name for case in gpu_speed.plan_cases(gpu_speed.DRY_RUN_SIZES)]
     assert [case["name"] for case in payload["cases"]] == planned
-    assert len(planned) == 33 and payload["meta"]["finished"]
+    assert len(planned) == 34 and payload["meta"]["finished"]
     cases = {case["name"]: case for case in payload["cases"]}
     for name, case in cases.items():
         assert f"| {name} |" in text, name

@@ -58,7 +58,6 @@ def runs_on(device_type: str) -> bool:
     return triton is not None and device_type == "cuda"
 
 
-@torch.compiler.disable  # the kernels launch from Python; compiled models run them eagerly, between graphs
 def fused_attention(
     q: Tensor, k: Tensor, v: Tensor, pre: Mixing | None, post: Mixing | None, *, num_groups: int, window: int | None
 ) -> Tensor:
@@ -118,7 +117,8 @@ def dcmha_attention(
     )
     query_w = pack_weights([(m.qw1, m.qw2, m.qdd) for m in mixings], q)
     key_w = pack_weights([(m.kw1, m.kw2, m.kdd) for m in mixings] if key_wise else [], q)
-    return FusedDCMHA.apply(*map(unit_stride_last, (q, k, v)), query_w, key_w, spec)
+    out, _ = dcmha_forward(*map(unit_stride_last, (q, k, v)), query_w, key_w, *spec.as_args())
+    return out
 
 
 def require_triton() -> None:
@@ -137,6 +137,16 @@ class KernelSpec:
     window: int | None
     scale: float
     block: int | None = None
+
+    def as_args(self) -> tuple[int | bool | float, ...]:
+        """The fields as the custom ops take them: plain numbers, 0 for no window and for the default tile."""
+        return (self.num_groups, self.heads_per_group, self.rank, self.pre, self.post, self.key_wise,
+                self.window or 0, self.scale, self.block or 0)  # fmt: skip
+
+    @classmethod
+    def from_args(cls, *args: int | bool | float) -> KernelSpec:
+        *fields, window, scale, block = args
+        return cls(*fields, window=window or None, scale=scale, block=block or None)
 
     def constants(self, head_dim: int) -> dict[str, Any]:
         """The kernels' compile-time arguments and launch options. Tiles shrink and warps grow with M, since a
@@ -176,62 +186,126 @@ def pack_weights(sides: list[tuple[Tensor, Tensor, Tensor]], q: Tensor) -> Tenso
     return torch.stack(slots, dim=3).float().contiguous()
 
 
-class FusedDCMHA(torch.autograd.Function):
-    @staticmethod
-    def forward(fctx: Any, q: Tensor, k: Tensor, v: Tensor, query_w: Tensor, key_w: Tensor, spec: KernelSpec) -> Tensor:
-        batch, n_heads, seq_len, head_dim = q.shape
-        out = torch.empty(batch, n_heads, seq_len, head_dim, device=q.device, dtype=v.dtype)
-        lse = torch.empty(batch, n_heads, seq_len, device=q.device, dtype=torch.float32)
-        const = spec.constants(head_dim)
-        grid = (triton.cdiv(seq_len, const["BT"]), batch * spec.num_groups)
-        _forward_kernel[grid](
-            q, k, v, query_w, key_w, out, lse,
-            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-            n_heads, seq_len, spec.num_groups, n_heads // k.shape[1], spec.window or 0, spec.scale,
-            **dot_options(q), **const,
-        )  # fmt: skip
-        fctx.save_for_backward(q, k, v, query_w, key_w, out, lse)
-        fctx.spec = spec
-        return out
+def launch_forward(
+    q: Tensor, k: Tensor, v: Tensor, query_w: Tensor, key_w: Tensor, spec: KernelSpec
+) -> tuple[Tensor, Tensor]:
+    """The output (B, H, T, d) and the per-head log-sum-exp (B, H, T) of the composed logits, fp32."""
+    batch, n_heads, seq_len, head_dim = q.shape
+    out = torch.empty(batch, n_heads, seq_len, head_dim, device=q.device, dtype=v.dtype)
+    lse = torch.empty(batch, n_heads, seq_len, device=q.device, dtype=torch.float32)
+    const = spec.constants(head_dim)
+    grid = (triton.cdiv(seq_len, const["BT"]), batch * spec.num_groups)
+    _forward_kernel[grid](
+        q, k, v, query_w, key_w, out, lse,
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+        n_heads, seq_len, spec.num_groups, n_heads // k.shape[1], spec.window or 0, spec.scale,
+        **dot_options(q), **const,
+    )  # fmt: skip
+    return out, lse
 
-    @staticmethod
-    def backward(fctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
-        q, k, v, query_w, key_w, out, lse = fctx.saved_tensors
-        spec: KernelSpec = fctx.spec
-        grad_out = unit_stride_last(grad_out)  # e.g. the all-zero-stride gradient of a sum
-        batch, n_heads, seq_len, head_dim = q.shape
-        n_kv_heads = k.shape[1]
-        const = spec.constants(head_dim)
-        # D = Σ_s P·dP per row: with post-composition the dq kernel's first pass fills it; without, dP = dO·vᵀ
-        # and D = dO·O, flash attention's shortcut.
-        delta = torch.empty_like(lse) if spec.post else (grad_out.float() * out.float()).sum(-1)
-        grad_q = torch.empty(q.shape, device=q.device, dtype=q.dtype)
-        # dk, dv per query head (fp32), summed over the heads that share a kv head below: no atomics.
-        grad_k = torch.empty(batch, n_heads, seq_len, head_dim, device=q.device, dtype=torch.float32)
-        grad_v = torch.empty_like(grad_k)
-        grad_query_w = torch.zeros_like(query_w)
-        grad_key_w = torch.zeros_like(key_w)
-        common = (
-            n_heads, seq_len, spec.num_groups, n_heads // n_kv_heads, spec.window or 0, spec.scale,
-        )  # fmt: skip
-        strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3])
-        options = dot_options(q)
-        bg = batch * spec.num_groups
-        _backward_query_kernel[(triton.cdiv(seq_len, const["BT"]), bg)](
-            q, k, v, grad_out, query_w, key_w, lse, delta, grad_q, grad_query_w,
-            *strides, *common, **options, **const,
-        )  # fmt: skip
-        # The key kernel holds every head's K, V, dK and dV tiles for its whole loop; Triton's default software
-        # pipelining (3 stages on Hopper) adds copies of each query tile it loads, and that overflowed an H100's
-        # shared memory at 6 heads of 64 (benchmarks/results/gpu-2026-11-25). One stage keeps it inside.
-        _backward_key_kernel[(triton.cdiv(seq_len, const["BS"]), bg)](
-            q, k, v, grad_out, query_w, key_w, lse, delta, grad_k, grad_v, grad_key_w,
-            *strides, *common, **options, **const, num_stages=1,
-        )  # fmt: skip
-        n_rep = n_heads // n_kv_heads
-        grad_k = grad_k.view(batch, n_kv_heads, n_rep, seq_len, head_dim).sum(2).to(k.dtype)
-        grad_v = grad_v.view(batch, n_kv_heads, n_rep, seq_len, head_dim).sum(2).to(v.dtype)
-        return grad_q, grad_k, grad_v, grad_query_w, grad_key_w if spec.key_wise else None, None
+
+def launch_backward(
+    grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, query_w: Tensor, key_w: Tensor, out: Tensor, lse: Tensor,
+    spec: KernelSpec,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    """dq, dk, dv and the gradients of the packed query-side and key-side weights."""
+    grad_out = unit_stride_last(grad_out)  # e.g. the all-zero-stride gradient of a sum
+    batch, n_heads, seq_len, head_dim = q.shape
+    n_kv_heads = k.shape[1]
+    const = spec.constants(head_dim)
+    # D = Σ_s P·dP per row: with post-composition the dq kernel's first pass fills it; without, dP = dO·vᵀ
+    # and D = dO·O, flash attention's shortcut.
+    delta = torch.empty_like(lse) if spec.post else (grad_out.float() * out.float()).sum(-1)
+    grad_q = torch.empty(q.shape, device=q.device, dtype=q.dtype)
+    # dk, dv per query head (fp32), summed over the heads that share a kv head below: no atomics.
+    grad_k = torch.empty(batch, n_heads, seq_len, head_dim, device=q.device, dtype=torch.float32)
+    grad_v = torch.empty_like(grad_k)
+    grad_query_w = torch.zeros_like(query_w)
+    grad_key_w = torch.zeros_like(key_w)
+    common = (
+        n_heads, seq_len, spec.num_groups, n_heads // n_kv_heads, spec.window or 0, spec.scale,
+    )  # fmt: skip
+    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3])
+    options = dot_options(q)
+    bg = batch * spec.num_groups
+    _backward_query_kernel[(triton.cdiv(seq_len, const["BT"]), bg)](
+        q, k, v, grad_out, query_w, key_w, lse, delta, grad_q, grad_query_w,
+        *strides, *common, **options, **const,
+    )  # fmt: skip
+    # The key kernel holds every head's K, V, dK and dV tiles for its whole loop; Triton's default software
+    # pipelining (3 stages on Hopper) adds copies of each query tile it loads, and that overflowed an H100's
+    # shared memory at 6 heads of 64 (benchmarks/results/gpu-2026-11-25). One stage keeps it inside.
+    _backward_key_kernel[(triton.cdiv(seq_len, const["BS"]), bg)](
+        q, k, v, grad_out, query_w, key_w, lse, delta, grad_k, grad_v, grad_key_w,
+        *strides, *common, **options, **const, num_stages=1,
+    )  # fmt: skip
+    n_rep = n_heads // n_kv_heads
+    grad_k = grad_k.view(batch, n_kv_heads, n_rep, seq_len, head_dim).sum(2).to(k.dtype)
+    grad_v = grad_v.view(batch, n_kv_heads, n_rep, seq_len, head_dim).sum(2).to(v.dtype)
+    return grad_q, grad_k, grad_v, grad_query_w, grad_key_w
+
+
+# The kernels as custom operators: torch.compile keeps a model that calls them in one graph (an opaque node with the
+# shapes its fake implementation gives), where a Python autograd.Function launching Triton broke the graph at every
+# layer. The spec travels as plain numbers (KernelSpec.as_args), which an operator's schema can hold.
+
+
+@torch.library.custom_op("attnzoo::dcmha_triton_forward", mutates_args=())
+def dcmha_forward(
+    q: Tensor, k: Tensor, v: Tensor, query_w: Tensor, key_w: Tensor, num_groups: int, heads_per_group: int,
+    rank: int, pre: bool, post: bool, key_wise: bool, window: int, scale: float, block: int,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """:func:`launch_forward` as an operator: (output, log-sum-exp)."""
+    spec = KernelSpec.from_args(num_groups, heads_per_group, rank, pre, post, key_wise, window, scale, block)
+    return launch_forward(q, k, v, query_w, key_w, spec)
+
+
+@dcmha_forward.register_fake
+def _(
+    q: Tensor, k: Tensor, v: Tensor, query_w: Tensor, key_w: Tensor, *spec: int | bool | float
+) -> tuple[Tensor, Tensor]:
+    return q.new_empty(q.shape, dtype=v.dtype), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+@torch.library.custom_op("attnzoo::dcmha_triton_backward", mutates_args=())
+def dcmha_backward(
+    grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, query_w: Tensor, key_w: Tensor, out: Tensor, lse: Tensor,
+    num_groups: int, heads_per_group: int, rank: int, pre: bool, post: bool, key_wise: bool, window: int,
+    scale: float, block: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    """:func:`launch_backward` as an operator."""
+    spec = KernelSpec.from_args(num_groups, heads_per_group, rank, pre, post, key_wise, window, scale, block)
+    return launch_backward(grad_out, q, k, v, query_w, key_w, out, lse, spec)
+
+
+@dcmha_backward.register_fake
+def _(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, query_w: Tensor, key_w: Tensor, out: Tensor, lse: Tensor,
+      *spec: int | bool | float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    return (
+        torch.empty_like(q),
+        torch.empty_like(k),
+        torch.empty_like(v),
+        torch.empty_like(query_w),
+        torch.empty_like(key_w),
+    )
+
+
+def _save_for_backward(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
+    ctx.save_for_backward(*inputs[:5], *output)
+    ctx.spec = inputs[5:]
+
+
+def _backward(ctx: Any, grad_out: Tensor, grad_lse: Tensor | None) -> tuple[Tensor | None, ...]:
+    """The log-sum-exp is an output no caller differentiates (``dcmha_attention`` drops it): its gradient is ignored."""
+    q, k, v, query_w, key_w, out, lse = ctx.saved_tensors
+    grad_q, grad_k, grad_v, grad_query_w, grad_key_w = dcmha_backward(
+        grad_out, q, k, v, query_w, key_w, out, lse, *ctx.spec
+    )
+    key_wise = KernelSpec.from_args(*ctx.spec).key_wise
+    return grad_q, grad_k, grad_v, grad_query_w, grad_key_w if key_wise else None, *([None] * len(ctx.spec))
+
+
+dcmha_forward.register_autograd(_backward, setup_context=_save_for_backward)
 
 
 def dot_options(q: Tensor) -> dict[str, Any]:
