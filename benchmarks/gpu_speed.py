@@ -451,7 +451,31 @@ def run_layer(case: Case, settings: Settings) -> dict[str, Any]:
     }
     if named == "dcmha-triton":
         record["triton_kernels"] = triton_resources()
+        record["triton_tuning"] = triton_tuning()
     return record
+
+
+TUNING_LOG: list[dict[str, Any]] = []  # every tuning of a DCMHA kernel in this worker, by record_tuning
+
+
+def record_tuning(*, fn: Any, key: tuple, best_config: Any, configs_timings: dict | None, duration: float | None,
+                  cache_hit: bool) -> None:  # fmt: skip
+    """Triton's autotuning listener: which config each kernel chose at each shape, and the median milliseconds it
+    timed for every config it tried."""
+    timings = configs_timings or {}
+    TUNING_LOG.append(
+        {
+            "kernel": fn.__name__.strip("_"),
+            "key": [str(part) for part in key],
+            "chosen": str(best_config),
+            "timed_ms": {str(c): t[0] if isinstance(t, (list, tuple)) else t for c, t in timings.items()},
+            "tuning_s": duration,
+        }
+    )
+
+
+def triton_tuning() -> list[dict[str, Any]]:
+    return list(TUNING_LOG)
 
 
 def triton_resources() -> list[dict[str, Any]]:
@@ -523,6 +547,8 @@ def worker_main(conn: Connection, settings: Settings) -> None:
     # The parent alone answers timeout's SIGTERM and a Ctrl-C: it records the case in flight, then stops this process.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if dcmha_triton.triton is not None:
+        dcmha_triton.triton.knobs.autotuning.listener = record_tuning
     while (message := conn.recv()) is not None:
         case, seconds = message
         conn.send(run_case(case, settings, seconds))
@@ -843,6 +869,13 @@ def render_markdown(meta: dict[str, Any], cases: list[Case], records: dict[str, 
             resources.to_markdown() if resources is not None else "not recorded: the kernel's layer case did not run",
             "",
         ]
+        tuning = records.get("layer dcmha-triton eager", {}).get("triton_tuning", [])
+        lines += [
+            f"- autotuned {row['kernel']} at ({', '.join(row['key'])}): {row['chosen']}; timed (ms): "
+            + ", ".join(f"{config} {ms:.3g}" for config, ms in row["timed_ms"].items())
+            for row in tuning
+        ]
+        lines += [""] if tuning else []
     lines += ["## Decoding, every row", "", decode_table(cases, records).to_markdown(), ""]
     missing = [[c.name, records[c.name]["status"], records[c.name]["reason"]] for c in cases]
     missing = [row for row in missing if row[1] != MEASURED]

@@ -147,6 +147,25 @@ def test_the_operators_registrations_pass_torchs_own_checks(device):
     torch.library.opcheck(dcmha_triton.dcmha_forward, args)
 
 
+@pytest.mark.parametrize("kernel", sorted(dcmha_triton.KERNEL_GRID))
+def test_the_autotuner_always_times_the_kernels_own_tiles(kernel):
+    """On a GPU each kernel is autotuned; for every group size and rank the layer allows, the configs left after
+    pruning include the tiles, warps and stages the kernel runs without tuning, so tuning can only keep its choice
+    or find a faster one. (The tuned launch itself needs a GPU; these are the configs it chooses among.)"""
+    max_stages = dcmha_triton.KERNEL_GRID[kernel][1]
+    configs = dcmha_triton.tuning_configs(max_stages)
+    assert all(c.num_stages <= (max_stages or 3) for c in configs)
+    for heads_per_group in range(1, 33):
+        for rank in range(1, 5):
+            spec = dcmha_triton.KernelSpec(1, heads_per_group, rank, True, True, True, None, 0.125)
+            own = spec.constants(64)
+            kept = dcmha_triton.prune_tiles(configs, {}, **own)
+            chosen = [(c.kwargs["BT"], c.kwargs["BS"], c.num_warps, c.num_stages) for c in kept]
+            assert (own["BT"], own["BS"], own["num_warps"], max_stages or 3) in chosen, (heads_per_group, rank)
+            assert all(own["MP"] * own["RP"] * bt * bs <= dcmha_triton.MAX_MIX_PRODUCTS or bt == 16
+                       for bt, bs, _, _ in chosen)  # fmt: skip
+
+
 # ---------------------------------------------------------------------------------------------------
 # The layer's dispatch: the kernel where it applies, the PyTorch path everywhere else
 

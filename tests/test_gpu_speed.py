@@ -145,3 +145,27 @@ def test_the_tests_are_skipped_with_too_little_budget_and_stopped_when_it_runs_o
     monkeypatch.setattr(gpu_speed, "MIN_TESTS_S", 0.0)
     stopped = gpu_speed.run_tests(tmp_path, settings, 0.01)  # no interpreter starts in 10 ms
     assert stopped["status"] == "cut off" and "ran out" in stopped["reason"]
+
+
+def test_the_autotuners_choices_are_logged_with_every_configs_time(monkeypatch):
+    """Triton calls the listener after each tuning; the log keeps the kernel, the shape, the choice and each config's
+    median time (do_bench's first quantile), which the report prints under the kernels' resources."""
+    triton = pytest.importorskip("triton")
+    monkeypatch.setattr(gpu_speed, "TUNING_LOG", [])
+    fast = triton.Config({"BT": 32, "BS": 32}, num_warps=4, num_stages=1)
+    slow = triton.Config({"BT": 16, "BS": 16}, num_warps=8, num_stages=3)
+
+    def _forward_kernel():
+        pass
+
+    gpu_speed.record_tuning(
+        fn=_forward_kernel,
+        key=(2048, 16, "torch.bfloat16"),
+        best_config=fast,
+        configs_timings={fast: [1.5, 1.4, 1.6], slow: [2.5, 2.4, 2.6]},
+        duration=3.0,
+        cache_hit=False,
+    )
+    (row,) = gpu_speed.triton_tuning()
+    assert row["kernel"] == "forward_kernel" and row["key"] == ["2048", "16", "torch.bfloat16"]
+    assert row["chosen"] == str(fast) and row["timed_ms"] == {str(fast): 1.5, str(slow): 2.5}

@@ -150,7 +150,8 @@ class KernelSpec:
 
     def constants(self, head_dim: int) -> dict[str, Any]:
         """The kernels' compile-time arguments and launch options. Tiles shrink and warps grow with M, since a
-        tile holds R·M·BT·BS mixing products; the choice is a guess, not yet tuned on a GPU."""
+        tile holds R·M·BT·BS mixing products: the tiles the interpreter runs and a block named runs; on a GPU the
+        autotuner times them among others (:data:`TUNING`)."""
         heads_p2 = triton.next_power_of_2(self.heads_per_group)
         tile = self.block or (32 if heads_p2 * triton.next_power_of_2(self.rank) <= 8 else 16)
         return dict(
@@ -193,13 +194,12 @@ def launch_forward(
     batch, n_heads, seq_len, head_dim = q.shape
     out = torch.empty(batch, n_heads, seq_len, head_dim, device=q.device, dtype=v.dtype)
     lse = torch.empty(batch, n_heads, seq_len, device=q.device, dtype=torch.float32)
-    const = spec.constants(head_dim)
-    grid = (triton.cdiv(seq_len, const["BT"]), batch * spec.num_groups)
-    _forward_kernel[grid](
+    launch(
+        "forward", spec, head_dim, seq_len, batch * spec.num_groups,
         q, k, v, query_w, key_w, out, lse,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
         n_heads, seq_len, spec.num_groups, n_heads // k.shape[1], spec.window or 0, spec.scale,
-        **dot_options(q), **const,
+        **dot_options(q),
     )  # fmt: skip
     return out, lse
 
@@ -212,7 +212,6 @@ def launch_backward(
     grad_out = unit_stride_last(grad_out)  # e.g. the all-zero-stride gradient of a sum
     batch, n_heads, seq_len, head_dim = q.shape
     n_kv_heads = k.shape[1]
-    const = spec.constants(head_dim)
     # D = Σ_s P·dP per row: with post-composition the dq kernel's first pass fills it; without, dP = dO·vᵀ
     # and D = dO·O, flash attention's shortcut.
     delta = torch.empty_like(lse) if spec.post else (grad_out.float() * out.float()).sum(-1)
@@ -228,16 +227,13 @@ def launch_backward(
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3])
     options = dot_options(q)
     bg = batch * spec.num_groups
-    _backward_query_kernel[(triton.cdiv(seq_len, const["BT"]), bg)](
-        q, k, v, grad_out, query_w, key_w, lse, delta, grad_q, grad_query_w,
-        *strides, *common, **options, **const,
+    launch(
+        "backward_query", spec, head_dim, seq_len, bg,
+        q, k, v, grad_out, query_w, key_w, lse, delta, grad_q, grad_query_w, *strides, *common, **options,
     )  # fmt: skip
-    # The key kernel holds every head's K, V, dK and dV tiles for its whole loop; Triton's default software
-    # pipelining (3 stages on Hopper) adds copies of each query tile it loads, and that overflowed an H100's
-    # shared memory at 6 heads of 64 (benchmarks/results/gpu-2026-11-25). One stage keeps it inside.
-    _backward_key_kernel[(triton.cdiv(seq_len, const["BS"]), bg)](
-        q, k, v, grad_out, query_w, key_w, lse, delta, grad_k, grad_v, grad_key_w,
-        *strides, *common, **options, **const, num_stages=1,
+    launch(
+        "backward_key", spec, head_dim, seq_len, bg,
+        q, k, v, grad_out, query_w, key_w, lse, delta, grad_k, grad_v, grad_key_w, *strides, *common, **options,
     )  # fmt: skip
     n_rep = n_heads // n_kv_heads
     grad_k = grad_k.view(batch, n_kv_heads, n_rep, seq_len, head_dim).sum(2).to(k.dtype)
@@ -306,6 +302,54 @@ def _backward(ctx: Any, grad_out: Tensor, grad_lse: Tensor | None) -> tuple[Tens
 
 
 dcmha_forward.register_autograd(_backward, setup_context=_save_for_backward)
+
+
+# How each kernel is launched: the tile axis its grid walks, and the software-pipelining stages it may use. The key
+# kernel holds every head's K, V, dK and dV tiles for its whole loop; Triton's default pipelining (3 stages on Hopper)
+# adds copies of each query tile it loads, and that overflowed an H100's shared memory at 6 heads of 64
+# (benchmarks/results/gpu-2026-11-25). One stage keeps it inside.
+# (the tile axis the grid walks, the most pipelining stages the kernel may use: None for Triton's default, 3)
+KERNEL_GRID = {"forward": ("BT", None), "backward_query": ("BT", None), "backward_key": ("BS", 1)}
+# What the autotuner times on a GPU at the first call of each shape (TUNING_KEY): square tiles of BT = BS queries and
+# keys, warps, and pipelining stages (1, or Triton's default 3) up to the kernel's limit. KernelSpec.constants' own
+# choice is among them, so tuning keeps it or finds a faster one. Tiles whose rank-R mixing products (RP·MP·BT·BS)
+# exceed MAX_MIX_PRODUCTS are not timed: they cannot stay in registers.
+TUNING = tuple((tile, warps, stages) for tile in (16, 32) for warps in (4, 8) for stages in (1, 3))
+TUNING_KEY = ["T", "M", "R", "D", "PRE", "POST", "KEY_WISE", "LOCAL"]
+MAX_MIX_PRODUCTS = 16384
+
+
+def tuning_configs(max_stages: int | None) -> list[Any]:
+    return [
+        triton.Config({"BT": tile, "BS": tile}, num_warps=warps, num_stages=stages)
+        for tile, warps, stages in TUNING
+        if max_stages is None or stages <= max_stages
+    ]
+
+
+def prune_tiles(configs: list[Any], named_args: dict[str, Any], **constants: Any) -> list[Any]:
+    """The configs whose tiles' mixing products fit :data:`MAX_MIX_PRODUCTS`; the smallest tiles if none do."""
+    mixes = constants["MP"] * constants["RP"]
+    kept = [c for c in configs if mixes * c.kwargs["BT"] * c.kwargs["BS"] <= MAX_MIX_PRODUCTS]
+    smallest = min(c.kwargs["BT"] for c in configs)
+    return kept or [c for c in configs if c.kwargs["BT"] == smallest]
+
+
+def launch(
+    kernel: str, spec: KernelSpec, head_dim: int, seq_len: int, programs: int, *args: Any, **options: Any
+) -> None:
+    """Runs one kernel over ``programs`` (batch × group) × tiles of the sequence: compiled on a GPU, through its
+    autotuner (:data:`TUNED`), unless the spec names a block; interpreted, or with a block named, with the spec's own
+    tiles (:meth:`KernelSpec.constants`) and the kernel's stage limit (:data:`KERNEL_GRID`)."""
+    tile, max_stages = KERNEL_GRID[kernel]
+    const = spec.constants(head_dim)
+    function = KERNELS_BY_NAME[kernel]
+    if spec.block is None and isinstance(function, triton.runtime.JITFunction):
+        untuned = {name: value for name, value in const.items() if name not in ("BT", "BS", "num_warps")}
+        TUNED[kernel][lambda meta: (triton.cdiv(seq_len, meta[tile]), programs)](*args, **options, **untuned)
+    else:
+        stages = {} if max_stages is None else {"num_stages": max_stages}
+        function[(triton.cdiv(seq_len, const[tile]), programs)](*args, **options, **const, **stages)
 
 
 def dot_options(q: Tensor) -> dict[str, Any]:
@@ -760,3 +804,17 @@ if triton is not None:
                 _store_weights(DWK, bg, s0, T, 0, pre_gw1, pre_gw2, pre_gdd, R, RP, M, MP, BS, SLOTS)
             if POST:
                 _store_weights(DWK, bg, s0, T, SLOTS - 1, post_gw1, post_gw2, post_gdd, R, RP, M, MP, BS, SLOTS)
+
+    KERNELS_BY_NAME = {
+        "forward": _forward_kernel,
+        "backward_query": _backward_query_kernel,
+        "backward_key": _backward_key_kernel,
+    }
+    TUNED = {
+        name: triton.autotune(
+            configs=tuning_configs(KERNEL_GRID[name][1]),
+            key=TUNING_KEY,
+            prune_configs_by={"early_config_prune": prune_tiles},
+        )(function)
+        for name, function in KERNELS_BY_NAME.items()
+    }
