@@ -26,7 +26,7 @@ from attnzoo.attention import dcmha_triton  # noqa: E402  (after the skip: the m
 
 pytestmark = pytest.mark.triton
 
-INTERPRETED = not isinstance(dcmha_triton._forward_kernel, triton.runtime.JITFunction)
+INTERPRETED = dcmha_triton.INTERPRETED
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 
 
@@ -164,6 +164,42 @@ def test_the_autotuner_always_times_the_kernels_own_tiles(kernel):
             assert (own["BT"], own["BS"], own["num_warps"], max_stages or 3) in chosen, (heads_per_group, rank)
             assert all(own["MP"] * own["RP"] * bt * bs <= dcmha_triton.MAX_MIX_PRODUCTS or bt == 16
                        for bt, bs, _, _ in chosen)  # fmt: skip
+
+
+def test_the_tuned_launch_times_each_pruned_config_and_computes_what_the_untuned_one_does(device, monkeypatch):
+    """The launch a GPU takes without a block, run on the interpreter: each kernel's autotuner runs every config left
+    after pruning once (timed here by a stand-in that counts, making the first the fastest), keeps one per shape, and
+    the output and every gradient equal the untuned tiles' (fp32 2e-5 of the largest entry: other tiles sum in
+    another order). On a GPU every call without a block takes this launch, so there the test is moot."""
+    if not INTERPRETED:
+        pytest.skip("on a GPU every model-level test already launches through the autotuners")
+    runs: dict[str, int] = {}
+    for name, tuner in dcmha_triton.TUNED.items():
+
+        def count(kernel_call, quantiles, name=name):
+            kernel_call()
+            runs[name] = runs.get(name, 0) + 1
+            return [float(runs[name])] * len(quantiles)
+
+        monkeypatch.setitem(tuner.__dict__, "do_bench", count)  # over the cached property, which asks for a GPU
+        monkeypatch.setattr(tuner, "cache", {})
+    case = CASES["local"]
+    leaves = make_inputs(case, torch.float32, device)
+
+    def output_and_grads(block: int | None) -> list[torch.Tensor]:
+        q, k, v, pre, post = split(leaves, case)
+        out = dcmha_triton.dcmha_attention(q, k, v, pre, post, num_groups=case.groups, window=case.window, block=block)
+        return [out, *torch.autograd.grad(out, leaves, torch.ones_like(out))]
+
+    untuned = output_and_grads(16)
+    monkeypatch.setattr(dcmha_triton, "INTERPRETED", False)
+    tuned = output_and_grads(None)
+    for got, want in zip(tuned, untuned, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=2e-5 * want.abs().max().item())
+    spec = dcmha_triton.KernelSpec(1, case.n_heads, case.rank, True, True, True, case.window, 0.25).constants(16)
+    for name, tuner in dcmha_triton.TUNED.items():
+        pruned = dcmha_triton.prune_tiles(dcmha_triton.tuning_configs(dcmha_triton.KERNEL_GRID[name][1]), {}, **spec)
+        assert runs[name] == len(pruned) > 1 and len(tuner.cache) == 1, name
 
 
 # ---------------------------------------------------------------------------------------------------

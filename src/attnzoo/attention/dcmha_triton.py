@@ -344,7 +344,7 @@ def launch(
     tile, max_stages = KERNEL_GRID[kernel]
     const = spec.constants(head_dim)
     function = KERNELS_BY_NAME[kernel]
-    if spec.block is None and isinstance(function, triton.runtime.JITFunction):
+    if spec.block is None and not INTERPRETED:
         untuned = {name: value for name, value in const.items() if name not in ("BT", "BS", "num_warps")}
         TUNED[kernel][lambda meta: (triton.cdiv(seq_len, meta[tile]), programs)](*args, **options, **untuned)
     else:
@@ -355,8 +355,7 @@ def launch(
 def dot_options(q: Tensor) -> dict[str, Any]:
     """How the kernels multiply: fp32 inputs in full fp32 ("ieee"), as the PyTorch path does (TF32 would lose
     about three digits); bf16 under the interpreter widened to fp32 first (see ``_dot``)."""
-    interpreted = not isinstance(_forward_kernel, triton.runtime.JITFunction)
-    return dict(PREC="ieee" if q.dtype == torch.float32 else "tf32", WIDEN=interpreted and q.dtype == torch.bfloat16)
+    return dict(PREC="ieee" if q.dtype == torch.float32 else "tf32", WIDEN=INTERPRETED and q.dtype == torch.bfloat16)
 
 
 if triton is not None:
@@ -805,6 +804,7 @@ if triton is not None:
             if POST:
                 _store_weights(DWK, bg, s0, T, SLOTS - 1, post_gw1, post_gw2, post_gdd, R, RP, M, MP, BS, SLOTS)
 
+    INTERPRETED = not isinstance(_forward_kernel, triton.runtime.JITFunction)  # TRITON_INTERPRET=1: CPU tensors
     KERNELS_BY_NAME = {
         "forward": _forward_kernel,
         "backward_query": _backward_query_kernel,
