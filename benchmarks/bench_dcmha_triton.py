@@ -28,6 +28,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -40,6 +41,9 @@ from attnzoo.tables import Table
 
 DIM, HEADS, WINDOW = 1024, 16, 256
 PATHS = ("dcmha-triton", "dcmha-pytorch", "mha-flash")
+TRITON_KERNELS = ("_forward_kernel", "_backward_query_kernel", "_backward_key_kernel")
+TILE_CONSTANTS = ("M", "R", "D", "BT", "BS")
+TUNING_LOG: list[dict[str, Any]] = []  # every tuning of a DCMHA kernel in this process, by record_tuning
 
 
 @dataclass
@@ -153,6 +157,94 @@ def run_path(
     return row, out
 
 
+def record_tuning(*, fn: Any, key: tuple, best_config: Any, configs_timings: dict | None, duration: float | None,
+                  cache_hit: bool) -> None:  # fmt: skip
+    """Triton's autotuning listener: which config each kernel chose at each shape, and the median milliseconds it
+    timed for every config it tried."""
+    timings = configs_timings or {}
+    TUNING_LOG.append(
+        {
+            "kernel": fn.__name__.strip("_"),
+            "key": [str(part) for part in key],
+            "chosen": str(best_config),
+            "timed_ms": {str(c): t[0] if isinstance(t, (list, tuple)) else t for c, t in timings.items()},
+            "tuning_s": duration,
+        }
+    )
+
+
+def listen_to_tuning() -> None:
+    """Logs every autotuning of this process in :data:`TUNING_LOG`, where Triton has a listener (3.9 has; the GPU
+    image's 3.6 may not, and then nothing is logged)."""
+    autotuning = getattr(getattr(dcmha_triton.triton, "knobs", None), "autotuning", None)
+    if autotuning is not None and hasattr(autotuning, "listener"):
+        autotuning.listener = record_tuning
+
+
+def triton_resources() -> list[dict[str, Any]]:
+    """Each compiled variant of the DCMHA kernels in this process: its tile constants, warps and stages, registers
+    per thread, spilled registers and shared memory, as ptxas left them (issue 36's resource dump)."""
+    rows = []
+    for name in TRITON_KERNELS:
+        function = getattr(dcmha_triton, name)
+        for kernel_cache, *_ in function.device_caches.values():
+            for compiled in kernel_cache.values():
+                compiled._init_handles()  # loads the binary, which fills n_regs and n_spills
+                constants = {function.arg_names[key[0]]: value for key, value in compiled.src.constants.items()}
+                rows.append(
+                    {
+                        "kernel": name.strip("_"),
+                        **{constant: constants.get(constant) for constant in TILE_CONSTANTS},
+                        "num_warps": compiled.metadata.num_warps,
+                        "num_stages": compiled.metadata.num_stages,
+                        "registers": compiled.n_regs,
+                        "spills": compiled.n_spills,
+                        "shared_bytes": compiled.metadata.shared,
+                    }
+                )
+    return rows
+
+
+def kernel_report() -> dict[str, Any]:
+    """What the kernels compiled in this process use (``triton_kernels``, or ``triton_kernels_error`` where Triton's
+    cache, no public API, could not be read) and how they were tuned (``triton_tuning``)."""
+    try:
+        report: dict[str, Any] = {"triton_kernels": triton_resources()}
+    except Exception as err:
+        report = {"triton_kernels_error": f"{type(err).__name__}: {err}"}
+    return report | {"triton_tuning": list(TUNING_LOG)}
+
+
+def kernel_report_lines(report: dict[str, Any]) -> list[str]:
+    """:func:`kernel_report` in markdown: a table of the compiled variants, then each tuning."""
+    lines = ["What each compiled Triton kernel uses (ptxas):", ""]
+    if "triton_kernels" in report:
+        header = ["kernel", *TILE_CONSTANTS, "warps", "stages", "registers/thread", "spills", "shared KiB"]
+        body = [
+            [
+                row["kernel"],
+                *(str(row[constant]) for constant in TILE_CONSTANTS),
+                str(row["num_warps"]),
+                str(row["num_stages"]),
+                str(row["registers"]),
+                str(row["spills"]),
+                f"{row['shared_bytes'] / 1024:.1f}",
+            ]
+            for row in report["triton_kernels"]
+        ]
+        lines.append(Table(header, body).to_markdown())
+    else:
+        lines.append(f"not read: {report['triton_kernels_error']}")
+    lines.append("")
+    tuning = report["triton_tuning"]
+    lines += [
+        f"- autotuned {row['kernel']} at ({', '.join(row['key'])}): {row['chosen']}; timed (ms): "
+        + ", ".join(f"{config} {ms:.3g}" for config, ms in row["timed_ms"].items())
+        for row in tuning
+    ]
+    return lines + ([""] if tuning else [])
+
+
 def table(rows: list[Row]) -> Table:
     def cell(value: float | None, fmt: str) -> str:
         return "OOM" if value is None else format(value, fmt)
@@ -197,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     device = torch.cuda.get_device_name()
+    listen_to_tuning()
     rows = []
     for window_type in args.window_types:
         for seq_len in args.seq_lens:
@@ -215,12 +308,13 @@ def main(argv: list[str] | None = None) -> int:
         f"{dcmha_triton.triton.__version__}. One attention layer, dim {DIM}, {HEADS} heads, bf16 autocast, "
         f"forward+backward, {args.tokens} tokens/step."
     )
-    markdown = table(rows).to_markdown()
+    kernels = kernel_report()
+    markdown = "\n".join([table(rows).to_markdown(), "", *kernel_report_lines(kernels)]).rstrip("\n")
     print(f"\n{header}\n\n{markdown}")
     out = args.out or Path("benchmarks/results") / f"dcmha-triton-{device.lower().replace(' ', '-')}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, f"{header}\n\n{markdown}\n")
-    payload = {"header": header, "results": [{**asdict(r), "tokens_per_s": r.tokens_per_s} for r in rows]}
+    payload = {"header": header, "results": [{**asdict(r), "tokens_per_s": r.tokens_per_s} for r in rows], **kernels}
     atomic_write_text(out.with_suffix(".json"), json.dumps(payload, indent=2))
     print(f"\nwrote {out} and {out.with_suffix('.json')}")
     return 0

@@ -81,7 +81,6 @@ from gpu_check import git_commit
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attnzoo import ModelConfig, Transformer
-from attnzoo.attention import dcmha_triton
 from attnzoo.attention.kernels import KERNELS, Call
 from attnzoo.bench import DTYPES, machine_description
 from attnzoo.io import atomic_write_text
@@ -132,8 +131,6 @@ LAYER_PATHS = (
     ("dcmha-pytorch", True),
 )
 RATIO_SIZES = ("gpu-lm", "185m")  # the sizes whose training cases are ratios to MHA's
-TRITON_KERNELS = ("_forward_kernel", "_backward_query_kernel", "_backward_key_kernel")
-TILE_CONSTANTS = ("M", "R", "D", "BT", "BS")
 DECODE_PATHS = ("eager", "compiled")
 DECODE_BATCHES = (1, 16)
 GRACE_S = 10.0  # how long past its budget a case may run before the worker is stopped
@@ -451,59 +448,8 @@ def run_layer(case: Case, settings: Settings) -> dict[str, Any]:
         "compile_s": first_step_s - median_ms / 1e3 if case.compiled else None,
     }
     if named == "dcmha-triton":
-        try:
-            record["triton_kernels"] = triton_resources()
-        except Exception as err:  # Triton's compiled-kernel cache is not a public API: a change there loses the dump
-            record["triton_kernels_error"] = f"{type(err).__name__}: {err}"
-        record["triton_tuning"] = triton_tuning()
+        record |= bench_dcmha_triton.kernel_report()
     return record
-
-
-TUNING_LOG: list[dict[str, Any]] = []  # every tuning of a DCMHA kernel in this worker, by record_tuning
-
-
-def record_tuning(*, fn: Any, key: tuple, best_config: Any, configs_timings: dict | None, duration: float | None,
-                  cache_hit: bool) -> None:  # fmt: skip
-    """Triton's autotuning listener: which config each kernel chose at each shape, and the median milliseconds it
-    timed for every config it tried."""
-    timings = configs_timings or {}
-    TUNING_LOG.append(
-        {
-            "kernel": fn.__name__.strip("_"),
-            "key": [str(part) for part in key],
-            "chosen": str(best_config),
-            "timed_ms": {str(c): t[0] if isinstance(t, (list, tuple)) else t for c, t in timings.items()},
-            "tuning_s": duration,
-        }
-    )
-
-
-def triton_tuning() -> list[dict[str, Any]]:
-    return list(TUNING_LOG)
-
-
-def triton_resources() -> list[dict[str, Any]]:
-    """Each compiled variant of the DCMHA kernels in this process: its tile constants, warps and stages, registers
-    per thread, spilled registers and shared memory, as ptxas left them (issue 36's resource dump)."""
-    rows = []
-    for name in TRITON_KERNELS:
-        function = getattr(dcmha_triton, name)
-        for kernel_cache, *_ in function.device_caches.values():
-            for compiled in kernel_cache.values():
-                compiled._init_handles()  # loads the binary, which fills n_regs and n_spills
-                constants = {function.arg_names[key[0]]: value for key, value in compiled.src.constants.items()}
-                rows.append(
-                    {
-                        "kernel": name.strip("_"),
-                        **{constant: constants.get(constant) for constant in TILE_CONSTANTS},
-                        "num_warps": compiled.metadata.num_warps,
-                        "num_stages": compiled.metadata.num_stages,
-                        "registers": compiled.n_regs,
-                        "spills": compiled.n_spills,
-                        "shared_bytes": compiled.metadata.shared,
-                    }
-                )
-    return rows
 
 
 def run_decode(case: Case, settings: Settings) -> dict[str, Any]:
@@ -551,9 +497,7 @@ def worker_main(conn: Connection, settings: Settings) -> None:
     # The parent alone answers timeout's SIGTERM and a Ctrl-C: it records the case in flight, then stops this process.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    autotuning = getattr(getattr(dcmha_triton.triton, "knobs", None), "autotuning", None)
-    if autotuning is not None and hasattr(autotuning, "listener"):  # Triton's listener is recent (3.9 has it)
-        autotuning.listener = record_tuning
+    bench_dcmha_triton.listen_to_tuning()
     while (message := conn.recv()) is not None:
         case, seconds = message
         conn.send(run_case(case, settings, seconds))
@@ -787,27 +731,6 @@ def layer_table(cases: list[Case], records: dict[str, dict[str, Any]]) -> Table:
     return Table(header, rows)
 
 
-def resource_table(records: dict[str, dict[str, Any]]) -> Table | None:
-    """The Triton kernels' resources, from the layer case that ran them; None where it did not run."""
-    rows = records.get("layer dcmha-triton eager", {}).get("triton_kernels")
-    if rows is None:
-        return None
-    header = ["kernel", *TILE_CONSTANTS, "warps", "stages", "registers/thread", "spills", "shared KiB"]
-    body = [
-        [
-            row["kernel"],
-            *(str(row[constant]) for constant in TILE_CONSTANTS),
-            str(row["num_warps"]),
-            str(row["num_stages"]),
-            str(row["registers"]),
-            str(row["spills"]),
-            f"{row['shared_bytes'] / 1024:.1f}",
-        ]
-        for row in rows
-    ]
-    return Table(header, body)
-
-
 def decode_table(cases: list[Case], records: dict[str, dict[str, Any]]) -> Table:
     header = ["case", "path", "tok/s (median)", "spread (min–max)", "vs eager", "compile s", "same tokens as eager"]
     rows = []
@@ -867,22 +790,16 @@ def render_markdown(meta: dict[str, Any], cases: list[Case], records: dict[str, 
             layer_table(cases, records).to_markdown(),
             "",
         ]
-        resources = resource_table(records)
-        error = records.get("layer dcmha-triton eager", {}).get("triton_kernels_error")
-        missing = f"not read: {error}" if error else "not recorded: the kernel's layer case did not run"
-        lines += [
-            "What each compiled Triton kernel uses (ptxas):",
-            "",
-            resources.to_markdown() if resources is not None else missing,
-            "",
-        ]
-        tuning = records.get("layer dcmha-triton eager", {}).get("triton_tuning", [])
-        lines += [
-            f"- autotuned {row['kernel']} at ({', '.join(row['key'])}): {row['chosen']}; timed (ms): "
-            + ", ".join(f"{config} {ms:.3g}" for config, ms in row["timed_ms"].items())
-            for row in tuning
-        ]
-        lines += [""] if tuning else []
+        kernel = records.get("layer dcmha-triton eager", {})
+        ran = "triton_kernels" in kernel or "triton_kernels_error" in kernel
+        lines += (
+            bench_dcmha_triton.kernel_report_lines(kernel)
+            if ran
+            else [
+                "What each compiled Triton kernel uses (ptxas): not recorded: the kernel's layer case did not run",
+                "",
+            ]
+        )
     lines += ["## Decoding, every row", "", decode_table(cases, records).to_markdown(), ""]
     missing = [[c.name, records[c.name]["status"], records[c.name]["reason"]] for c in cases]
     missing = [row for row in missing if row[1] != MEASURED]

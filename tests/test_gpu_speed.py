@@ -147,18 +147,20 @@ def test_the_tests_are_skipped_with_too_little_budget_and_stopped_when_it_runs_o
     assert stopped["status"] == "cut off" and "ran out" in stopped["reason"]
 
 
-def test_the_autotuners_choices_are_logged_with_every_configs_time(monkeypatch):
+def test_the_kernels_tuning_and_resources_are_logged_and_rendered(monkeypatch):
     """Triton calls the listener after each tuning; the log keeps the kernel, the shape, the choice and each config's
-    median time (do_bench's first quantile), which the report prints under the kernels' resources."""
+    median time (do_bench's first quantile), and the report prints it under each compiled variant's registers, spills
+    and shared memory (bench_dcmha_triton, which both benchmarks use)."""
     triton = pytest.importorskip("triton")
-    monkeypatch.setattr(gpu_speed, "TUNING_LOG", [])
+    bench = gpu_speed.bench_dcmha_triton
+    monkeypatch.setattr(bench, "TUNING_LOG", [])
     fast = triton.Config({"BT": 32, "BS": 32}, num_warps=4, num_stages=1)
     slow = triton.Config({"BT": 16, "BS": 16}, num_warps=8, num_stages=3)
 
     def _forward_kernel():
         pass
 
-    gpu_speed.record_tuning(
+    bench.record_tuning(
         fn=_forward_kernel,
         key=(2048, 16, "torch.bfloat16"),
         best_config=fast,
@@ -166,6 +168,15 @@ def test_the_autotuners_choices_are_logged_with_every_configs_time(monkeypatch):
         duration=3.0,
         cache_hit=False,
     )
-    (row,) = gpu_speed.triton_tuning()
+    (row,) = bench.TUNING_LOG
     assert row["kernel"] == "forward_kernel" and row["key"] == ["2048", "16", "torch.bfloat16"]
     assert row["chosen"] == str(fast) and row["timed_ms"] == {str(fast): 1.5, str(slow): 2.5}
+    variant = {"kernel": "forward_kernel", "M": 16, "R": 2, "D": 64, "BT": 32, "BS": 32, "num_warps": 4,
+               "num_stages": 1, "registers": 255, "spills": 1024, "shared_bytes": 49152}  # fmt: skip
+    text = "\n".join(bench.kernel_report_lines({"triton_kernels": [variant], "triton_tuning": bench.TUNING_LOG}))
+    assert "| forward_kernel | 16 | 2 | 64 | 32 | 32 | 4 | 1 | 255 | 1024 | 48.0 |" in text
+    assert (
+        f"- autotuned forward_kernel at (2048, 16, torch.bfloat16): {fast}; timed (ms): {fast} 1.5, {slow} 2.5" in text
+    )
+    unread = bench.kernel_report_lines({"triton_kernels_error": "AttributeError: x", "triton_tuning": []})
+    assert "not read: AttributeError: x" in unread
