@@ -44,10 +44,10 @@ time shown is the first step's wall time less a timed step's.
 Output: ``--out DIR`` gets ``gpu-speed.md`` (the ratios at a glance, then every row, then what was not measured and
 why), ``gpu-speed.json`` (the raw numbers, device, versions, commit) and ``summary.json`` (issue 36's figures, each
 with the row it came from: :func:`headline`), all rewritten atomically after every case, so a run cut off keeps
-what it measured and names the cases it did not reach. The dry run forces the CPU, toy sizes,
-fp32, and dynamo's "eager" compile backend (the compiled path traced, no code generated: inductor took 41 s for one
-toy MHA on a 2-core CPU), so its numbers check the script, not a speed; the Triton case is skipped there with the
-kernel's reason.
+what it measured and names the cases it did not reach; the tests add ``tests-junit.xml``. The dry run forces the
+CPU, toy sizes, fp32, and dynamo's "eager" compile backend (the compiled path traced, no code generated: inductor took
+41 s for one toy MHA on a 2-core CPU), so its numbers check the script, not a speed; the Triton cases are skipped
+there with the kernel's reason, and the tests narrowed to a few quick ones (``gpu_kit.DRY_RUN_TESTS``).
 """
 
 from __future__ import annotations
