@@ -11,6 +11,7 @@ rounds P' and dS to the input dtype before its matmuls, as flash attention does;
 """
 
 import runpy
+import warnings
 from functools import partial
 from pathlib import Path
 
@@ -200,6 +201,41 @@ def test_the_tuned_launch_times_each_pruned_config_and_computes_what_the_untuned
     for name, tuner in dcmha_triton.TUNED.items():
         pruned = dcmha_triton.prune_tiles(dcmha_triton.tuning_configs(dcmha_triton.KERNEL_GRID[name][1]), {}, **spec)
         assert runs[name] == len(pruned) > 1 and len(tuner.cache) == 1, name
+
+
+def test_a_tuning_that_fails_warns_once_and_the_kernel_runs_untuned(device, monkeypatch):
+    """A candidate Triton cannot compile (beyond running out of resources, which the autotuner skips itself) stops the
+    tuning, not the call: each kernel warns once with the error, runs its untuned tiles, and the result is theirs."""
+    if not INTERPRETED:
+        pytest.skip("needs the interpreter's stand-in for timing, to make a tuning fail")
+
+    def broken(kernel_call, quantiles):
+        raise RuntimeError("PassManager::run failed")
+
+    for tuner in dcmha_triton.TUNED.values():
+        monkeypatch.setitem(tuner.__dict__, "do_bench", broken)
+        monkeypatch.setattr(tuner, "cache", {})
+    monkeypatch.setattr(dcmha_triton, "UNTUNABLE", set())
+    case = CASES["local-pre-only"]
+    leaves = make_inputs(case, torch.float32, device)
+
+    def output_and_grads(block: int | None) -> list[torch.Tensor]:
+        q, k, v, pre, post = split(leaves, case)
+        out = dcmha_triton.dcmha_attention(q, k, v, pre, post, num_groups=case.groups, window=case.window, block=block)
+        return [out, *torch.autograd.grad(out, leaves, torch.ones_like(out))]
+
+    spec = dcmha_triton.KernelSpec(1, case.n_heads, case.rank, True, False, True, case.window, 0.25).constants(16)
+    untuned = output_and_grads(spec["BT"])
+    monkeypatch.setattr(dcmha_triton, "INTERPRETED", False)
+    with pytest.warns(RuntimeWarning, match="PassManager::run failed") as warned:
+        first = output_and_grads(None)
+    assert len(warned) == 3 and set(dcmha_triton.TUNED) == dcmha_triton.UNTUNABLE  # once per kernel
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # untuned from now on: no tuning, so no warning
+        second = output_and_grads(None)
+    for got, again, want in zip(first, second, untuned, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        torch.testing.assert_close(again, want, rtol=0, atol=0)
 
 
 # ---------------------------------------------------------------------------------------------------

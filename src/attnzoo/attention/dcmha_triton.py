@@ -33,6 +33,7 @@ kernel's register budget.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -317,6 +318,7 @@ KERNEL_GRID = {"forward": ("BT", None), "backward_query": ("BT", None), "backwar
 TUNING = tuple((tile, warps, stages) for tile in (16, 32) for warps in (4, 8) for stages in (1, 3))
 TUNING_KEY = ["T", "M", "R", "D", "PRE", "POST", "KEY_WISE", "LOCAL"]
 MAX_MIX_PRODUCTS = 16384
+UNTUNABLE: set[str] = set()  # the kernels whose tuning raised in this process: they run untuned (see launch)
 
 
 def tuning_configs(max_stages: int | None) -> list[Any]:
@@ -340,16 +342,29 @@ def launch(
 ) -> None:
     """Runs one kernel over ``programs`` (batch × group) × tiles of the sequence: compiled on a GPU, through its
     autotuner (:data:`TUNED`), unless the spec names a block; interpreted, or with a block named, with the spec's own
-    tiles (:meth:`KernelSpec.constants`) and the kernel's stage limit (:data:`KERNEL_GRID`)."""
+    tiles (:meth:`KernelSpec.constants`) and the kernel's stage limit (:data:`KERNEL_GRID`).
+
+    Tuning never fails a call the untuned tiles can run: the autotuner skips a candidate that runs out of registers
+    or shared memory, and where tuning raises anything else (a candidate Triton cannot compile), the kernel warns
+    once, names the error, and runs its untuned tiles from then on in this process (:data:`UNTUNABLE`). Every launch
+    stores all of its outputs, so what a failed tuning wrote is overwritten."""
     tile, max_stages = KERNEL_GRID[kernel]
     const = spec.constants(head_dim)
-    function = KERNELS_BY_NAME[kernel]
-    if spec.block is None and not INTERPRETED:
+    if spec.block is None and not INTERPRETED and kernel not in UNTUNABLE:
         untuned = {name: value for name, value in const.items() if name not in ("BT", "BS", "num_warps")}
-        TUNED[kernel][lambda meta: (triton.cdiv(seq_len, meta[tile]), programs)](*args, **options, **untuned)
-    else:
-        stages = {} if max_stages is None else {"num_stages": max_stages}
-        function[(triton.cdiv(seq_len, const[tile]), programs)](*args, **options, **const, **stages)
+        try:
+            TUNED[kernel][lambda meta: (triton.cdiv(seq_len, meta[tile]), programs)](*args, **options, **untuned)
+            return
+        except Exception as err:
+            UNTUNABLE.add(kernel)
+            warnings.warn(
+                f"autotuning DCMHA's {kernel} kernel failed ({type(err).__name__}: {err}); it runs its untuned "
+                f"tiles (BT = BS = {const['BT']}, {const['num_warps']} warps) from now on in this process",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+    stages = {} if max_stages is None else {"num_stages": max_stages}
+    KERNELS_BY_NAME[kernel][(triton.cdiv(seq_len, const[tile]), programs)](*args, **options, **const, **stages)
 
 
 def dot_options(q: Tensor) -> dict[str, Any]:
