@@ -207,12 +207,13 @@ def triton_resources() -> list[dict[str, Any]]:
 
 def kernel_report() -> dict[str, Any]:
     """What the kernels compiled in this process use (``triton_kernels``, or ``triton_kernels_error`` where Triton's
-    cache, no public API, could not be read) and how they were tuned (``triton_tuning``)."""
+    cache, no public API, could not be read), how they were tuned (``triton_tuning``) and which fell back to their
+    untuned tiles after a tuning failed (``untunable``)."""
     try:
         report: dict[str, Any] = {"triton_kernels": triton_resources()}
     except Exception as err:
         report = {"triton_kernels_error": f"{type(err).__name__}: {err}"}
-    return report | {"triton_tuning": list(TUNING_LOG)}
+    return report | {"triton_tuning": list(TUNING_LOG), "untunable": sorted(dcmha_triton.UNTUNABLE)}
 
 
 def kernel_report_lines(report: dict[str, Any]) -> list[str]:
@@ -237,6 +238,8 @@ def kernel_report_lines(report: dict[str, Any]) -> list[str]:
         lines.append(f"not read: {report['triton_kernels_error']}")
     lines.append("")
     tuning = report["triton_tuning"]
+    if report.get("untunable"):
+        lines += [f"- tuning failed, so these ran untuned: {', '.join(report['untunable'])} (the warning names why)"]
     lines += [
         f"- autotuned {row['kernel']} at ({', '.join(row['key'])}): {row['chosen']}; timed (ms): "
         + ", ".join(f"{config} {ms:.3g}" for config, ms in row["timed_ms"].items())

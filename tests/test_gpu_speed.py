@@ -178,5 +178,8 @@ def test_the_kernels_tuning_and_resources_are_logged_and_rendered(monkeypatch):
     assert (
         f"- autotuned forward_kernel at (2048, 16, torch.bfloat16): {fast}; timed (ms): {fast} 1.5, {slow} 2.5" in text
     )
-    unread = bench.kernel_report_lines({"triton_kernels_error": "AttributeError: x", "triton_tuning": []})
+    unread = bench.kernel_report_lines(
+        {"triton_kernels_error": "AttributeError: x", "triton_tuning": [], "untunable": ["backward_key"]}
+    )
     assert "not read: AttributeError: x" in unread
+    assert "- tuning failed, so these ran untuned: backward_key (the warning names why)" in unread
