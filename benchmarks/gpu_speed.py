@@ -81,10 +81,12 @@ from gpu_check import git_commit
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attnzoo import ModelConfig, Transformer
+from attnzoo.attention import Attention
 from attnzoo.attention.kernels import KERNELS, Call
 from attnzoo.bench import DTYPES, machine_description
 from attnzoo.io import atomic_write_text
 from attnzoo.model import training_flops_per_token
+from attnzoo.positions import PositionalEncoding
 from attnzoo.tables import Table, ratio
 from attnzoo.training.optim import parameter_groups
 from attnzoo.variants import Variant, matched_configs
@@ -321,12 +323,23 @@ def kernel_refusal(
     named = case.config.attn_backend
     if named == "auto" or all(name == named for name in names):
         return names, None
+    reason = named_kernel_refusal(case, model.layers[0].self_attn, model.position, device_type, dtype)
+    return names, reason or f"{named} cannot run here: the layers would run {', '.join(names)}"
+
+
+def named_kernel_refusal(
+    case: Case, layer: Attention, position: PositionalEncoding, device_type: str, dtype: torch.dtype
+) -> str | None:
+    """Why the kernel the case names (its ``attn_backend``) cannot serve ``layer``'s calls here, or None."""
+    named = case.config.attn_backend
+    if named == "auto":
+        return None
     kernel = KERNELS.get(named)
     call = Call.planned(
-        case.config, model.position, device_type=device_type, dtype=dtype, length=case.seq_len, compiling=case.compiled
+        case.config, position, device_type=device_type, dtype=dtype, length=case.seq_len, compiling=case.compiled
     )
-    reason = kernel.static_refusal(case.config) or kernel.call_refusal(model.layers[0].self_attn, call)
-    return names, f"{named} cannot run here: {reason or 'the layers would run ' + ', '.join(names)}"
+    reason = kernel.static_refusal(case.config) or kernel.call_refusal(layer, call)
+    return None if reason is None else f"{named} cannot run here: {reason}"
 
 
 def run_training(case: Case, settings: Settings, deadline: float) -> dict[str, Any]:
@@ -396,25 +409,14 @@ def run_training(case: Case, settings: Settings, deadline: float) -> dict[str, A
 
 def run_layer(case: Case, settings: Settings) -> dict[str, Any]:
     """One attention layer's forward and backward, projections included, as ``bench_dcmha_triton`` times it; after
-    the Triton kernel's case, what each compiled kernel uses (:func:`triton_resources`)."""
+    the Triton kernel's case, what each compiled kernel uses (``bench_dcmha_triton.kernel_report``)."""
     device = torch.device(settings.device)
     dtype = DTYPES[settings.dtype]
     torch.manual_seed(0)
     layer, ctx = bench_dcmha_triton.make_layer(case.config, settings.device)
-    named = case.config.attn_backend
-    if named != "auto":
-        kernel = KERNELS.get(named)
-        call = Call.planned(
-            case.config,
-            ctx.position,
-            device_type=device.type,
-            dtype=dtype,
-            length=case.seq_len,
-            compiling=case.compiled,
-        )
-        reason = kernel.static_refusal(case.config) or kernel.call_refusal(layer, call)
-        if reason is not None:
-            return {"status": SKIPPED, "reason": f"{named} cannot run here: {reason}"}
+    reason = named_kernel_refusal(case, layer, ctx.position, device.type, dtype)
+    if reason is not None:
+        return {"status": SKIPPED, "reason": reason}
     forward = torch.compile(layer, backend=settings.compile_backend) if case.compiled else layer
     x = torch.randn(case.batch_size, case.seq_len, case.config.dim, device=device, requires_grad=True)
     grad = torch.randn_like(x)
@@ -447,7 +449,7 @@ def run_layer(case: Case, settings: Settings) -> dict[str, Any]:
         "first_step_s": first_step_s,
         "compile_s": first_step_s - median_ms / 1e3 if case.compiled else None,
     }
-    if named == "dcmha-triton":
+    if case.config.attn_backend == "dcmha-triton":
         record |= bench_dcmha_triton.kernel_report()
     return record
 

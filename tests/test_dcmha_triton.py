@@ -119,7 +119,7 @@ def test_a_compiled_call_is_one_graph_and_equals_the_eager_call(device, name):
 
     def attention(*tensors: torch.Tensor) -> torch.Tensor:
         q, k, v, pre, post = split(list(tensors), case)
-        return dcmha_triton.fused_attention(q, k, v, pre, post, num_groups=case.groups, window=case.window)
+        return dcmha_triton.dcmha_attention(q, k, v, pre, post, num_groups=case.groups, window=case.window)
 
     out = attention(*leaves)
     grad_out = torch.randn_like(out)
@@ -167,6 +167,21 @@ def test_the_autotuner_always_times_the_kernels_own_tiles(kernel):
                        for bt, bs, _, _ in chosen)  # fmt: skip
 
 
+def time_tuning_with(monkeypatch, timer) -> None:
+    """Every kernel's autotuner with an empty cache, timing each config by ``timer(kernel name)``, a stand-in for
+    do_bench (set over the cached property, which asks for a GPU)."""
+    for name, tuner in dcmha_triton.TUNED.items():
+        monkeypatch.setitem(tuner.__dict__, "do_bench", timer(name))
+        monkeypatch.setattr(tuner, "cache", {})
+
+
+def output_and_grads(case: Case, leaves: list[torch.Tensor], block: int | None) -> list[torch.Tensor]:
+    """The kernel's output and the gradients of its sum with respect to every leaf."""
+    q, k, v, pre, post = split(leaves, case)
+    out = dcmha_triton.dcmha_attention(q, k, v, pre, post, num_groups=case.groups, window=case.window, block=block)
+    return [out, *torch.autograd.grad(out, leaves, torch.ones_like(out))]
+
+
 def test_the_tuned_launch_times_each_pruned_config_and_computes_what_the_untuned_one_does(device, monkeypatch):
     """The launch a GPU takes without a block, run on the interpreter: each kernel's autotuner runs every config left
     after pruning once (timed here by a stand-in that counts, making the first the fastest), keeps one per shape, and
@@ -175,26 +190,21 @@ def test_the_tuned_launch_times_each_pruned_config_and_computes_what_the_untuned
     if not INTERPRETED:
         pytest.skip("on a GPU every model-level test already launches through the autotuners")
     runs: dict[str, int] = {}
-    for name, tuner in dcmha_triton.TUNED.items():
 
-        def count(kernel_call, quantiles, name=name):
+    def counter(name: str):
+        def count(kernel_call, quantiles):
             kernel_call()
             runs[name] = runs.get(name, 0) + 1
             return [float(runs[name])] * len(quantiles)
 
-        monkeypatch.setitem(tuner.__dict__, "do_bench", count)  # over the cached property, which asks for a GPU
-        monkeypatch.setattr(tuner, "cache", {})
+        return count
+
+    time_tuning_with(monkeypatch, counter)
     case = CASES["local"]
     leaves = make_inputs(case, torch.float32, device)
-
-    def output_and_grads(block: int | None) -> list[torch.Tensor]:
-        q, k, v, pre, post = split(leaves, case)
-        out = dcmha_triton.dcmha_attention(q, k, v, pre, post, num_groups=case.groups, window=case.window, block=block)
-        return [out, *torch.autograd.grad(out, leaves, torch.ones_like(out))]
-
-    untuned = output_and_grads(16)
+    untuned = output_and_grads(case, leaves, 16)
     monkeypatch.setattr(dcmha_triton, "INTERPRETED", False)
-    tuned = output_and_grads(None)
+    tuned = output_and_grads(case, leaves, None)
     for got, want in zip(tuned, untuned, strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=2e-5 * want.abs().max().item())
     spec = dcmha_triton.KernelSpec(1, case.n_heads, case.rank, True, True, True, case.window, 0.25).constants(16)
@@ -212,27 +222,19 @@ def test_a_tuning_that_fails_warns_once_and_the_kernel_runs_untuned(device, monk
     def broken(kernel_call, quantiles):
         raise RuntimeError("PassManager::run failed")
 
-    for tuner in dcmha_triton.TUNED.values():
-        monkeypatch.setitem(tuner.__dict__, "do_bench", broken)
-        monkeypatch.setattr(tuner, "cache", {})
+    time_tuning_with(monkeypatch, lambda name: broken)
     monkeypatch.setattr(dcmha_triton, "UNTUNABLE", set())
     case = CASES["local-pre-only"]
     leaves = make_inputs(case, torch.float32, device)
-
-    def output_and_grads(block: int | None) -> list[torch.Tensor]:
-        q, k, v, pre, post = split(leaves, case)
-        out = dcmha_triton.dcmha_attention(q, k, v, pre, post, num_groups=case.groups, window=case.window, block=block)
-        return [out, *torch.autograd.grad(out, leaves, torch.ones_like(out))]
-
     spec = dcmha_triton.KernelSpec(1, case.n_heads, case.rank, True, False, True, case.window, 0.25).constants(16)
-    untuned = output_and_grads(spec["BT"])
+    untuned = output_and_grads(case, leaves, spec["BT"])
     monkeypatch.setattr(dcmha_triton, "INTERPRETED", False)
     with pytest.warns(RuntimeWarning, match="PassManager::run failed") as warned:
-        first = output_and_grads(None)
+        first = output_and_grads(case, leaves, None)
     assert len(warned) == 3 and set(dcmha_triton.TUNED) == dcmha_triton.UNTUNABLE  # once per kernel
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # untuned from now on: no tuning, so no warning
-        second = output_and_grads(None)
+        second = output_and_grads(case, leaves, None)
     for got, again, want in zip(first, second, untuned, strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
         torch.testing.assert_close(again, want, rtol=0, atol=0)

@@ -24,7 +24,7 @@ Notation per (t, s) and head n, with w1 = qw1/kw1, w2 = qw2/kw2, dd = qdd/kdd of
 
 the rank-R form of ``compose_merged`` (x = logits before the softmax, probabilities after it).
 
-:func:`fused_attention` is what the ``dcmha-triton`` kernel record (``kernels/dcmha_triton.py``) runs; the record
+:func:`dcmha_attention` is what the ``dcmha-triton`` kernel record (``kernels/dcmha_triton.py``) runs; the record
 refuses, and the layer runs its next kernel, for anything the kernel does not do: cached decoding, a positional bias
 (ALiBi), the static projection, attention dropout, recorded maps, a bidirectional model, float64, or sizes past the
 kernel's register budget.
@@ -57,13 +57,6 @@ KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 def runs_on(device_type: str) -> bool:
     """Whether the kernel can run on a device of this type at all: CUDA, with Triton installed."""
     return triton is not None and device_type == "cuda"
-
-
-def fused_attention(
-    q: Tensor, k: Tensor, v: Tensor, pre: Mixing | None, post: Mixing | None, *, num_groups: int, window: int | None
-) -> Tensor:
-    """:func:`dcmha_attention` as the layer calls it (``kernels/dcmha_triton.py``, the record, says where)."""
-    return dcmha_attention(q, k, v, pre, post, num_groups=num_groups, window=window)
 
 
 def dcmha_attention(
@@ -305,11 +298,10 @@ def _backward(ctx: Any, grad_out: Tensor, grad_lse: Tensor | None) -> tuple[Tens
 dcmha_forward.register_autograd(_backward, setup_context=_save_for_backward)
 
 
-# How each kernel is launched: the tile axis its grid walks, and the software-pipelining stages it may use. The key
-# kernel holds every head's K, V, dK and dV tiles for its whole loop; Triton's default pipelining (3 stages on Hopper)
+# How each kernel is launched: (the tile axis its grid walks, the most pipelining stages it may use; None: Triton's
+# default, 3). The key kernel holds every head's K, V, dK and dV tiles for its whole loop; Triton's default pipelining
 # adds copies of each query tile it loads, and that overflowed an H100's shared memory at 6 heads of 64
 # (benchmarks/results/gpu-2026-11-25). One stage keeps it inside.
-# (the tile axis the grid walks, the most pipelining stages the kernel may use: None for Triton's default, 3)
 KERNEL_GRID = {"forward": ("BT", None), "backward_query": ("BT", None), "backward_key": ("BS", 1)}
 # What the autotuner times on a GPU at the first call of each shape (TUNING_KEY): square tiles of BT = BS queries and
 # keys, warps, and pipelining stages (1, or Triton's default 3) up to the kernel's limit. KernelSpec.constants' own

@@ -67,7 +67,7 @@ def run(
     composed: Composed,
 ) -> Tensor:
     pre, post = composed.mixings
-    return implementation().fused_attention(q, k, v, pre, post, num_groups=layer.num_groups, window=layer.window)
+    return implementation().dcmha_attention(q, k, v, pre, post, num_groups=layer.num_groups, window=layer.window)
 
 
 DCMHA_TRITON = register_kernel(
