@@ -167,6 +167,25 @@ def test_the_autotuner_always_times_the_kernels_own_tiles(kernel):
                        for bt, bs, _, _ in chosen)  # fmt: skip
 
 
+def test_every_launch_caps_registers_at_a_programs_share_of_the_register_file(monkeypatch):
+    """ptxas otherwise keeps as few as 32 registers a thread and spills (benchmarks/dcmha_triton_sm90.py): every tuning
+    candidate and the untuned launch set .maxnreg to one program's share of the SM's registers, at most 255."""
+    for config in dcmha_triton.tuning_configs(None):
+        assert config.maxnreg == dcmha_triton.register_cap(config.num_warps)
+    for warps, cap in ((4, 255), (8, 255), (16, 128), (32, 64)):
+        assert dcmha_triton.register_cap(warps) == cap and cap * 32 * warps <= dcmha_triton.REGISTER_FILE
+    launched = {}
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **options: launched.update(options)
+
+    monkeypatch.setitem(dcmha_triton.KERNELS_BY_NAME, "forward", Recorder())
+    spec = dcmha_triton.KernelSpec(1, 16, 2, True, True, True, None, 0.125, block=16)
+    dcmha_triton.launch("forward", spec, 64, 128, 2)
+    assert launched["num_warps"] == 8 and launched["maxnreg"] == 255
+
+
 def time_tuning_with(monkeypatch, timer) -> None:
     """Every kernel's autotuner with an empty cache, timing each config by ``timer(kernel name)``, a stand-in for
     do_bench (set over the cached property, which asks for a GPU)."""

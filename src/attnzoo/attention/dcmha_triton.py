@@ -304,18 +304,32 @@ dcmha_forward.register_autograd(_backward, setup_context=_save_for_backward)
 # (benchmarks/results/gpu-2026-11-25). One stage keeps it inside.
 KERNEL_GRID = {"forward": ("BT", None), "backward_query": ("BT", None), "backward_key": ("BS", 1)}
 # What the autotuner times on a GPU at the first call of each shape (TUNING_KEY): square tiles of BT = BS queries and
-# keys, warps, and pipelining stages (1, or Triton's default 3) up to the kernel's limit. KernelSpec.constants' own
-# choice is among them, so tuning keeps it or finds a faster one. Tiles whose rank-R mixing products (RP·MP·BT·BS)
-# exceed MAX_MIX_PRODUCTS are not timed: they cannot stay in registers.
-TUNING = tuple((tile, warps, stages) for tile in (16, 32) for warps in (4, 8) for stages in (1, 3))
+# keys, warps, and pipelining stages (1, or Triton's default 3) up to the kernel's limit, each at its register cap
+# (register_cap). KernelSpec.constants' own choice is among them, so tuning keeps it or finds a faster one. Tiles whose
+# rank-R mixing products (RP·MP·BT·BS) exceed MAX_MIX_PRODUCTS are not timed: they cannot stay in registers.
+# 16 warps spread a program's working set over twice the threads of 8: compiled for sm_90a at 16 heads per group, the
+# forward kernel spills 1.6 KB a thread instead of 2.7 KB (benchmarks/results/dcmha-triton-sm90.md).
+TUNING = tuple((tile, warps, stages) for tile in (16, 32) for warps in (4, 8, 16) for stages in (1, 3))
 TUNING_KEY = ["T", "M", "R", "D", "PRE", "POST", "KEY_WISE", "LOCAL"]
 MAX_MIX_PRODUCTS = 16384
 UNTUNABLE: set[str] = set()  # the kernels whose tuning raised in this process: they run untuned (see launch)
 
 
+REGISTER_FILE = 65536  # 32-bit registers per streaming multiprocessor, every CUDA GPU from Volta to Hopper
+
+
+def register_cap(num_warps: int) -> int:
+    """Registers a thread may use: its share of the register file when one program has an SM to itself, at most 255
+    (PTX's limit). Left to choose, ptxas keeps as few as 32 a thread where a kernel's working set cannot fit anyway,
+    for occupancy, and spills the rest to local memory: 10.6 KB a thread in the forward kernel at 16 heads per group
+    and 8 warps, 2.7 KB at this cap (benchmarks/results/dcmha-triton-sm90.md). That occupancy is not there to buy:
+    each program's 64-160 KiB of shared memory leaves room for at most three on an H100's 228 KiB."""
+    return min(255, REGISTER_FILE // (32 * num_warps))
+
+
 def tuning_configs(max_stages: int | None) -> list[Any]:
     return [
-        triton.Config({"BT": tile, "BS": tile}, num_warps=warps, num_stages=stages)
+        triton.Config({"BT": tile, "BS": tile}, num_warps=warps, num_stages=stages, maxnreg=register_cap(warps))
         for tile, warps, stages in TUNING
         if max_stages is None or stages <= max_stages
     ]
@@ -356,7 +370,10 @@ def launch(
                 stacklevel=2,
             )
     stages = {} if max_stages is None else {"num_stages": max_stages}
-    KERNELS_BY_NAME[kernel][(triton.cdiv(seq_len, const[tile]), programs)](*args, **options, **const, **stages)
+    cap = register_cap(const["num_warps"])
+    KERNELS_BY_NAME[kernel][(triton.cdiv(seq_len, const[tile]), programs)](
+        *args, **options, **const, **stages, maxnreg=cap
+    )
 
 
 def dot_options(q: Tensor) -> dict[str, Any]:

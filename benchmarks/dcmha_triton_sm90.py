@@ -1,0 +1,261 @@
+"""What the DCMHA Triton kernels use on an H100, read from the compiler on any machine: no GPU needed (issue 36).
+
+Triton compiles for a target it is not running on. This script compiles each of the three kernels for sm_90a (H100,
+H200) at the model shapes the lease script times, in every configuration the autotuner would try there
+(``dcmha_triton.TUNING`` after ``prune_tiles``), and records what ptxas allocated per thread: registers, spilled
+bytes and stack; the shared memory; and the tensor-core instructions in the SASS (HMMA is ``mma.sync``, the
+Ampere-style path; HGMMA is Hopper's ``wgmma``). These are the compiler's figures, not a profile: a kernel whose
+working set spills waits on local memory, which bounds it, but nothing here is timed.
+
+    python benchmarks/dcmha_triton_sm90.py [--shapes gpu-lm 185m] [--out benchmarks/results/dcmha-triton-sm90.md]
+
+Needs Triton (the ``triton`` or ``dev`` extra), whose wheel carries ptxas and cuobjdump.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from attnzoo import ModelConfig
+from attnzoo.attention import dcmha_triton
+from attnzoo.io import atomic_write_text
+from attnzoo.tables import Table
+
+ARCH = 90
+# The model shapes the lease script (benchmarks/gpu_speed.py) times DCMHA at: gpu-lm (dim 384, 6 heads) and the
+# 185M model of the layer bench (dim 1024, 16 heads), each with DCMHA's default options.
+SHAPES = {
+    "gpu-lm": ModelConfig(dim=384, n_heads=6, n_layers=6, attention="dcmha"),
+    "185m": ModelConfig(dim=1024, n_heads=16, n_layers=12, attention="dcmha"),
+}
+TRAINING_TENSORS = {"Q", "K", "V", "DO", "OUT", "DQ"}  # bf16 as training runs; the rest (weights, statistics) fp32
+PTXAS_STACK = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+PTXAS_REGISTERS = re.compile(r"Used (\d+) registers")
+
+
+@dataclass(frozen=True)
+class Resources:
+    shape: str
+    kernel: str
+    M: int
+    R: int
+    D: int
+    BT: int
+    BS: int
+    num_warps: int
+    num_stages: int
+    register_cap: int  # per thread, the .maxnreg the launch passes (dcmha_triton.register_cap); 0: none
+    registers: int  # per thread, used
+    spill_store_bytes: int  # per thread
+    stack_bytes: int  # per thread: spills and local arrays, in local memory
+    shared_bytes: int
+    layout_conversions: int  # ttg.convert_layout operations in the TTGIR, most of them through shared memory
+    hmma: int  # tensor-core instructions in the SASS: mma.sync (HMMA) and wgmma (HGMMA)
+    hgmma: int
+
+
+def kernel_spec(cfg: ModelConfig) -> dcmha_triton.KernelSpec:
+    """The spec ``dcmha_attention`` builds for a layer of this config (global window)."""
+    opts = cfg.attention_opts
+    return dcmha_triton.KernelSpec(
+        num_groups=opts.num_groups,
+        heads_per_group=cfg.n_heads // opts.num_groups,
+        rank=opts.rank,
+        pre=opts.pre_compose,
+        post=opts.post_compose,
+        key_wise=not opts.query_wise,
+        window=None,
+        scale=cfg.head_dim**-0.5,
+    )
+
+
+def signature(function: Any, constants: dict[str, Any]) -> dict[str, str]:
+    """Triton's type of each argument: bf16 or fp32 pointers (every kernel takes its tensors first, then strides),
+    i32 sizes and strides, the fp32 scale."""
+    tensors = function.arg_names[: function.arg_names.index("stride_qb")]
+    types = {}
+    for name in function.arg_names:
+        if name in constants:
+            types[name] = "constexpr"
+        elif name == "scale":
+            types[name] = "fp32"
+        elif name in tensors:
+            types[name] = "*bf16" if name in TRAINING_TENSORS else "*fp32"
+        else:
+            types[name] = "i32"
+    return types
+
+
+def candidates(
+    kernel: str, spec: dcmha_triton.KernelSpec, head_dim: int, untuned_only: bool = False
+) -> list[tuple[dict[str, Any], dict[str, int]]]:
+    """(constants, compile options) of every config the autotuner times for this kernel and spec, or only the one the
+    kernel runs untuned (KernelSpec.constants, at the kernel's most stages: Triton's default 3 where unlimited)."""
+    constants = spec.constants(head_dim) | {"PREC": "tf32", "WIDEN": False}
+    warps = constants.pop("num_warps")
+    max_stages = dcmha_triton.KERNEL_GRID[kernel][1]
+    if untuned_only:
+        options = {"num_warps": warps, "num_stages": max_stages or 3, "maxnreg": dcmha_triton.register_cap(warps)}
+        return [(constants, options)]
+    configs = dcmha_triton.tuning_configs(max_stages)
+    kept = dcmha_triton.prune_tiles(configs, {}, **constants)
+    return [
+        (constants | c.kwargs, {"num_warps": c.num_warps, "num_stages": c.num_stages, "maxnreg": c.maxnreg})
+        for c in kept
+    ]
+
+
+def tool(name: str) -> str:
+    """A binary of the CUDA toolchain Triton ships: the ptxas it compiles sm_90 with, or cuobjdump."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    if name == "ptxas":
+        return get_ptxas(ARCH).path
+    return str(Path(dcmha_triton.triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
+
+
+def ptxas_report(ptx: str) -> tuple[int, int, int]:
+    """(registers, spill store bytes, stack bytes) of ptxas -v on the PTX, with the options Triton's own cubin gets."""
+    with tempfile.TemporaryDirectory() as folder:
+        source = Path(folder) / "kernel.ptx"
+        source.write_text(ptx)
+        command = [tool("ptxas"), "-lineinfo", "-v", "--regAllocOptLevel=2", f"--gpu-name=sm_{ARCH}a", str(source),
+                   "-o", str(source.with_suffix(".o"))]  # fmt: skip
+        log = subprocess.run(command, capture_output=True, text=True, check=True).stderr
+    stack = PTXAS_STACK.search(log)
+    registers = PTXAS_REGISTERS.search(log)
+    if stack is None or registers is None:
+        raise RuntimeError(f"ptxas -v printed no register or stack line:\n{log}")
+    return int(registers[1]), int(stack[2]), int(stack[1])
+
+
+def sass_figures(cubin: bytes) -> tuple[int, int, int]:
+    """(registers, HMMA, HGMMA) of the cubin Triton built, from cuobjdump: its register count, and the tensor-core
+    instructions in its SASS."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "kernel.cubin"
+        path.write_bytes(cubin)
+        usage = subprocess.run([tool("cuobjdump"), "-res-usage", str(path)], capture_output=True, text=True, check=True)
+        sass = subprocess.run([tool("cuobjdump"), "-sass", str(path)], capture_output=True, text=True, check=True)
+    registers = re.search(r"REG:(\d+)", usage.stdout)
+    if registers is None:
+        raise RuntimeError(f"cuobjdump -res-usage named no register count:\n{usage.stdout}")
+    return int(registers[1]), len(re.findall(r"\bHMMA\b", sass.stdout)), len(re.findall(r"\bHGMMA\b", sass.stdout))
+
+
+def compile_for_sm90(kernel: str, constants: dict[str, Any], options: dict[str, int]) -> Any:
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    function = dcmha_triton.KERNELS_BY_NAME[kernel]
+    source = ASTSource(fn=function, signature=signature(function, constants), constexprs=constants)
+    return dcmha_triton.triton.compile(source, target=GPUTarget("cuda", ARCH, 32), options=options)
+
+
+def measure(shape: str, cfg: ModelConfig, untuned_only: bool = False, capped: bool = True) -> list[Resources]:
+    """Each kernel compiled for sm_90a in each config the autotuner times at this shape (or only the untuned one);
+    ``capped`` False leaves ptxas to choose its registers, as launches did before ``register_cap``."""
+    spec = kernel_spec(cfg)
+    rows = []
+    for kernel in dcmha_triton.KERNELS_BY_NAME:
+        for constants, options in candidates(kernel, spec, cfg.head_dim, untuned_only):
+            options = options if capped else options | {"maxnreg": None}
+            compiled = compile_for_sm90(kernel, constants, options)
+            registers, spills, stack = ptxas_report(compiled.asm["ptx"])
+            built_registers, hmma, hgmma = sass_figures(compiled.asm["cubin"])
+            if built_registers != registers:  # the spill figures would describe another allocation than Triton's
+                raise RuntimeError(f"ptxas -v gave {registers} registers, Triton's cubin has {built_registers}")
+            row = Resources(
+                shape=shape,
+                kernel=kernel,
+                **{name: constants[name] for name in ("M", "R", "D", "BT", "BS")},
+                num_warps=options["num_warps"],
+                num_stages=options["num_stages"],
+                register_cap=options["maxnreg"] or 0,
+                registers=registers,
+                spill_store_bytes=spills,
+                stack_bytes=stack,
+                shared_bytes=compiled.metadata.shared,
+                layout_conversions=compiled.asm["ttgir"].count("ttg.convert_layout"),
+                hmma=hmma,
+                hgmma=hgmma,
+            )
+            print(" ".join(table([row]).to_markdown().splitlines()[-1].split()), flush=True)
+            rows.append(row)
+    return rows
+
+
+def table(rows: list[Resources]) -> Table:
+    header = ["shape", "kernel", "M", "R", "D", "BT = BS", "warps", "stages", "registers (cap)", "spill stores (B)",
+              "stack (B)", "shared KiB", "layout conversions", "HMMA", "HGMMA"]  # fmt: skip
+    body = [
+        [
+            r.shape,
+            r.kernel,
+            str(r.M),
+            str(r.R),
+            str(r.D),
+            str(r.BT),
+            str(r.num_warps),
+            str(r.num_stages),
+            f"{r.registers} ({r.register_cap or 'none'})",
+            f"{r.spill_store_bytes:,}",
+            f"{r.stack_bytes:,}",
+            f"{r.shared_bytes / 1024:.1f}",
+            str(r.layout_conversions),
+            str(r.hmma),
+            str(r.hgmma),
+        ]
+        for r in rows
+    ]
+    return Table(header, body)
+
+
+def toolchain() -> str:
+    ptxas = subprocess.run([tool("ptxas"), "--version"], capture_output=True, text=True, check=True).stdout
+    release = re.search(r"release ([\d.]+)", ptxas)
+    return f"triton {dcmha_triton.triton.__version__}, ptxas {release[1] if release else '?'} (sm_{ARCH}a)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=list(SHAPES))
+    parser.add_argument("--untuned-only", action="store_true", help="only the config each kernel runs untuned")
+    parser.add_argument("--no-cap", action="store_true", help="leave ptxas to choose the registers (no .maxnreg)")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/dcmha-triton-sm90.md"))
+    args = parser.parse_args(argv)
+    if dcmha_triton.triton is None:
+        print('dcmha_triton_sm90: needs Triton: pip install -e ".[triton]" in the clone', file=sys.stderr)
+        return 2
+    if dcmha_triton.INTERPRETED:
+        print("dcmha_triton_sm90: TRITON_INTERPRET=1 makes the kernels interpreted, which nothing compiles; unset it",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    rows = [row for shape in args.shapes for row in measure(shape, SHAPES[shape], args.untuned_only, not args.no_cap)]
+    configs = "the config each kernel runs untuned" if args.untuned_only else "every config the autotuner times"
+    configs += ", ptxas choosing the registers (no cap)" if args.no_cap else ""
+    header = (
+        f"Compiled for an H100 without one: {toolchain()}. DCMHA's defaults (rank 2, one group, pre- and "
+        f"post-composition, key-wise), global window, bf16 q/k/v; {configs}. Per thread: registers used (and the "
+        f"cap the launch sets), spill stores and stack (local memory); per program: shared memory; layout conversions "
+        f"in the TTGIR; HMMA/HGMMA: tensor-core instructions in the SASS (mma.sync / wgmma)."
+    )
+    markdown = f"{header}\n\n{table(rows).to_markdown()}\n"
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(args.out, markdown)
+    payload = {"toolchain": toolchain(), "rows": [asdict(r) for r in rows]}
+    atomic_write_text(args.out.with_suffix(".json"), json.dumps(payload, indent=2))
+    print(f"\n{markdown}\nwrote {args.out} and {args.out.with_suffix('.json')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
