@@ -219,6 +219,37 @@ def table(rows: list[Resources]) -> Table:
     return Table(header, body)
 
 
+def summary(rows: list[Resources]) -> Table:
+    """Per shape and kernel, over its configs: the least and most spilled, shared memory and layout conversions'
+    ranges, and whether any config reached wgmma."""
+    groups: dict[tuple[str, str], list[Resources]] = {}
+    for row in rows:
+        groups.setdefault((row.shape, row.kernel), []).append(row)
+    header = ["shape", "kernel", "configs", "least spilled (B/thread): config", "most spilled (B/thread)",
+              "shared KiB", "layout conversions", "configs with wgmma"]  # fmt: skip
+    body = []
+    for (shape, kernel), group in groups.items():
+        least = min(group, key=lambda r: r.spill_store_bytes)
+        most = max(r.spill_store_bytes for r in group)
+        shared = sorted({r.shared_bytes / 1024 for r in group})
+        conversions = sorted({r.layout_conversions for r in group})
+        stages = f"{least.num_stages} stage{'s' if least.num_stages > 1 else ''}"
+        config = f"BT = BS = {least.BT}, {least.num_warps} warps, {stages}"
+        body.append(
+            [
+                shape,
+                kernel,
+                str(len(group)),
+                f"{least.spill_store_bytes:,}: {config}",
+                f"{most:,}",
+                f"{shared[0]:.0f}–{shared[-1]:.0f}",
+                f"{conversions[0]}–{conversions[-1]}",
+                str(sum(r.hgmma > 0 for r in group)),
+            ]
+        )
+    return Table(header, body)
+
+
 def toolchain() -> str:
     ptxas = subprocess.run([tool("ptxas"), "--version"], capture_output=True, text=True, check=True).stdout
     release = re.search(r"release ([\d.]+)", ptxas)
@@ -248,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         f"cap the launch sets), spill stores and stack (local memory); per program: shared memory; layout conversions "
         f"in the TTGIR; HMMA/HGMMA: tensor-core instructions in the SASS (mma.sync / wgmma)."
     )
-    markdown = f"{header}\n\n{table(rows).to_markdown()}\n"
+    markdown = f"{header}\n\n{summary(rows).to_markdown()}\n\nEvery config:\n\n{table(rows).to_markdown()}\n"
     args.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.out, markdown)
     payload = {"toolchain": toolchain(), "rows": [asdict(r) for r in rows]}
