@@ -15,6 +15,7 @@ Needs Triton (the ``triton`` or ``dev`` extra), whose wheel carries ptxas and cu
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 import subprocess
@@ -113,22 +114,36 @@ def candidates(
     ]
 
 
-def tool(name: str) -> str:
-    """A binary of the CUDA toolchain Triton ships: the ptxas it compiles sm_90 with, or cuobjdump."""
-    from triton.backends.nvidia.compiler import get_ptxas
+def cuobjdump() -> str:
+    return str(Path(dcmha_triton.triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump")
 
-    if name == "ptxas":
-        return get_ptxas(ARCH).path
-    return str(Path(dcmha_triton.triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
+
+@functools.cache
+def ptxas() -> tuple[str, str]:
+    """(path, release) of the ptxas Triton builds sm_90 cubins with. Triton's accessor has changed shape across
+    releases (3.9: get_ptxas(arch) returning a tool with .path; some earlier: get_ptxas() or a (path, version) pair)."""
+    from triton.backends.nvidia import compiler
+
+    try:
+        found = compiler.get_ptxas(ARCH)
+    except TypeError:
+        found = compiler.get_ptxas()
+    path = found.path if hasattr(found, "path") else found[0]
+    version = subprocess.run([path, "--version"], capture_output=True, text=True, check=True).stdout
+    release = re.search(r"release ([\d.]+)", version)
+    return path, release[1] if release else "?"
 
 
 def ptxas_report(ptx: str) -> tuple[int, int, int]:
-    """(registers, spill store bytes, stack bytes) of ptxas -v on the PTX, with the options Triton's own cubin gets."""
+    """(registers, spill store bytes, stack bytes) of ptxas -v on the PTX, with the options Triton's own cubin gets
+    (Triton 3.9 adds --regAllocOptLevel=2 for ptxas 13; the caller checks the registers against the cubin's)."""
+    path, release = ptxas()
+    workaround = ["--regAllocOptLevel=2"] if int(release.split(".")[0]) >= 13 else []
     with tempfile.TemporaryDirectory() as folder:
         source = Path(folder) / "kernel.ptx"
         source.write_text(ptx)
-        command = [tool("ptxas"), "-lineinfo", "-v", "--regAllocOptLevel=2", f"--gpu-name=sm_{ARCH}a", str(source),
-                   "-o", str(source.with_suffix(".o"))]  # fmt: skip
+        command = [path, "-lineinfo", "-v", *workaround, f"--gpu-name=sm_{ARCH}a", str(source), "-o",
+                   str(source.with_suffix(".o"))]  # fmt: skip
         log = subprocess.run(command, capture_output=True, text=True, check=True).stderr
     stack = PTXAS_STACK.search(log)
     registers = PTXAS_REGISTERS.search(log)
@@ -143,8 +158,8 @@ def sass_figures(cubin: bytes) -> tuple[int, int, int]:
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "kernel.cubin"
         path.write_bytes(cubin)
-        usage = subprocess.run([tool("cuobjdump"), "-res-usage", str(path)], capture_output=True, text=True, check=True)
-        sass = subprocess.run([tool("cuobjdump"), "-sass", str(path)], capture_output=True, text=True, check=True)
+        usage = subprocess.run([cuobjdump(), "-res-usage", str(path)], capture_output=True, text=True, check=True)
+        sass = subprocess.run([cuobjdump(), "-sass", str(path)], capture_output=True, text=True, check=True)
     registers = re.search(r"REG:(\d+)", usage.stdout)
     if registers is None:
         raise RuntimeError(f"cuobjdump -res-usage named no register count:\n{usage.stdout}")
@@ -251,9 +266,7 @@ def summary(rows: list[Resources]) -> Table:
 
 
 def toolchain() -> str:
-    ptxas = subprocess.run([tool("ptxas"), "--version"], capture_output=True, text=True, check=True).stdout
-    release = re.search(r"release ([\d.]+)", ptxas)
-    return f"triton {dcmha_triton.triton.__version__}, ptxas {release[1] if release else '?'} (sm_{ARCH}a)"
+    return f"triton {dcmha_triton.triton.__version__}, ptxas {ptxas()[1]} (sm_{ARCH}a)"
 
 
 def main(argv: list[str] | None = None) -> int:
