@@ -1,15 +1,18 @@
 """What the DCMHA Triton kernels use on an H100, read from the compiler on any machine: no GPU needed (issue 36).
 
 Triton compiles for a target it is not running on. This script compiles each of the three kernels for sm_90a (H100,
-H200) at the model shapes the lease script times, in every configuration the autotuner would try there
-(``dcmha_triton.TUNING`` after ``prune_tiles``), and records what ptxas allocated per thread: registers, spilled
+H200) at the model shapes the lease script times, in every configuration the autotuner tries there
+(``dcmha_triton.TUNING`` after ``prune_configs``), and records what ptxas allocated per thread: registers, spilled
 bytes and stack; the shared memory; and the tensor-core instructions in the SASS (HMMA is ``mma.sync``, the
 Ampere-style path; HGMMA is Hopper's ``wgmma``). These are the compiler's figures, not a profile: a kernel whose
 working set spills waits on local memory, which bounds it, but nothing here is timed.
 
     python benchmarks/dcmha_triton_sm90.py [--shapes gpu-lm 185m] [--out benchmarks/results/dcmha-triton-sm90.md]
+        [--configs tuned | untuned | every-warp] [--no-cap]
 
-Needs Triton (the ``triton`` or ``dev`` extra), whose wheel carries ptxas and cuobjdump.
+``--configs every-warp`` compiles every warp count in TUNING (the evidence for pruning them); ``--no-cap`` leaves
+ptxas to choose the registers (the evidence for ``register_cap``). Needs Triton (the ``triton`` or ``dev`` extra),
+whose wheel carries ptxas and cuobjdump.
 """
 
 from __future__ import annotations
@@ -95,19 +98,29 @@ def signature(function: Any, constants: dict[str, Any]) -> dict[str, str]:
     return types
 
 
+CONFIG_SETS = {
+    "tuned": "every config the autotuner times",
+    "untuned": "the config each kernel runs untuned",
+    "every-warp": "every config of fitting tiles at every warp count in TUNING, before the warps are pruned",
+}
+
+
 def candidates(
-    kernel: str, spec: dcmha_triton.KernelSpec, head_dim: int, untuned_only: bool = False
+    kernel: str, spec: dcmha_triton.KernelSpec, head_dim: int, configs: str = "tuned"
 ) -> list[tuple[dict[str, Any], dict[str, int]]]:
-    """(constants, compile options) of every config the autotuner times for this kernel and spec, or only the one the
-    kernel runs untuned (KernelSpec.constants, at the kernel's most stages: Triton's default 3 where unlimited)."""
+    """(constants, compile options) of each config in the set (:data:`CONFIG_SETS`) for this kernel and spec; the
+    untuned one at the kernel's most stages (Triton's default 3 where unlimited)."""
     constants = spec.constants(head_dim) | {"PREC": "tf32", "WIDEN": False}
     warps = constants.pop("num_warps")
     max_stages = dcmha_triton.KERNEL_GRID[kernel][1]
-    if untuned_only:
+    if configs == "untuned":
         options = {"num_warps": warps, "num_stages": max_stages or 3, "maxnreg": dcmha_triton.register_cap(warps)}
         return [(constants, options)]
-    configs = dcmha_triton.tuning_configs(max_stages)
-    kept = dcmha_triton.prune_tiles(configs, {}, **constants)
+    every = dcmha_triton.tuning_configs(max_stages)
+    if configs == "tuned":
+        kept = dcmha_triton.prune_configs(every, {}, **constants)
+    else:
+        kept = dcmha_triton.fitting_tiles(every, constants["MP"], constants["RP"])
     return [
         (constants | c.kwargs, {"num_warps": c.num_warps, "num_stages": c.num_stages, "maxnreg": c.maxnreg})
         for c in kept
@@ -175,13 +188,13 @@ def compile_for_sm90(kernel: str, constants: dict[str, Any], options: dict[str, 
     return dcmha_triton.triton.compile(source, target=GPUTarget("cuda", ARCH, 32), options=options)
 
 
-def measure(shape: str, cfg: ModelConfig, untuned_only: bool = False, capped: bool = True) -> list[Resources]:
-    """Each kernel compiled for sm_90a in each config the autotuner times at this shape (or only the untuned one);
-    ``capped`` False leaves ptxas to choose its registers, as launches did before ``register_cap``."""
+def measure(shape: str, cfg: ModelConfig, configs: str = "tuned", capped: bool = True) -> list[Resources]:
+    """Each kernel compiled for sm_90a in each config of the set at this shape; ``capped`` False leaves ptxas to
+    choose its registers, as launches did before ``register_cap``."""
     spec = kernel_spec(cfg)
     rows = []
     for kernel in dcmha_triton.KERNELS_BY_NAME:
-        for constants, options in candidates(kernel, spec, cfg.head_dim, untuned_only):
+        for constants, options in candidates(kernel, spec, cfg.head_dim, configs):
             options = options if capped else options | {"maxnreg": None}
             compiled = compile_for_sm90(kernel, constants, options)
             registers, spills, stack = ptxas_report(compiled.asm["ptx"])
@@ -272,7 +285,7 @@ def toolchain() -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=list(SHAPES))
-    parser.add_argument("--untuned-only", action="store_true", help="only the config each kernel runs untuned")
+    parser.add_argument("--configs", choices=sorted(CONFIG_SETS), default="tuned", help="which configs to compile")
     parser.add_argument("--no-cap", action="store_true", help="leave ptxas to choose the registers (no .maxnreg)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/dcmha-triton-sm90.md"))
     args = parser.parse_args(argv)
@@ -283,9 +296,8 @@ def main(argv: list[str] | None = None) -> int:
         print("dcmha_triton_sm90: TRITON_INTERPRET=1 makes the kernels interpreted, which nothing compiles; unset it",
               file=sys.stderr)  # fmt: skip
         return 2
-    rows = [row for shape in args.shapes for row in measure(shape, SHAPES[shape], args.untuned_only, not args.no_cap)]
-    configs = "the config each kernel runs untuned" if args.untuned_only else "every config the autotuner times"
-    configs += ", ptxas choosing the registers (no cap)" if args.no_cap else ""
+    rows = [row for shape in args.shapes for row in measure(shape, SHAPES[shape], args.configs, not args.no_cap)]
+    configs = CONFIG_SETS[args.configs] + (", ptxas choosing the registers (no cap)" if args.no_cap else "")
     header = (
         f"Compiled for an H100 without one: {toolchain()}. DCMHA's defaults (rank 2, one group, pre- and "
         f"post-composition, key-wise), global window, bf16 q/k/v; {configs}. Per thread: registers used (and the "

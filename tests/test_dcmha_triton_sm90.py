@@ -21,7 +21,7 @@ def test_each_kernel_argument_gets_the_type_its_launch_passes(kernel):
     """Tensors (the arguments before the strides) are pointers, bf16 for q, k, v and their gradients and fp32 for
     the weights and statistics; sizes such as H, T and G are i32 although upper-case; constants are constexpr."""
     spec = sm90.kernel_spec(sm90.SHAPES["gpu-lm"])
-    constants, _ = sm90.candidates(kernel, spec, 64, untuned_only=True)[0]
+    constants, _ = sm90.candidates(kernel, spec, 64, configs="untuned")[0]
     function = sm90.dcmha_triton.KERNELS_BY_NAME[kernel]
     types = sm90.signature(function, constants)
     assert list(types) == function.arg_names
@@ -31,15 +31,18 @@ def test_each_kernel_argument_gets_the_type_its_launch_passes(kernel):
 
 
 def test_the_configs_compiled_are_the_autotuners():
-    """At 16 heads per group and rank 2: no 32-wide tile (pruned), the key kernel at one stage only, and each config
-    with the register cap its launch sets; the untuned config is among them."""
+    """At 16 heads per group and rank 2 the tuner times 16-wide tiles only (32 are pruned) at 8 and 16 warps (the
+    untuned 8 and twice it), the key kernel at one stage, each config at the register cap its launch sets, the untuned
+    config among them; ``every-warp`` adds the 4-warp configs the tuner prunes."""
     spec = sm90.kernel_spec(sm90.SHAPES["185m"])
     forward = sm90.candidates("forward", spec, 64)
     key = sm90.candidates("backward_key", spec, 64)
-    assert {c["BT"] for c, _ in forward} == {16} and {o["num_stages"] for _, o in key} == {1}
-    assert len(forward) == len(sm90.dcmha_triton.TUNING) // 2 and len(key) == len(forward) // 2
+    assert {c["BT"] for c, _ in forward + key} == {16} and {o["num_stages"] for _, o in key} == {1}
+    assert {o["num_warps"] for _, o in forward + key} == {8, 16}
     assert all(o["maxnreg"] == sm90.dcmha_triton.register_cap(o["num_warps"]) for _, o in forward + key)
-    assert sm90.candidates("forward", spec, 64, untuned_only=True)[0] in forward
+    assert sm90.candidates("forward", spec, 64, configs="untuned")[0] in forward
+    every = sm90.candidates("forward", spec, 64, configs="every-warp")
+    assert {o["num_warps"] for _, o in every} == {4, 8, 16} and all(c in every for c in forward)
 
 
 def test_the_untuned_kernels_compile_for_sm90_and_ptxas_figures_come_back(tmp_path):
@@ -49,7 +52,7 @@ def test_the_untuned_kernels_compile_for_sm90_and_ptxas_figures_come_back(tmp_pa
     """
     env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
     out = tmp_path / "sm90.md"
-    command = [sys.executable, str(BENCHMARKS / "dcmha_triton_sm90.py"), "--untuned-only", "--shapes", "gpu-lm",
+    command = [sys.executable, str(BENCHMARKS / "dcmha_triton_sm90.py"), "--configs", "untuned", "--shapes", "gpu-lm",
                "--out", str(out)]  # fmt: skip
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
