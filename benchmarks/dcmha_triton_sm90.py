@@ -2,17 +2,17 @@
 
 Triton compiles for a target it is not running on. This script compiles each of the three kernels for sm_90a (H100,
 H200) at the model shapes the lease script times, in every configuration the autotuner tries there
-(``dcmha_triton.TUNING`` after ``prune_configs``), and records what ptxas allocated per thread: registers, spilled
+(``dcmha_triton.TUNING`` after ``prune_tiles``), and records what ptxas allocated per thread: registers, spilled
 bytes and stack; the shared memory; and the tensor-core instructions in the SASS (HMMA is ``mma.sync``, the
 Ampere-style path; HGMMA is Hopper's ``wgmma``). These are the compiler's figures, not a profile: a kernel whose
 working set spills waits on local memory, which bounds it, but nothing here is timed.
 
     python benchmarks/dcmha_triton_sm90.py [--shapes gpu-lm 185m] [--out benchmarks/results/dcmha-triton-sm90.md]
-        [--configs tuned | untuned | every-warp] [--no-cap]
+        [--configs tuned | untuned] [--no-cap]
 
-``--configs every-warp`` compiles every warp count in TUNING (the evidence for pruning them); ``--no-cap`` leaves
-ptxas to choose the registers (the evidence for ``register_cap``). Needs Triton (the ``triton`` or ``dev`` extra),
-whose wheel carries ptxas and cuobjdump.
+``--no-cap`` leaves ptxas to choose the registers (the evidence for ``register_cap``). Spills compare per program
+(a thread's bytes × threads): more warps spill less a thread, not necessarily less in all. Needs Triton (the
+``triton`` or ``dev`` extra), whose wheel carries ptxas and cuobjdump.
 """
 
 from __future__ import annotations
@@ -65,6 +65,11 @@ class Resources:
     hmma: int  # tensor-core instructions in the SASS: mma.sync (HMMA) and wgmma (HGMMA)
     hgmma: int
 
+    @property
+    def program_spill_kib(self) -> float:
+        """Spill stores of the whole program: a thread's times its threads, what compares configs of other warps."""
+        return self.spill_store_bytes * 32 * self.num_warps / 1024
+
 
 def kernel_spec(cfg: ModelConfig) -> dcmha_triton.KernelSpec:
     """The spec ``dcmha_attention`` builds for a layer of this config (global window)."""
@@ -98,11 +103,7 @@ def signature(function: Any, constants: dict[str, Any]) -> dict[str, str]:
     return types
 
 
-CONFIG_SETS = {
-    "tuned": "every config the autotuner times",
-    "untuned": "the config each kernel runs untuned",
-    "every-warp": "every config of fitting tiles at every warp count in TUNING, before the warps are pruned",
-}
+CONFIG_SETS = {"tuned": "every config the autotuner times", "untuned": "the config each kernel runs untuned"}
 
 
 def candidates(
@@ -116,11 +117,7 @@ def candidates(
     if configs == "untuned":
         options = {"num_warps": warps, "num_stages": max_stages or 3, "maxnreg": dcmha_triton.register_cap(warps)}
         return [(constants, options)]
-    every = dcmha_triton.tuning_configs(max_stages)
-    if configs == "tuned":
-        kept = dcmha_triton.prune_configs(every, {}, **constants)
-    else:
-        kept = dcmha_triton.fitting_tiles(every, constants["MP"], constants["RP"])
+    kept = dcmha_triton.prune_tiles(dcmha_triton.tuning_configs(max_stages), {}, **constants)
     return [
         (constants | c.kwargs, {"num_warps": c.num_warps, "num_stages": c.num_stages, "maxnreg": c.maxnreg})
         for c in kept
@@ -222,8 +219,9 @@ def measure(shape: str, cfg: ModelConfig, configs: str = "tuned", capped: bool =
 
 
 def table(rows: list[Resources]) -> Table:
-    header = ["shape", "kernel", "M", "R", "D", "BT = BS", "warps", "stages", "registers (cap)", "spill stores (B)",
-              "stack (B)", "shared KiB", "layout conversions", "HMMA", "HGMMA"]  # fmt: skip
+    header = ["shape", "kernel", "M", "R", "D", "BT = BS", "warps", "stages", "registers (cap)",
+              "spill stores (B/thread)", "spill stores (KiB/program)", "stack (B/thread)", "shared KiB",
+              "layout conversions", "HMMA", "HGMMA"]  # fmt: skip
     body = [
         [
             r.shape,
@@ -236,6 +234,7 @@ def table(rows: list[Resources]) -> Table:
             str(r.num_stages),
             f"{r.registers} ({r.register_cap or 'none'})",
             f"{r.spill_store_bytes:,}",
+            f"{r.program_spill_kib:,.0f}",
             f"{r.stack_bytes:,}",
             f"{r.shared_bytes / 1024:.1f}",
             str(r.layout_conversions),
@@ -253,12 +252,12 @@ def summary(rows: list[Resources]) -> Table:
     groups: dict[tuple[str, str], list[Resources]] = {}
     for row in rows:
         groups.setdefault((row.shape, row.kernel), []).append(row)
-    header = ["shape", "kernel", "configs", "least spilled (B/thread): config", "most spilled (B/thread)",
+    header = ["shape", "kernel", "configs", "least spilled (KiB/program): config", "most spilled (KiB/program)",
               "shared KiB", "layout conversions", "configs with wgmma"]  # fmt: skip
     body = []
     for (shape, kernel), group in groups.items():
-        least = min(group, key=lambda r: r.spill_store_bytes)
-        most = max(r.spill_store_bytes for r in group)
+        least = min(group, key=lambda r: r.program_spill_kib)
+        most = max(r.program_spill_kib for r in group)
         shared = sorted({r.shared_bytes / 1024 for r in group})
         conversions = sorted({r.layout_conversions for r in group})
         stages = f"{least.num_stages} stage{'s' if least.num_stages > 1 else ''}"
@@ -268,8 +267,8 @@ def summary(rows: list[Resources]) -> Table:
                 shape,
                 kernel,
                 str(len(group)),
-                f"{least.spill_store_bytes:,}: {config}",
-                f"{most:,}",
+                f"{least.program_spill_kib:,.0f}: {config}",
+                f"{most:,.0f}",
                 f"{shared[0]:.0f}–{shared[-1]:.0f}",
                 f"{conversions[0]}–{conversions[-1]}",
                 str(sum(r.hgmma > 0 for r in group)),

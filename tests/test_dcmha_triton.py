@@ -160,7 +160,7 @@ def test_the_autotuner_always_times_the_kernels_own_tiles(kernel):
         for rank in range(1, 5):
             spec = dcmha_triton.KernelSpec(1, heads_per_group, rank, True, True, True, None, 0.125)
             own = spec.constants(64)
-            kept = dcmha_triton.prune_configs(configs, {}, **own)
+            kept = dcmha_triton.prune_tiles(configs, {}, **own)
             chosen = [(c.kwargs["BT"], c.kwargs["BS"], c.num_warps, c.num_stages) for c in kept]
             assert (own["BT"], own["BS"], own["num_warps"], max_stages or 3) in chosen, (heads_per_group, rank)
             assert all(own["MP"] * own["RP"] * bt * bs <= dcmha_triton.MAX_MIX_PRODUCTS or bt == 16
@@ -228,7 +228,7 @@ def test_the_tuned_launch_times_each_pruned_config_and_computes_what_the_untuned
         torch.testing.assert_close(got, want, rtol=0, atol=2e-5 * want.abs().max().item())
     spec = dcmha_triton.KernelSpec(1, case.n_heads, case.rank, True, True, True, case.window, 0.25).constants(16)
     for name, tuner in dcmha_triton.TUNED.items():
-        pruned = dcmha_triton.prune_configs(dcmha_triton.tuning_configs(dcmha_triton.KERNEL_GRID[name][1]), {}, **spec)
+        pruned = dcmha_triton.prune_tiles(dcmha_triton.tuning_configs(dcmha_triton.KERNEL_GRID[name][1]), {}, **spec)
         assert runs[name] == len(pruned) > 1 and len(tuner.cache) == 1, name
 
 

@@ -31,18 +31,18 @@ def test_each_kernel_argument_gets_the_type_its_launch_passes(kernel):
 
 
 def test_the_configs_compiled_are_the_autotuners():
-    """At 16 heads per group and rank 2 the tuner times 16-wide tiles only (32 are pruned) at 8 and 16 warps (the
-    untuned 8 and twice it), the key kernel at one stage, each config at the register cap its launch sets, the untuned
-    config among them; ``every-warp`` adds the 4-warp configs the tuner prunes."""
+    """At 16 heads per group and rank 2 the tuner times 16-wide tiles only (32 are pruned), every warp count and
+    stage of TUNING, the key kernel at one stage, each config at the register cap its launch sets; the untuned config
+    is among them."""
     spec = sm90.kernel_spec(sm90.SHAPES["185m"])
     forward = sm90.candidates("forward", spec, 64)
     key = sm90.candidates("backward_key", spec, 64)
+    tuning = sm90.dcmha_triton.TUNING
     assert {c["BT"] for c, _ in forward + key} == {16} and {o["num_stages"] for _, o in key} == {1}
-    assert {o["num_warps"] for _, o in forward + key} == {8, 16}
+    assert len(forward) == sum(tile == 16 for tile, _, _ in tuning)
+    assert {o["num_warps"] for _, o in forward} == {warps for _, warps, _ in tuning}
     assert all(o["maxnreg"] == sm90.dcmha_triton.register_cap(o["num_warps"]) for _, o in forward + key)
     assert sm90.candidates("forward", spec, 64, configs="untuned")[0] in forward
-    every = sm90.candidates("forward", spec, 64, configs="every-warp")
-    assert {o["num_warps"] for _, o in every} == {4, 8, 16} and all(c in every for c in forward)
 
 
 def test_the_untuned_kernels_compile_for_sm90_and_ptxas_figures_come_back(tmp_path):

@@ -149,7 +149,7 @@ class KernelSpec:
         heads_p2 = triton.next_power_of_2(self.heads_per_group)
         tile = self.block or (32 if heads_p2 * triton.next_power_of_2(self.rank) <= 8 else 16)
         return dict(
-            num_warps=untuned_warps(heads_p2),
+            num_warps=4 if heads_p2 <= 4 else 8,
             M=self.heads_per_group,
             MP=heads_p2,
             R=self.rank,
@@ -163,11 +163,6 @@ class KernelSpec:
             KEY_WISE=self.key_wise,
             LOCAL=self.window is not None,
         )
-
-
-def untuned_warps(heads_p2: int) -> int:
-    """The warps a kernel runs with untuned, from M rounded up to a power of 2: 4 up to 4 heads per group, else 8."""
-    return 4 if heads_p2 <= 4 else 8
 
 
 def unit_stride_last(x: Tensor) -> Tensor:
@@ -310,9 +305,9 @@ dcmha_forward.register_autograd(_backward, setup_context=_save_for_backward)
 KERNEL_GRID = {"forward": ("BT", None), "backward_query": ("BT", None), "backward_key": ("BS", 1)}
 # What the autotuner times on a GPU at the first call of each shape (TUNING_KEY): square tiles of BT = BS queries and
 # keys, warps, and pipelining stages (1, or Triton's default 3) up to the kernel's limit, each at its register cap
-# (register_cap), pruned per shape by prune_configs. KernelSpec.constants' own choice is among them, so tuning keeps it
-# or finds a faster one.
-TUNING = tuple((tile, warps, stages) for tile in (16, 32) for warps in (4, 8, 16) for stages in (1, 3))
+# (register_cap). KernelSpec.constants' own choice is among them, so tuning keeps it or finds a faster one. Tiles
+# whose rank-R mixing products (RP·MP·BT·BS) exceed MAX_MIX_PRODUCTS are not timed: they cannot stay in registers.
+TUNING = tuple((tile, warps, stages) for tile in (16, 32) for warps in (4, 8) for stages in (1, 3))
 TUNING_KEY = ["T", "M", "R", "D", "PRE", "POST", "KEY_WISE", "LOCAL"]
 MAX_MIX_PRODUCTS = 16384
 UNTUNABLE: set[str] = set()  # the kernels whose tuning raised in this process: they run untuned (see launch)
@@ -338,18 +333,10 @@ def tuning_configs(max_stages: int | None) -> list[Any]:
     ]
 
 
-def prune_configs(configs: list[Any], named_args: dict[str, Any], **constants: Any) -> list[Any]:
-    """The configs at the untuned warps or twice them, of tiles that fit (:func:`fitting_tiles`): fewer warps spill
-    more. Compiled for sm_90a at 6 and at 16 heads per group, every kernel and tile spilled most at 4 warps
-    (benchmarks/results/dcmha-triton-sm90-every-warp.md)."""
-    warps = untuned_warps(constants["MP"])
-    return fitting_tiles([c for c in configs if c.num_warps in (warps, 2 * warps)], constants["MP"], constants["RP"])
-
-
-def fitting_tiles(configs: list[Any], heads_p2: int, rank_p2: int) -> list[Any]:
-    """The configs whose tiles' mixing products (RP·MP·BT·BS) fit :data:`MAX_MIX_PRODUCTS`, which larger tiles cannot
-    keep in registers; the smallest tiles if none do."""
-    kept = [c for c in configs if heads_p2 * rank_p2 * c.kwargs["BT"] * c.kwargs["BS"] <= MAX_MIX_PRODUCTS]
+def prune_tiles(configs: list[Any], named_args: dict[str, Any], **constants: Any) -> list[Any]:
+    """The configs whose tiles' mixing products fit :data:`MAX_MIX_PRODUCTS`; the smallest tiles if none do."""
+    mixes = constants["MP"] * constants["RP"]
+    kept = [c for c in configs if mixes * c.kwargs["BT"] * c.kwargs["BS"] <= MAX_MIX_PRODUCTS]
     smallest = min(c.kwargs["BT"] for c in configs)
     return kept or [c for c in configs if c.kwargs["BT"] == smallest]
 
@@ -849,7 +836,7 @@ if triton is not None:
         name: triton.autotune(
             configs=tuning_configs(KERNEL_GRID[name][1]),
             key=TUNING_KEY,
-            prune_configs_by={"early_config_prune": prune_configs},
+            prune_configs_by={"early_config_prune": prune_tiles},
         )(function)
         for name, function in KERNELS_BY_NAME.items()
     }
