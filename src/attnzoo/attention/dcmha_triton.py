@@ -319,9 +319,11 @@ REGISTER_FILE = 65536  # 32-bit registers per streaming multiprocessor, every CU
 def register_cap(num_warps: int) -> int:
     """Registers a thread may use: its share of the register file when one program has an SM to itself, at most 255
     (PTX's limit). Left to choose, ptxas keeps as few as 32 a thread where a kernel's working set cannot fit anyway,
-    for occupancy, and spills the rest to local memory: 10.6 KB a thread in the forward kernel at 16 heads per group
-    and 8 warps, 2.7 KB at this cap (benchmarks/results/dcmha-triton-sm90.md). That occupancy is not there to buy:
-    each program's 64-160 KiB of shared memory leaves room for at most three on an H100's 228 KiB."""
+    for occupancy, and spills the rest to local memory: compiled for sm_90a, 10.9 KB a thread in the untuned forward
+    kernel at 16 heads per group (benchmarks/results/dcmha-triton-sm90-uncapped.md), 2.5 KB at this cap
+    (dcmha-triton-sm90.md). That occupancy is not there to buy: wherever ptxas chose 32, the program's 64-160 KiB of
+    shared memory leaves room for at most three on an H100's 228 KiB. Where it chose 255 anyway, the cap changes its
+    spills by -2% to +13%."""
     return min(255, REGISTER_FILE // (32 * num_warps))
 
 
