@@ -28,17 +28,20 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import gpu_speed
+
 from attnzoo import ModelConfig
 from attnzoo.attention import dcmha_triton
 from attnzoo.io import atomic_write_text
 from attnzoo.tables import Table
+from attnzoo.variants import Variant, matched_configs
 
 ARCH = 90
-# The model shapes the lease script (benchmarks/gpu_speed.py) times DCMHA at: gpu-lm (dim 384, 6 heads) and the
-# 185M model of the layer bench (dim 1024, 16 heads), each with DCMHA's default options.
-SHAPES = {
-    "gpu-lm": ModelConfig(dim=384, n_heads=6, n_layers=6, attention="dcmha"),
-    "185m": ModelConfig(dim=1024, n_heads=16, n_layers=12, attention="dcmha"),
+# DCMHA as the lease script (benchmarks/gpu_speed.py) trains it, matched to MHA at the gpu-lm size (6 heads) and at
+# the 185M size (16 heads, as its layer bench).
+SHAPES: dict[str, ModelConfig] = {
+    name: matched_configs([Variant("dcmha", "rope")], size)["dcmha+rope"]
+    for name, size in (("gpu-lm", gpu_speed.GPU_SIZES.lm), ("185m", gpu_speed.GPU_SIZES.large))
 }
 TRAINING_TENSORS = {"Q", "K", "V", "DO", "OUT", "DQ"}  # bf16 as training runs; the rest (weights, statistics) fp32
 PTXAS_STACK = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -61,7 +64,7 @@ class Resources:
     spill_store_bytes: int  # per thread
     stack_bytes: int  # per thread: spills and local arrays, in local memory
     shared_bytes: int
-    layout_conversions: int  # ttg.convert_layout operations in the TTGIR, most of them through shared memory
+    layout_conversions: int  # ttg.convert_layout operations in the TTGIR
     hmma: int  # tensor-core instructions in the SASS: mma.sync (HMMA) and wgmma (HGMMA)
     hgmma: int
 
