@@ -112,14 +112,13 @@ CONFIG_SETS = {"tuned": "every config the autotuner times", "untuned": "the conf
 def candidates(
     kernel: str, spec: dcmha_triton.KernelSpec, head_dim: int, configs: str = "tuned"
 ) -> list[tuple[dict[str, Any], dict[str, int]]]:
-    """(constants, compile options) of each config in the set (:data:`CONFIG_SETS`) for this kernel and spec; the
-    untuned one at the kernel's most stages (Triton's default 3 where unlimited)."""
-    constants = spec.constants(head_dim) | {"PREC": "tf32", "WIDEN": False}
-    warps = constants.pop("num_warps")
-    max_stages = dcmha_triton.KERNEL_GRID[kernel][1]
+    """(constants, compile options) of each config in the set (:data:`CONFIG_SETS`) for this kernel and spec, as the
+    kernel's launch passes them (``dcmha_triton.untuned_launch`` for the untuned one)."""
+    constants, untuned = dcmha_triton.untuned_launch(kernel, spec, head_dim)
+    constants |= {"PREC": "tf32", "WIDEN": False}
     if configs == "untuned":
-        options = {"num_warps": warps, "num_stages": max_stages or 3, "maxnreg": dcmha_triton.register_cap(warps)}
-        return [(constants, options)]
+        return [(constants, untuned)]
+    max_stages = dcmha_triton.KERNEL_GRID[kernel][1]
     kept = dcmha_triton.prune_tiles(dcmha_triton.tuning_configs(max_stages), {}, **constants)
     return [
         (constants | c.kwargs, {"num_warps": c.num_warps, "num_stages": c.num_stages, "maxnreg": c.maxnreg})

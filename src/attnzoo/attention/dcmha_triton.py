@@ -354,26 +354,31 @@ def launch(
     or shared memory, and where tuning raises anything else (a candidate Triton cannot compile), the kernel warns
     once, names the error, and runs its untuned tiles from then on in this process (:data:`UNTUNABLE`). Every launch
     stores all of its outputs, so what a failed tuning wrote is overwritten."""
-    tile, max_stages = KERNEL_GRID[kernel]
-    const = spec.constants(head_dim)
+    tile = KERNEL_GRID[kernel][0]
+    const, untuned = untuned_launch(kernel, spec, head_dim)
     if spec.block is None and not INTERPRETED and kernel not in UNTUNABLE:
-        untuned = {name: value for name, value in const.items() if name not in ("BT", "BS", "num_warps")}
+        fixed = {name: value for name, value in const.items() if name not in ("BT", "BS")}
         try:
-            TUNED[kernel][lambda meta: (triton.cdiv(seq_len, meta[tile]), programs)](*args, **options, **untuned)
+            TUNED[kernel][lambda meta: (triton.cdiv(seq_len, meta[tile]), programs)](*args, **options, **fixed)
             return
         except Exception as err:
             UNTUNABLE.add(kernel)
             warnings.warn(
                 f"autotuning DCMHA's {kernel} kernel failed ({type(err).__name__}: {err}); it runs its untuned "
-                f"tiles (BT = BS = {const['BT']}, {const['num_warps']} warps) from now on in this process",
+                f"tiles (BT = BS = {const['BT']}, {untuned['num_warps']} warps) from now on in this process",
                 RuntimeWarning,
                 stacklevel=2,
             )
-    stages = {} if max_stages is None else {"num_stages": max_stages}
-    cap = register_cap(const["num_warps"])
-    KERNELS_BY_NAME[kernel][(triton.cdiv(seq_len, const[tile]), programs)](
-        *args, **options, **const, **stages, maxnreg=cap
-    )
+    KERNELS_BY_NAME[kernel][(triton.cdiv(seq_len, const[tile]), programs)](*args, **options, **const, **untuned)
+
+
+def untuned_launch(kernel: str, spec: KernelSpec, head_dim: int) -> tuple[dict[str, Any], dict[str, int]]:
+    """A kernel's compile-time constants, and the launch options it runs with untuned: the spec's warps, the kernel's
+    most stages (Triton's default 3 where unlimited) and the register cap."""
+    const = spec.constants(head_dim)
+    warps = const.pop("num_warps")
+    stages = KERNEL_GRID[kernel][1] or 3
+    return const, {"num_warps": warps, "num_stages": stages, "maxnreg": register_cap(warps)}
 
 
 def dot_options(q: Tensor) -> dict[str, Any]:
