@@ -279,18 +279,20 @@ class LanguageModelGate:
 
 def _mean_gap(results: CompareResults, claim: Claim, fraction: float) -> float | str:
     """The mean over paired seeds of ``variant − baseline`` on the training curves at ``fraction`` of each one's
-    planned training; an uptrained variant is set against its baseline's end, which it continues from. A string says
-    why it cannot be read."""
+    planned training. An uptrained variant against a baseline trained from scratch is set against the baseline's
+    end, which it continues from; two uptrained models are compared at matched points of their own budgets. A string
+    says why it cannot be read."""
     ours, theirs = results.variants[claim.variant], results.variants[claim.baseline]
-    variant = Variant.parse(claim.variant)
-    planned = variant.steps(results.budget.steps), Variant.parse(claim.baseline).steps(results.budget.steps)
+    variant, baseline = Variant.parse(claim.variant), Variant.parse(claim.baseline)
+    planned = variant.steps(results.budget.steps), baseline.steps(results.budget.steps)
+    continued = variant.uptrain is not None and baseline.uptrain is None
     gaps = []
     for run in ours.runs:
         base = next((r for r in theirs.runs if r.seed == run.seed), None)
         if base is None:
             continue
         mine = _curve_at(run, fraction, planned[0])
-        other = _curve_at(base, 1.0 if variant.uptrain is not None else fraction, planned[1])
+        other = _curve_at(base, 1.0 if continued else fraction, planned[1])
         if mine is None or other is None:
             return f"no evaluation at {fraction:.0%} of training in {claim.variant if mine is None else claim.baseline}"
         gaps.append(mine - other)
