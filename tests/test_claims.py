@@ -113,7 +113,7 @@ def test_a_directional_verdict_follows_the_paired_t_test(results, variant, rule,
     verdict = judge(_claim({"diff+rope": variant, "mha+rope": BASELINE}, rule), results)
     assert verdict.outcome == outcome and verdict.role == "exploratory"
     expected = stats.ttest_rel(variant, BASELINE)
-    interval = expected.confidence_interval(0.95)
+    interval = expected.confidence_interval(0.90)  # the interval the verdict is decided on, and shows
     assert verdict.interval == pytest.approx((interval.low, interval.high))
     lower = sum(variant) < sum(BASELINE)
     shifted = [b - 0.1 if lower else b + 0.1 for b in BASELINE]

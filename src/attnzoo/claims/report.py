@@ -155,7 +155,7 @@ def verdict_table(verdicts: list[Verdict]) -> Table:
         "the paper's scale",
         "levels reached (mean over seeds)",
         "per-seed differences",
-        "effect [95% interval]",
+        "effect [90% interval, as decided]",
         "p raw / Holm",
         "checks",
         "what would change it",
@@ -230,4 +230,4 @@ def brief_table(verdicts: list[Verdict]) -> Table:
         ]
         for v in verdicts
     ]
-    return Table(["claim", "verdict", "effect [95% interval]", "p raw / Holm", "why"], rows)
+    return Table(["claim", "verdict", "effect [90% interval, as decided]", "p raw / Holm", "why"], rows)

@@ -98,7 +98,15 @@ class SizeVerdict:
         return self.p_raw is not None
 
     def describe(self) -> str:
-        effect = self.difference.format(4) if self.difference is not None else "—"
+        """The effect with the 90% interval the size was decided on, its verdict beside it."""
+        d = self.difference
+        if d is None:
+            effect = "—"
+        elif d.has_spread:
+            low, high = d.interval(EQUIVALENCE_CONFIDENCE)
+            effect = f"{d.mean:+.4f}, 90% [{low:+.4f}, {high:+.4f}]"
+        else:
+            effect = f"{d.mean:+.4f} (no interval)"
         size = f"{self.parameters / 1e6:.2f}M"
         where = f"task {self.task}, run with the {size} rung" if self.task else f"{size} (head {self.head_dim})"
         return f"{where}: {effect}, {self.outcome}"
@@ -145,7 +153,9 @@ class Verdict:
 
     @property
     def interval(self) -> tuple[float, float] | None:
-        return self.difference.interval(CONFIDENCE) if self.difference and self.difference.has_spread else None
+        """The 90% interval the verdict was decided on (the one-sided tests at 5%), shown beside it."""
+        d = self.difference
+        return d.interval(EQUIVALENCE_CONFIDENCE) if d and d.has_spread else None
 
     @property
     def role(self) -> str:
