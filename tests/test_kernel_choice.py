@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import warnings
 from types import ModuleType
 
 import pytest
@@ -305,7 +306,7 @@ def test_each_mechanism_declares_its_kernels_in_order_and_the_reference_follows(
     assert chain(attention="diff") == ["diff-flash", "sdpa", "eager"]
     assert chain(attention="dcmha") == ["dcmha-triton", "dcmha-fused", "dcmha-decode", "chunked", "eager"]
     assert chain(attn_backend="eager", attention="dcmha") == ["eager"]
-    assert chain(attn_backend="chunked") == ["chunked", "eager"]
+    assert chain(attn_backend="chunked") == ["chunked"]  # the reference runs what it cannot serve, and says so
     # Static reasons drop a kernel once, for every call: bidirectional, the compiled composition.
     assert chain(attention="diff", causal=False) == ["sdpa", "eager"]
     compiled = {"compile_composition": True}
@@ -363,6 +364,51 @@ def test_a_pinned_kernel_runs_where_it_serves_the_call_and_the_reference_elsewhe
     with torch.no_grad():
         model._hidden(idx, None, maps=maps, kernels=(recorded := {}))
     assert recorded == {0: "eager", 1: "eager"} and len(maps) == 2
+
+
+@pytest.mark.parametrize(
+    ("backend", "reason"),
+    [("dcmha-triton", "the kernel runs on CUDA, with Triton installed"), ("dcmha-decode", "do not continue a cache")],
+)
+def test_a_named_kernel_that_cannot_serve_the_training_steps_is_refused_before_training(
+    tmp_path, capsys, backend, reason
+):
+    """On the CPU the Triton kernel serves no call, and the decoding kernel serves no training step: each would have
+    left every step to the eager reference. The run is refused with the kernel's reason before anything is written."""
+    run = tmp_path / "run"
+    text = write_text_corpus(tmp_path / "text.txt")
+    flags = ["--attention", "dcmha", "--attn-backend", backend, "--steps", "1"]
+    assert main(["train", "--data", str(text), "--out", str(run), *TINY_FLAGS, *flags]) == 1
+    said = capsys.readouterr().err
+    assert f"attn_backend={backend!r}" in said and reason in said and "'auto'" in said
+    assert not (run / "run.json").exists() and not (run / "checkpoints").exists()
+
+
+def test_a_named_kernel_that_serves_the_training_steps_trains_on_it(tmp_path):
+    run = tmp_path / "run"
+    text = write_text_corpus(tmp_path / "text.txt")
+    flags = ["--attn-backend", "chunked", "--steps", "1", "--eval-interval", "1"]
+    assert main(["train", "--data", str(text), "--out", str(run), *TINY_FLAGS, *flags]) == 0
+    assert json.loads((run / "run.json").read_text())["attention_kernels"] == ["chunked", "chunked"]
+
+
+def test_a_named_kernel_that_cannot_serve_a_call_says_once_per_layer_that_the_reference_ran_it():
+    """Only a call tells that maps are recorded, which only the eager reference returns: a named kernel's fallback is
+    said, once per layer and reason however many calls fall back; "auto" falls back in silence, as it is meant to."""
+    cfg = ModelConfig(vocab_size=32, dim=32, n_layers=2, n_heads=4, attn_backend="chunked")
+    idx = torch.randint(0, 32, (2, 9))
+    model = Transformer(cfg)
+    with warnings.catch_warnings(record=True) as told:
+        warnings.simplefilter("always")
+        model.attention_maps(idx)
+        model.attention_maps(idx)
+        Transformer(dataclasses.replace(cfg, attn_backend="auto")).attention_maps(idx)
+    messages = [str(warning.message) for warning in told if warning.category is RuntimeWarning]
+    assert messages == [
+        f"attn_backend='chunked' cannot serve a call of layer {layer} (attention maps or logits are recorded: only "
+        "the eager reference returns them); the eager reference runs it"
+        for layer in (0, 1)
+    ]
 
 
 @pytest.mark.parametrize(("attention", "position"), [("mha", "alibi"), ("diff", "rope"), ("dcmha", "rope")])

@@ -37,6 +37,7 @@ from torch.distributed.tensor import DTensor
 from tqdm import tqdm
 
 from attnzoo import __version__
+from attnzoo.attention.kernels import Call, planned_backend_refusal
 from attnzoo.config import ModelConfig
 from attnzoo.data.batches import BatchSchedule
 from attnzoo.data.corpora import Corpus, prepare_corpus
@@ -67,6 +68,7 @@ from attnzoo.training.finetune import (
 )
 from attnzoo.training.metrics import MetricsLog, TensorBoardLog, plot_losses, require_tensorboard
 from attnzoo.training.optim import build_optimizer, learning_rate
+from attnzoo.validation import require
 
 logger = logging.getLogger(__name__)
 
@@ -255,6 +257,7 @@ class Trainer:
         )
         # Unwrapped: FSDP shards it in place, DDP wraps it.
         self.raw_model, self.pretrained_init = self._build_model(resume, init_from)
+        self._check_named_kernel()
         self.tied_names = tied_parameter_names(self.raw_model)
         self.model = parallelize(self.raw_model, self.env, train_config.parallel)
         self.optimizer = build_optimizer(self.model, train_config)
@@ -310,6 +313,23 @@ class Trainer:
     @property
     def dtype(self) -> torch.dtype:
         return resolve_dtype(self.cfg.dtype, self.env.device)
+
+    def _check_named_kernel(self) -> None:
+        """A kernel named as ``attn_backend`` serves this run's training steps, or the run is refused before it
+        starts rather than train on the eager reference. Planned as the first step's call, which would build the
+        C++ extension where the kernel needs it, so the check may build it."""
+        call = Call.planned(
+            self.model_config,
+            self.raw_model.position,
+            device_type=self.env.device.type,
+            dtype=self.dtype,
+            length=self.cfg.seq_len,
+            compiling=self.cfg.compile,
+            build=True,
+        )
+        steps = f"this run's training steps ({self.env.device.type}, {str(self.dtype).removeprefix('torch.')})"
+        refusal = planned_backend_refusal((block.self_attn for block in self.raw_model.layers), call, steps)
+        require(refusal is None, "attn_backend", self.model_config.attn_backend, refusal or "")
 
     def autocast(self) -> contextlib.AbstractContextManager:
         if self.dtype == torch.float32:

@@ -14,7 +14,14 @@ Each module registers its kernel: one file and one name per kernel (``docs/jobs/
 
 from attnzoo.attention.kernels import dcmha_fused, dcmha_triton, diff_flash, diff_sdpa  # noqa: F401  (registers the kernel)
 from attnzoo.attention.kernels.chunked import chunked_attention
-from attnzoo.attention.kernels.dispatch import attend, backend_refusal, choose, kernel_chain
+from attnzoo.attention.kernels.dispatch import (
+    attend,
+    backend_refusal,
+    choose,
+    kernel_chain,
+    named_kernel_refusal,
+    planned_backend_refusal,
+)
 from attnzoo.attention.kernels.eager import BlockHooks, HookInputs, Hooks, ScoreHook, eager_attention, repeat_kv
 from attnzoo.attention.kernels.kernel import KERNELS, Call, Kernel
 from attnzoo.attention.kernels.sdpa import sdpa_attention
@@ -33,6 +40,8 @@ __all__ = [
     "chunked_attention",
     "eager_attention",
     "kernel_chain",
+    "named_kernel_refusal",
+    "planned_backend_refusal",
     "repeat_kv",
     "sdpa_attention",
 ]

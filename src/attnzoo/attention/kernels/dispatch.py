@@ -1,8 +1,16 @@
 """The one place a kernel is chosen: a layer's kernels are fixed once from its config (:func:`kernel_chain`), and each
-call runs the first of them that serves it (:func:`choose`, :func:`attend`)."""
+call runs the first of them that serves it (:func:`choose`, :func:`attend`).
+
+A kernel the user named (``attn_backend``) is never swapped silently for the eager reference: a run it cannot serve
+is refused before it starts (:func:`planned_backend_refusal`), and where only a call can tell, the fallback is said
+once per layer, kernel and reason.
+"""
 
 from __future__ import annotations
 
+import warnings
+import weakref
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
@@ -31,19 +39,64 @@ def backend_refusal(cfg: ModelConfig) -> str | None:
 
 
 def kernel_chain(cfg: ModelConfig) -> tuple[Kernel, ...]:
-    """The kernels a layer of ``cfg`` may run, in order, the eager reference last: with "auto" those its mechanism
-    names (``Attention.kernels``) less those whose static reasons refuse ``cfg``; with a kernel's name that kernel;
-    with "eager" the reference alone. The static reasons are asked here, once per layer."""
+    """The kernels a layer of ``cfg`` may run, in order: with "auto" those its mechanism names
+    (``Attention.kernels``) less those whose static reasons refuse ``cfg``, the eager reference last; with "eager"
+    the reference alone; with a kernel's name that kernel alone, the reference running (and :func:`attend` telling)
+    a call it cannot serve. The static reasons are asked here, once per layer."""
     if cfg.attn_backend == EAGER.name:
         return (EAGER,)
-    names = ATTENTION.get(cfg.attention).kernels if cfg.attn_backend == AUTO else (cfg.attn_backend,)
-    kernels = (KERNELS.get(name) for name in names)
+    if cfg.attn_backend != AUTO:
+        return (KERNELS.get(cfg.attn_backend),)
+    kernels = (KERNELS.get(name) for name in ATTENTION.get(cfg.attention).kernels)
     return (*(kernel for kernel in kernels if kernel.static_refusal(cfg) is None), EAGER)
 
 
 def choose(layer: Attention, call: Call) -> Kernel:
-    """The first of the layer's kernels that serves ``call``; the eager reference serves every call."""
-    return next(kernel for kernel in layer.kernel_chain if kernel.call_refusal(layer, call) is None)
+    """The first of the layer's kernels that serves ``call``; the eager reference, which serves every call, where
+    none does."""
+    return next((kernel for kernel in layer.kernel_chain if kernel.call_refusal(layer, call) is None), EAGER)
+
+
+def named_kernel_refusal(layer: Attention, call: Call) -> str | None:
+    """Why the kernel named as the layer's ``attn_backend`` cannot serve ``call``, which the eager reference would
+    then run; None where it serves, or where no kernel was named ("auto" and "eager" end in the reference)."""
+    if EAGER in layer.kernel_chain:
+        return None
+    return layer.kernel_chain[0].call_refusal(layer, call)
+
+
+def planned_backend_refusal(layers: Iterable[Attention], call: Call, planned: str) -> str | None:
+    """Why the kernel named as ``attn_backend`` cannot serve the ``planned`` calls (a run's training steps, as
+    :meth:`Call.planned <attnzoo.attention.kernels.Call.planned>` describes them) of one of ``layers``, the first
+    such layer's reason; None where it serves them all, or where no kernel was named."""
+    for layer in layers:
+        reason = named_kernel_refusal(layer, call)
+        if reason is not None:
+            return (
+                f"the kernel cannot serve {planned}: {reason}; use 'auto' (the first kernel that serves each call) "
+                "or 'eager'"
+            )
+    return None
+
+
+# The (kernel, reason) fallbacks already said, per layer: a model's layers come and go, the record with them.
+_FALLBACKS_TOLD: weakref.WeakKeyDictionary[Attention, set[tuple[str, str]]] = weakref.WeakKeyDictionary()
+
+
+def _tell_fallback(layer: Attention, call: Call) -> None:
+    """Warn, once per layer, kernel and reason, that the kernel named as ``attn_backend`` could not serve ``call``
+    and the eager reference ran it. Not while torch.compile traces: a warning would break the graph."""
+    kernel, reason = layer.kernel_chain[0], named_kernel_refusal(layer, call)
+    told = _FALLBACKS_TOLD.setdefault(layer, set())
+    if call.compiling or reason is None or (kernel.name, reason) in told:
+        return
+    told.add((kernel.name, reason))
+    warnings.warn(
+        f"attn_backend={kernel.name!r} cannot serve a call of layer {layer.layer_idx} ({reason}); the eager "
+        "reference runs it",
+        RuntimeWarning,
+        stacklevel=3,
+    )
 
 
 def attend(
@@ -53,7 +106,10 @@ def attend(
     rotated, k and v (B, H_kv, S, ·) the cache's where ``cached`` (the layer was given a cache), ``inputs`` the
     mechanism's own (Diff's λ, DCMHA's composition), passed to the kernel as they are. Where ``ctx.kernels`` is a
     dict, files the kernel's name under the layer's index."""
-    kernel = choose(layer, Call.of(layer, q, k, ctx, cached=cached))
+    call = Call.of(layer, q, k, ctx, cached=cached)
+    kernel = choose(layer, call)
+    if kernel not in layer.kernel_chain:
+        _tell_fallback(layer, call)
     if ctx.kernels is not None:
         ctx.kernels[layer.layer_idx] = kernel.name
     return kernel.run(layer, q, k, v, ctx, **inputs)
