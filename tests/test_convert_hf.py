@@ -262,7 +262,7 @@ def test_refuses_a_directory_missing_weights(tmp_path):
 
 
 TO_HF_REFUSALS = {
-    "attention": (dict(attention="diff"), "attention='diff'"),
+    "attention": (dict(attention="dcmha"), "attention='dcmha'"),
     "position": (dict(position="alibi"), "position='alibi'"),
     "interleaved": (dict(position_options={"interleaved": True}), "interleaved=True"),
     "partial-rotary": (dict(position_options={"partial_rotary_factor": 0.5}), "partial_rotary_factor=0.5"),

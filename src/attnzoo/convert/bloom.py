@@ -3,15 +3,34 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
 from attnzoo.config import ModelConfig
-from attnzoo.convert.common import SourceWeights, load_converted, per_head_qkv, renamer, unsupported
+from attnzoo.convert.common import (
+    NO_SPECIAL_TOKENS,
+    Mismatch,
+    SourceWeights,
+    differences,
+    fuse_per_head_qkv,
+    load_converted,
+    multi_head_mismatches,
+    per_head_qkv,
+    refuse_mismatches,
+    renamed,
+    renamer,
+    require_transformers,
+    unsupported,
+)
 from attnzoo.model import Transformer
 
+if TYPE_CHECKING:
+    from transformers import BloomForCausalLM
+
 SOURCE = "bloom"
+HF_CLASS = "BloomForCausalLM"
+FUSED_QKV = "transformer.h.{i}.self_attention.query_key_value"
 # BLOOM was trained on 2048-token sequences. ALiBi has no length limit, so this only informs training configs.
 TRAINING_LENGTH = 2048
 HF_NAME = renamer(
@@ -58,5 +77,50 @@ def from_hf(config: Mapping[str, Any], state_dict: Mapping[str, Tensor]) -> Tran
         position="alibi",
     )
     source = SourceWeights(state_dict, SOURCE)
-    qkv = per_head_qkv(source, "transformer.h.{i}.self_attention.query_key_value", cfg.n_layers, heads)
+    qkv = per_head_qkv(source, FUSED_QKV, cfg.n_layers, heads)
     return load_converted(cfg, source, HF_NAME, qkv)
+
+
+def hf_mismatches(cfg: ModelConfig) -> list[Mismatch]:
+    """What of ``cfg`` ``BloomForCausalLM`` cannot hold (none: it holds the model): the layout :func:`from_hf`
+    reads, ``mha`` with ALiBi, LayerNorm (the embeddings' too), biases everywhere and a 4·dim tanh-GELU MLP.
+    BLOOM has no length limit, so ``max_seq_len`` is not carried over."""
+    found = [
+        *differences(("attention", cfg.attention, "mha"), ("position", cfg.position, "alibi")),
+        *differences(
+            ("causal", cfg.causal, True),
+            ("norm", cfg.norm, "layernorm"),
+            ("bias", cfg.bias, True),
+            ("mlp", cfg.mlp, "gelu_tanh"),
+            ("embedding_norm", cfg.embedding_norm, True),
+            ("parallel_residual", cfg.parallel_residual, False),
+            ("scale_embeddings", cfg.scale_embeddings, False),
+        ),
+        *multi_head_mismatches(cfg),
+    ]
+    if cfg.mlp_hidden_dim != 4 * cfg.dim:
+        found.append(Mismatch("mlp_hidden_dim", cfg.mlp_hidden_dim, f"4·dim = {4 * cfg.dim}"))
+    return found
+
+
+def to_hf(model: Transformer) -> BloomForCausalLM:
+    """An attnzoo model → ``BloomForCausalLM`` with the same logits, the inverse of :func:`from_hf`; refused,
+    naming the fields, if BLOOM cannot hold it (:func:`hf_mismatches`)."""
+    cfg = model.config
+    refuse_mismatches(HF_CLASS, hf_mismatches(cfg))
+    transformers = require_transformers()
+    hf_config = transformers.BloomConfig(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.dim,
+        n_layer=cfg.n_layers,
+        n_head=cfg.n_heads,
+        layer_norm_epsilon=cfg.norm_eps,
+        tie_word_embeddings=cfg.tie_embeddings,
+        initializer_range=cfg.init_std,
+        **NO_SPECIAL_TOKENS,
+    )
+    weights = dict(model.state_dict())
+    qkv = fuse_per_head_qkv(weights, FUSED_QKV, cfg.n_layers, cfg.n_heads)
+    hf_model = transformers.BloomForCausalLM(hf_config)
+    hf_model.load_state_dict({**renamed(weights, HF_NAME), **qkv})
+    return hf_model

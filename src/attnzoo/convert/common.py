@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from safetensors.torch import load_file
@@ -19,6 +19,10 @@ from attnzoo.positions.rope import RopeOptions
 # rope_scaling and per-model names, and its yarn ramp read a different length.
 MIN_TRANSFORMERS_MAJOR = 5
 SWIGLU_ACTIVATIONS = ("silu", "swish")  # HF names of the gate activation of a SwiGLU MLP
+QKV = ("q_proj", "k_proj", "v_proj")  # attnzoo's projections, in the order a fused projection stacks them
+# attnzoo's models have no special tokens; a transformers config defaults its ids to tokens of its own vocabulary
+# (LLaMA's eos_token_id=2), and generate would stop at them. The exported tokenizer's ids replace these.
+NO_SPECIAL_TOKENS = {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
 
 # HF rope_parameters keys read per rope_type, besides rope_type, rope_theta and partial_rotary_factor.
 ROPE_KEYS: dict[str, tuple[str, ...]] = {
@@ -42,6 +46,51 @@ ROPE_KEYS: dict[str, tuple[str, ...]] = {
 def unsupported(source: str, field: str, value: Any, why: str) -> ValueError:
     """The converters' refusal: the source, the field and value it cannot reproduce, and why."""
     return ValueError(f"cannot convert {source}: {field}={value!r} {why}")
+
+
+class Mismatch(NamedTuple):
+    """A field of an attnzoo config that a transformers class cannot hold: its value, and what the class has."""
+
+    field: str
+    value: Any
+    has: str
+
+    def __str__(self) -> str:
+        return f"{self.field}={self.value!r} (it has {self.has})"
+
+
+def differences(*checks: tuple[str, Any, Any]) -> list[Mismatch]:
+    """The (field, value, value the class has) checks whose value differs."""
+    return [Mismatch(field, value, repr(held)) for field, value, held in checks if value != held]
+
+
+def rope_mismatches(cfg: ModelConfig, *, partial_rotary: bool = False) -> list[Mismatch]:
+    """What of ``cfg``'s positions an HF RoPE model cannot hold: it rotates half-split pairs, and whole heads
+    unless ``partial_rotary`` (HF has every attnzoo rope type: :func:`hf_rope_parameters`)."""
+    if cfg.position != "rope":
+        return differences(("position", cfg.position, "rope"))
+    rope = cfg.position_opts
+    found = differences(("position_options.interleaved", rope.interleaved, False))
+    if not partial_rotary:
+        found += differences(("position_options.partial_rotary_factor", rope.partial_rotary_factor, 1.0))
+    return found
+
+
+def multi_head_mismatches(cfg: ModelConfig) -> list[Mismatch]:
+    """What of ``cfg``'s heads a fused per-head qkv cannot hold (GPT-NeoX, BLOOM): it has one kv head per query
+    head, each of dim / n_heads."""
+    found = []
+    if cfg.n_kv_heads != cfg.n_heads:
+        found.append(Mismatch("n_kv_heads", cfg.n_kv_heads, f"n_kv_heads = n_heads = {cfg.n_heads}"))
+    if cfg.head_dim * cfg.n_heads != cfg.dim:
+        found.append(Mismatch("head_dim", cfg.head_dim, f"head_dim = dim / n_heads = {cfg.dim / cfg.n_heads:g}"))
+    return found
+
+
+def refuse_mismatches(hf_class: str, mismatches: list[Mismatch]) -> None:
+    """Refuse to write a model as ``hf_class`` when the class cannot hold it, naming every field that differs."""
+    if mismatches:
+        raise ValueError(f"cannot write this model as {hf_class}: it cannot hold {', '.join(map(str, mismatches))}")
 
 
 def check_swiglu_gate(config: Mapping[str, Any], source: str) -> None:
@@ -152,9 +201,27 @@ def per_head_qkv(source: SourceWeights, fused_name: str, n_layers: int, n_heads:
     for i in range(n_layers):
         for kind in ("weight", "bias"):
             per_head = source.take(f"{fused_name.format(i=i)}.{kind}").unflatten(0, (n_heads, 3, -1))
-            for j, proj in enumerate(("q_proj", "k_proj", "v_proj")):
+            for j, proj in enumerate(QKV):
                 weights[f"layers.{i}.self_attn.{proj}.{kind}"] = per_head[:, j].flatten(0, 1)
     return weights
+
+
+def fuse_per_head_qkv(
+    weights: MutableMapping[str, Tensor], fused_name: str, n_layers: int, n_heads: int
+) -> dict[str, Tensor]:
+    """The inverse of :func:`per_head_qkv`: every layer's q/k/v_proj weight and bias, taken out of the attnzoo
+    state dict ``weights``, fused head by head into the tensors ``fused_name`` names."""
+    fused = {}
+    for i in range(n_layers):
+        for kind in ("weight", "bias"):
+            parts = [weights.pop(f"layers.{i}.self_attn.{proj}.{kind}").unflatten(0, (n_heads, -1)) for proj in QKV]
+            fused[f"{fused_name.format(i=i)}.{kind}"] = torch.stack(parts, dim=1).flatten(0, 2)
+    return fused
+
+
+def renamed(weights: Mapping[str, Tensor], rename: Callable[[str], str]) -> dict[str, Tensor]:
+    """An attnzoo state dict under the source's names: the writers' use of a reader's ``renamer``."""
+    return {rename(name): tensor for name, tensor in weights.items()}
 
 
 def rope_options(config: Mapping[str, Any], source: str, *, partial_rotary: bool = False) -> dict[str, Any]:

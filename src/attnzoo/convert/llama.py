@@ -13,12 +13,19 @@ from torch import Tensor
 
 from attnzoo.config import ModelConfig
 from attnzoo.convert.common import (
+    NO_SPECIAL_TOKENS,
+    SWIGLU_ACTIVATIONS,
+    Mismatch,
     SourceWeights,
     check_swiglu_gate,
+    differences,
     hf_rope_parameters,
     load_converted,
+    refuse_mismatches,
+    renamed,
     renamer,
     require_transformers,
+    rope_mismatches,
     rope_options,
     unsupported,
 )
@@ -27,6 +34,7 @@ from attnzoo.model import Transformer
 if TYPE_CHECKING:
     from transformers import LlamaForCausalLM
 
+HF_CLASS = "LlamaForCausalLM"
 HF_NAME = renamer(layers="model.layers.", top={"embed_tokens.": "model.embed_tokens.", "norm.": "model.norm."})
 
 
@@ -66,44 +74,34 @@ def from_hf(config: Mapping[str, Any], state_dict: Mapping[str, Tensor]) -> Tran
     return load_converted(cfg, SourceWeights(state_dict, source), HF_NAME)
 
 
-def to_hf(model: Transformer) -> LlamaForCausalLM:
-    """An attnzoo model → ``LlamaForCausalLM`` with the same logits, if LLaMA can express it.
+def hf_mismatches(cfg: ModelConfig) -> list[Mismatch]:
+    """What of ``cfg`` ``LlamaForCausalLM`` cannot hold (none: it holds the model).
 
-    That is ``mha`` attention, half-split RoPE over whole heads, RMSNorm, SwiGLU and sequential residuals
-    without an embedding norm; biases on all projections become ``attention_bias = mlp_bias = True``. Dropout
-    is not carried over: HF LLaMA has attention dropout only.
+    LLaMA is ``mha`` with half-split RoPE over whole heads, RMSNorm, SwiGLU and sequential residuals without an
+    embedding norm; biases on all projections are ``attention_bias = mlp_bias = True``.
     """
+    return [
+        *differences(("attention", cfg.attention, "mha")),
+        *rope_mismatches(cfg),
+        *differences(
+            ("causal", cfg.causal, True),
+            ("norm", cfg.norm, "rmsnorm"),
+            ("mlp", cfg.mlp, "swiglu"),
+            ("parallel_residual", cfg.parallel_residual, False),
+            ("embedding_norm", cfg.embedding_norm, False),
+            ("scale_embeddings", cfg.scale_embeddings, False),
+        ),
+    ]
+
+
+def to_hf(model: Transformer) -> LlamaForCausalLM:
+    """An attnzoo model → ``LlamaForCausalLM`` with the same logits, the inverse of :func:`from_hf`; refused,
+    naming the fields, if LLaMA cannot hold it (:func:`hf_mismatches`). Dropout is not carried over: HF LLaMA
+    has attention dropout only."""
     cfg = model.config
-
-    def refuse(field: str, value: Any, why: str) -> ValueError:
-        return unsupported("attnzoo model to LlamaForCausalLM", field, value, why)
-
-    if cfg.attention != "mha":
-        raise refuse("attention", cfg.attention, "has no LLaMA equivalent; LLaMA uses mha")
-    if cfg.position != "rope":
-        raise refuse("position", cfg.position, "has no LLaMA equivalent; LLaMA uses rope")
-    rope = cfg.position_opts
-    if rope.interleaved:
-        raise refuse("position_options.interleaved", True, "is not supported: LLaMA rotates half-split pairs")
-    if rope.partial_rotary_factor != 1.0:
-        raise refuse(
-            "position_options.partial_rotary_factor",
-            rope.partial_rotary_factor,
-            "is not supported: LLaMA rotates whole heads",
-        )
-    for field, value, llama in (
-        ("causal", cfg.causal, True),
-        ("norm", cfg.norm, "rmsnorm"),
-        ("mlp", cfg.mlp, "swiglu"),
-        ("parallel_residual", cfg.parallel_residual, False),
-        ("embedding_norm", cfg.embedding_norm, False),
-        ("scale_embeddings", cfg.scale_embeddings, False),
-    ):
-        if value != llama:
-            raise refuse(field, value, f"has no LLaMA equivalent; LLaMA has {field}={llama!r}")
-
+    refuse_mismatches(HF_CLASS, hf_mismatches(cfg))
     transformers = require_transformers()
-    rope_parameters, max_position_embeddings = hf_rope_parameters(rope, cfg.max_seq_len)
+    rope_parameters, max_position_embeddings = hf_rope_parameters(cfg.position_opts, cfg.max_seq_len)
     hf_config = transformers.LlamaConfig(
         vocab_size=cfg.vocab_size,
         hidden_size=cfg.dim,
@@ -112,14 +110,16 @@ def to_hf(model: Transformer) -> LlamaForCausalLM:
         num_attention_heads=cfg.n_heads,
         num_key_value_heads=cfg.n_kv_heads,
         head_dim=cfg.head_dim,
-        hidden_act="silu",
+        hidden_act=SWIGLU_ACTIVATIONS[0],
         max_position_embeddings=max_position_embeddings,
         rms_norm_eps=cfg.norm_eps,
         tie_word_embeddings=cfg.tie_embeddings,
         rope_parameters=rope_parameters,
         attention_bias=cfg.bias,
         mlp_bias=cfg.bias,
+        initializer_range=cfg.init_std,
+        **NO_SPECIAL_TOKENS,
     )
     hf_model = transformers.LlamaForCausalLM(hf_config)
-    hf_model.load_state_dict({HF_NAME(name): tensor for name, tensor in model.state_dict().items()})
+    hf_model.load_state_dict(renamed(model.state_dict(), HF_NAME))
     return hf_model
