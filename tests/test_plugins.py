@@ -43,6 +43,24 @@ PLUGIN = textwrap.dedent(
 
     # SDPA under another name, registered by the entry point that names this record.
     PLUGIN_SDPA = Kernel(name="plugin-sdpa", display_name="SDPA (plugin)", run=run_sdpa, call_reasons=records_scores)
+
+
+    def not_a_kernel():
+        """An entry point at a function where the record belongs."""
+
+
+    def reasons_that_raise(cfg):
+        raise RuntimeError("the plugin's static reasons broke")
+
+
+    def run_that_raises(layer, q, k, v, ctx, **inputs):
+        raise RuntimeError("the plugin's kernel broke")
+
+
+    REASONS_RAISE = Kernel(
+        name="plugin-reasons-raise", display_name="broken", run=run_sdpa, static_reasons=reasons_that_raise
+    )
+    RUN_RAISES = Kernel(name="plugin-run-raises", display_name="broken", run=run_that_raises)
     '''
 )
 ENTRY_POINTS = """\
@@ -58,6 +76,9 @@ alibi = attnzoo_tiny_plugin:NoPositions
 
 [attnzoo.kernels]
 plugin-sdpa = attnzoo_tiny_plugin:PLUGIN_SDPA
+plugin-function = attnzoo_tiny_plugin:not_a_kernel
+plugin-reasons-raise = attnzoo_tiny_plugin:REASONS_RAISE
+plugin-run-raises = attnzoo_tiny_plugin:RUN_RAISES
 """
 
 
@@ -119,6 +140,34 @@ def test_a_kernel_plugin_is_an_attn_backend(installed):
     assert model.attention_kernels(idx) == ["plugin-sdpa"]
     with torch.no_grad():
         assert torch.equal(model(idx), sdpa(idx))
+
+
+def test_a_kernel_plugin_that_is_not_a_kernel_is_named_with_its_entry_point(installed):
+    """It ended in AttributeError: 'function' object has no attribute 'static_refusal'."""
+    where = "plugin plugin-function = 'attnzoo_tiny_plugin:not_a_kernel' (entry point group attnzoo.kernels)"
+    with pytest.raises(ValueError, match=re.escape(f"{where} is a function, not an attnzoo.attention.kernels.Kernel")):
+        ModelConfig(vocab_size=16, dim=16, n_layers=1, n_heads=2, attn_backend="plugin-function")
+
+
+@pytest.mark.parametrize(
+    ("backend", "entry_point", "raised"),
+    [
+        (
+            "plugin-reasons-raise",
+            "REASONS_RAISE",
+            'its static_reasons raised RuntimeError("the plugin\'s static reasons broke")',
+        ),
+        ("plugin-run-raises", "RUN_RAISES", 'its run raised RuntimeError("the plugin\'s kernel broke")'),
+    ],
+)
+def test_a_kernel_plugin_that_raises_is_named_with_its_entry_point(installed, backend, entry_point, raised):
+    """Its error surfaced as a bare traceback from inside attnzoo, naming no plugin."""
+    where = (
+        f"attention kernel plugin {backend} = 'attnzoo_tiny_plugin:{entry_point}' (entry point group attnzoo.kernels)"
+    )
+    with pytest.raises(ValueError, match=re.escape(f"{where}: {raised}")):
+        model = Transformer(ModelConfig(vocab_size=16, dim=16, n_layers=1, n_heads=2, attn_backend=backend))
+        model(torch.randint(0, 16, (1, 6)))
 
 
 def test_plugins_are_listed_without_being_imported_and_load_when_asked_for(installed):

@@ -44,6 +44,13 @@ class Registry(Generic[T]):
         self._clashes_told = False
         self._entry_points: dict[str, metadata.EntryPoint] = {}
         self._scanned_path: tuple[str, ...] | None = None  # the sys.path the entry points were read under
+        self._adopt: Callable[[Any, str], T] | None = None  # see adopt_plugins_with
+
+    def adopt_plugins_with(self, adopt: Callable[[Any, str], T]) -> None:
+        """Pass what a plugin's entry point registers through ``adopt(loaded, where)`` first: it returns what is
+        registered (checked, its code wrapped) or raises ValueError naming ``where``, the plugin and its entry
+        point."""
+        self._adopt = adopt
 
     def register(self, name: str) -> Callable[[T], T]:
         def decorator(cls: T) -> T:
@@ -107,14 +114,14 @@ class Registry(Generic[T]):
             ) from None
         except Exception as err:  # an ImportError, or anything the plugin's module raises on import
             raise ValueError(f"{where} failed to load: {err!r}") from err
-        if name in self._classes:
-            return
-        if isinstance(loaded, ModuleType):
+        if name in self._classes:  # its module registered it
+            loaded = self._classes.pop(name)
+        elif isinstance(loaded, ModuleType):
             raise ValueError(
                 f"{where} was imported but registered nothing under {name!r}: point the entry point at the class, "
                 f"or register the class in that module under this name"
             )
-        self.register(name)(loaded)
+        self.register(name)(loaded if self._adopt is None else self._adopt(loaded, where))
 
     def parse_options(self, name: str, options: dict[str, Any]) -> Any:
         """Build the typed options of ``name`` from a dict, naming any bad key and the allowed ones."""

@@ -10,9 +10,10 @@ point that picks between them.
 * Diff's two maps in one SDPA call, two head layouts for the GPU: ``diff-halves`` and ``diff-stacked``.
 
 Each module registers its kernel: one file and one name per kernel (``docs/jobs/plugins.md``, "Adding a kernel").
+Another package's kernel is checked as it loads (:mod:`~attnzoo.attention.kernels.plugins`).
 """
 
-from attnzoo.attention.kernels import dcmha_fused, dcmha_triton, diff_flash, diff_sdpa  # noqa: F401  (registers the kernel)
+from attnzoo.attention.kernels import dcmha_fused, dcmha_triton, diff_flash, diff_sdpa, plugins  # noqa: F401  (registers the kernels, checks the plugins')
 from attnzoo.attention.kernels.chunked import chunked_attention
 from attnzoo.attention.kernels.dispatch import (
     attend,
