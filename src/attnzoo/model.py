@@ -80,6 +80,15 @@ def training_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     return counter.get_total_flops() / seq_len
 
 
+def init_linear(module: nn.Linear, std: float, n_layers: int) -> None:
+    """GPT-2's init of one projection: weights N(0, std), scaled by 1/√(2·n_layers) where the projection writes into
+    the residual stream (``residual_linear``), biases 0."""
+    scale = 1 / math.sqrt(2 * n_layers) if getattr(module, "is_residual_projection", False) else 1
+    nn.init.normal_(module.weight, std=std * scale)
+    if module.bias is not None:
+        nn.init.zeros_(module.bias)
+
+
 class MLP(nn.Module):
     """SwiGLU, down(silu(gate(x)) ⊙ up(x)) (Shazeer, 2020), or GELU, down(gelu(up(x))), exact or tanh-approximated."""
 
@@ -150,12 +159,7 @@ class Transformer(nn.Module):
         std = self.config.init_std
         for module in self.modules():
             if isinstance(module, nn.Linear):
-                scale = (
-                    1 / math.sqrt(2 * self.config.n_layers) if getattr(module, "is_residual_projection", False) else 1
-                )
-                nn.init.normal_(module.weight, std=std * scale)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
+                init_linear(module, std, self.config.n_layers)
             elif isinstance(module, nn.Embedding):
                 nn.init.normal_(module.weight, std=std)
         if self.config.scale_embeddings:  # after the loop: a tied output projection shares the weight, as in fairseq

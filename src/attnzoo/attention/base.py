@@ -65,6 +65,10 @@ class AttentionContext:
     # A static decoding step (``attnzoo.cache``): one query attends over a cache's whole buffers, the keys at
     # ``key_positions``, and only the mask built here from ``positions`` excludes the slots it may not see.
     static: bool = False
+    # (B, S) bool, True at the real tokens of each sequence among the S = ``end`` positions so far (HF's
+    # ``attention_mask``), or None: every key is a token. Only the eager reference masks keys per sequence
+    # (``Kernel.masks_padding``); a query that sees no real key gets a zero output rather than a NaN.
+    key_padding: Tensor | None = None
     # Biases and masks depend only on the call, not the layer: built by the first layer, reused by the rest.
     _memo: dict[tuple, Tensor | None] = field(default_factory=dict, repr=False)
 
@@ -156,6 +160,15 @@ class AttentionContext:
             ("sdpa_bias", n_heads, key_len, bias_repeat, dtype),
             lambda: self.score_bias(n_heads, key_len, bias_repeat)[None].to(dtype),
         )
+
+    def padded(self, allowed: Tensor, key_positions: Tensor) -> Tensor:
+        """``allowed`` (T, S) narrowed to each sequence's real keys, (B, 1, T, S), the keys at ``key_positions``
+        (S,); ``allowed`` itself without a padding mask. A slot past the last position written (a static step's
+        buffer) is read at that position: the causal mask excludes it anyway."""
+        if self.key_padding is None:
+            return allowed
+        last = self.key_padding.shape[1] - 1
+        return allowed & self.key_padding[:, None, None, key_positions.clamp(max=last)]
 
     def record(self, attention_map: Tensor) -> None:
         if self.attention_maps is not None:

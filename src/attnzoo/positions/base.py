@@ -28,6 +28,7 @@ class PositionalEncoding(nn.Module):
     Options: type = NoOptions
     registry_name: str
     adds_bias: bool = False  # whether ``bias`` returns a tensor: kernels choose their path without building one
+    rotates: bool = False  # whether ``rotate`` turns queries and keys by their positions (RoPE)
 
     def __init__(self, cfg: ModelConfig, qk_head_dim: int):
         super().__init__()

@@ -162,6 +162,7 @@ class RoPE(PositionalEncoding):
     """
 
     Options = RopeOptions
+    rotates = True
 
     def __init__(self, cfg, qk_head_dim):
         super().__init__(cfg, qk_head_dim)

@@ -102,8 +102,16 @@ def eager_attention(
         allowed = hooks.mask
     else:
         allowed = ctx.allowed(key_len, window) if positions is None else visible(*positions, window, ctx.causal)
+    blind = None
+    if ctx.key_padding is not None:
+        allowed = ctx.padded(allowed, ctx.key_positions(key_len) if positions is None else positions[1])
+        # A query that sees only padding (a left-padded row) takes the softmax over every key and then 0: no NaN
+        # reaches the output or, through the softmax's backward, the gradients.
+        blind = ~allowed.any(dim=-1, keepdim=True)
     ctx.record_logits(logits, allowed)
-    probs = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
+    probs = torch.softmax(logits.masked_fill(~(allowed if blind is None else allowed | blind), float("-inf")), dim=-1)
+    if blind is not None:
+        probs = probs.masked_fill(blind, 0)
     if hooks.probs is not None:
         probs = hooks.probs(probs)
     dropped = F.dropout(probs, p=dropout_p) if dropout_p > 0 else probs
@@ -148,5 +156,6 @@ EAGER = register_kernel(
         name="eager",
         display_name="the eager reference",
         run=run_eager,
+        masks_padding=True,
     )
 )

@@ -42,6 +42,7 @@ class Call:
     dropout: float  # the layer's attention dropout in this call (0 outside training)
     compiling: bool  # torch.compile is tracing
     position: PositionalEncoding  # the model's positional scheme
+    padded: bool = False  # a padding mask hides some keys of some sequences (``AttentionContext.key_padding``)
     # Whether a reason may build the C++ extension to answer; False where the call is only described.
     build: bool = True
 
@@ -60,6 +61,7 @@ class Call:
             dropout=layer.attn_dropout,
             compiling=torch.compiler.is_compiling(),
             position=ctx.position,
+            padded=ctx.key_padding is not None,
         )
 
     @classmethod
@@ -117,6 +119,7 @@ class Kernel:
     static_reasons: Callable[[ModelConfig], Iterator[str]] = no_reasons
     call_reasons: Callable[[Attention, Call], Iterator[str]] = no_reasons
     describe: Callable[[ModelConfig, PositionalEncoding], str] | None = None
+    masks_padding: bool = False  # whether it reads a padding mask; a call with one goes to a kernel that does
 
     def static_refusal(self, cfg: ModelConfig) -> str | None:
         """Why this kernel can never serve ``cfg``'s layers, or None."""
@@ -127,6 +130,8 @@ class Kernel:
     def call_refusal(self, layer: Attention, call: Call) -> str | None:
         """Why this kernel cannot compute ``call`` exactly, or None: the reasons are asked in order, up to the first
         that applies."""
+        if call.padded and not self.masks_padding:
+            return "a padding mask hides keys per sequence, which only the eager reference reads"
         return next(self.call_reasons(layer, call), None)
 
     def description(self, cfg: ModelConfig, position: PositionalEncoding) -> str:
