@@ -1,0 +1,181 @@
+"""``AttnzooForCausalLM``: attnzoo's ``Transformer`` as a transformers causal LM.
+
+The wrapped model is the submodule ``model``, unchanged, so parameter names are attnzoo's behind a ``model.``
+prefix (``model.layers.0.self_attn.q_proj.weight``, the names of HF Llama's projections) and the forward pass is
+attnzoo's, kernels included. transformers supplies the rest: loading and saving, the loss, ``generate``,
+``Trainer``, PEFT.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from torch import Tensor, nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers import initialization as init
+from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.utils.generic import can_return_tuple
+
+from attnzoo.attention import ATTENTION
+from attnzoo.cache import KVCache
+from attnzoo.hf.cache import AttnzooCache
+from attnzoo.hf.configuration import AttnzooConfig
+from attnzoo.model import Transformer
+from attnzoo.positions import POSITIONS
+from attnzoo.positions.base import PositionalEncoding
+
+
+class AttnzooForCausalLM(PreTrainedModel, GenerationMixin):
+    config_class = AttnzooConfig
+    base_model_prefix = "model"
+    main_input_name = "input_ids"
+    _no_split_modules: ClassVar[list[str]] = ["Block"]
+    # Tied where tie_embeddings (transformers reads it as tie_word_embeddings): saved once, under the embedding.
+    _tied_weights_keys: ClassVar[dict[str, str]] = {"model.lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: AttnzooConfig, model: Transformer | None = None):
+        super().__init__(config)
+        model_config = config.to_model_config()
+        if model is not None and model.config != model_config:
+            raise ValueError(f"the model's config {model.config} is not {model_config}, the one given")
+        self.model = Transformer(model_config) if model is None else model
+        if self.model.embed_tokens.weight.device.type != "meta":
+            # attnzoo initialised (or trained) it already; transformers' init pass must leave it as it is. On the
+            # meta device (from_pretrained), the weights it does not load get attnzoo's init (_init_weights).
+            self.model._is_hf_initialized = True
+        self.post_init()
+
+    @classmethod
+    def from_attnzoo(cls, model: Transformer, **config_kwargs) -> AttnzooForCausalLM:
+        """``model`` wrapped, its parameters shared (not copied); ``config_kwargs`` set transformers' own settings
+        (``eos_token_id``, ...). :meth:`to_attnzoo` gives it back."""
+        return cls(AttnzooConfig.from_model_config(model.config, **config_kwargs), model)
+
+    def to_attnzoo(self) -> Transformer:
+        """The attnzoo ``Transformer`` this model runs (the same module, not a copy)."""
+        return self.model
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.model.embed_tokens = value
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.model.lm_head
+
+    def set_output_embeddings(self, value: nn.Linear) -> None:
+        self.model.lm_head = value
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        """transformers calls this for every module it did not load. The Transformer gets attnzoo's own init
+        (``reset_parameters``, whose ``nn.init`` calls transformers turns into no-ops on loaded tensors here); a
+        positional scheme's buffers, derived from the config and never saved, are computed as attnzoo does."""
+        if isinstance(module, Transformer):
+            module.reset_parameters()
+        elif isinstance(module, PositionalEncoding):
+            cfg = self.config.to_model_config()
+            with torch.device("cpu"):
+                fresh = POSITIONS.get(cfg.position)(cfg, ATTENTION.get(cfg.attention).qk_head_dim(cfg))
+            for name, buffer in fresh.named_buffers():
+                init.copy_(module.get_buffer(name), buffer)
+
+    def _prepare_cache_for_generation(
+        self, generation_config, model_kwargs: dict, generation_mode, batch_size: int, max_cache_length: int
+    ) -> None:
+        """``generate``'s cache: an :class:`AttnzooCache` of the generation's length, in place of transformers'
+        own caches, which store keys and values only."""
+        if model_kwargs.get("cache") is not None or generation_config.use_cache is False:
+            return super()._prepare_cache_for_generation(
+                generation_config, model_kwargs, generation_mode, batch_size, max_cache_length
+            )
+        if generation_config.cache_implementation is not None:
+            raise ValueError(
+                f"cache_implementation={generation_config.cache_implementation!r} is not available to an attnzoo "
+                "model, which caches what its mechanism needs in an AttnzooCache: leave cache_implementation unset"
+            )
+        model_kwargs["cache"] = AttnzooCache(max_cache_length)
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        cache: AttnzooCache | None = None,
+        inputs_embeds: Tensor | None = None,
+        labels: Tensor | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int | Tensor = 0,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        **kwargs,
+    ) -> CausalLMOutputWithPast:
+        """Logits (B, T, vocab) and, with ``labels`` (B, T), transformers' causal-LM loss: the labels are shifted
+        inside (position t predicts ``labels[:, t + 1]``), -100 ignored, so ``labels=input_ids`` trains the
+        model.
+
+        With ``cache`` (an :class:`AttnzooCache`), ``input_ids`` continue the cached sequence and are appended
+        to it; ``use_cache`` does not create one (``generate`` does, sized to the generation). attnzoo numbers
+        positions from the cache, without padding: an ``attention_mask`` must be all ones and ``position_ids``,
+        where given, the positions that follow the cache.
+        """
+        if output_attentions or output_hidden_states:
+            raise ValueError(
+                "output_attentions and output_hidden_states are not available from an attnzoo model; its attention "
+                "maps come from model.to_attnzoo().attention_maps(input_ids)"
+            )
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        kv = self._attnzoo_cache(cache, (input_ids if input_ids is not None else inputs_embeds).shape[0])
+        start = 0 if kv is None else kv.length
+        _check_no_padding(attention_mask)
+        length = (input_ids if input_ids is not None else inputs_embeds).shape[1]
+        _check_positions(position_ids, start, length)
+        if inputs_embeds is not None:
+            if kv is not None:
+                raise ValueError("inputs_embeds cannot continue a cache; pass input_ids, or no cache")
+            hidden = self.model.encode(inputs_embeds)
+        else:
+            hidden = self.model._hidden(input_ids, kv)
+        kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        logits = self.model.lm_head(hidden[:, kept])
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache)
+
+    def _attnzoo_cache(self, cache: AttnzooCache | None, batch_size: int) -> KVCache | None:
+        if cache is None:
+            return None
+        if not isinstance(cache, AttnzooCache):
+            raise ValueError(
+                f"an attnzoo model reads its cache as an AttnzooCache, not a {type(cache).__name__}: pass "
+                "attnzoo.hf.AttnzooCache(max_len), or let generate make it"
+            )
+        return cache.for_model(self.model, batch_size)
+
+
+def _check_no_padding(attention_mask: Tensor | None) -> None:
+    """attnzoo models attend over every position of a sequence: a mask may only say so."""
+    if attention_mask is None:
+        return
+    if attention_mask.dim() != 2 or not bool(attention_mask.all()):
+        raise ValueError(
+            f"attention_mask {tuple(attention_mask.shape)} masks positions, and an attnzoo model does not support "
+            "padding: pass sequences of one length (or one at a time) with an all-ones mask, or none"
+        )
+
+
+def _check_positions(position_ids: Tensor | None, start: int, length: int) -> None:
+    """Positions come from the cache; ``position_ids``, which generate derives from the mask, must agree."""
+    if position_ids is None:
+        return
+    expected = torch.arange(start, start + length, device=position_ids.device)
+    if position_ids.shape[-1] != length or not bool((position_ids == expected).all()):
+        raise ValueError(
+            f"position_ids must be {start}..{start + length - 1}, the positions after the cached {start}: an attnzoo "
+            "model numbers positions itself (no padding or packed sequences)"
+        )
