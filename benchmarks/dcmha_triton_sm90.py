@@ -32,6 +32,7 @@ import gpu_speed
 
 from attnzoo import ModelConfig
 from attnzoo.attention import dcmha_triton
+from attnzoo.cli.command import path_argument
 from attnzoo.io import atomic_write_text
 from attnzoo.tables import Table
 from attnzoo.variants import Variant, matched_configs
@@ -288,8 +289,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=list(SHAPES))
     parser.add_argument("--configs", choices=sorted(CONFIG_SETS), default="tuned", help="which configs to compile")
     parser.add_argument("--no-cap", action="store_true", help="leave ptxas to choose the registers (no .maxnreg)")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/dcmha-triton-sm90.md"))
+    parser.add_argument("--out", type=path_argument, default=Path("benchmarks/results/dcmha-triton-sm90.md"))
     args = parser.parse_args(argv)
+    if args.out.is_dir():
+        parser.error(
+            f"--out={args.out} is invalid: it is a directory; name the .md file to write (its .json beside it)"
+        )
+    problem = gpu_speed.directory_problem(args.out.parent)
+    if problem is not None:
+        parser.error(f"--out={args.out} is invalid: its folder {args.out.parent}: {problem}")
     if dcmha_triton.triton is None:
         print('dcmha_triton_sm90: needs Triton: pip install -e ".[triton]" in the clone', file=sys.stderr)
         return 2
@@ -306,7 +314,6 @@ def main(argv: list[str] | None = None) -> int:
         f"in the TTGIR; HMMA/HGMMA: tensor-core instructions in the SASS (mma.sync / wgmma)."
     )
     markdown = f"{header}\n\n{summary(rows).to_markdown()}\n\nEvery config:\n\n{table(rows).to_markdown()}\n"
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.out, markdown)
     payload = {"toolchain": toolchain(), "rows": [asdict(r) for r in rows]}
     atomic_write_text(args.out.with_suffix(".json"), json.dumps(payload, indent=2))

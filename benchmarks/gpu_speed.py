@@ -58,11 +58,13 @@ import dataclasses
 import gc
 import importlib.metadata
 import json
+import math
 import multiprocessing
 import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -84,6 +86,7 @@ from attnzoo import ModelConfig, Transformer
 from attnzoo.attention import Attention
 from attnzoo.attention.kernels import KERNELS, Call
 from attnzoo.bench import DTYPES, machine_description
+from attnzoo.cli.command import path_argument
 from attnzoo.io import atomic_write_text
 from attnzoo.model import training_flops_per_token
 from attnzoo.positions import PositionalEncoding
@@ -934,10 +937,24 @@ def package_version(name: str) -> str:
         return "not installed"
 
 
+def directory_problem(directory: Path) -> str | None:
+    """Why a report cannot be written into ``directory``, found now (it is created where absent, and a scratch file
+    written and removed) rather than when the first result is written minutes later; None where it can."""
+    if directory.exists() and not directory.is_dir():
+        return "it is a file, not a directory"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as err:
+        return f"cannot write there ({err.strerror or err})"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
-        "--out", type=Path, help="folder for gpu-speed.md and .json (default benchmarks/results/gpu-DATE)"
+        "--out", type=path_argument, help="folder for gpu-speed.md and .json (default benchmarks/results/gpu-DATE)"
     )
     parser.add_argument("--budget-s", type=float, default=480.0, help="seconds for all the cases (default 480)")
     parser.add_argument("--dry-run", action="store_true", help="every case at toy sizes on the CPU, fp32")
@@ -945,17 +962,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peak-tflops", type=float, help="the dense bf16 peak for MFU, where the device has none here")
     parser.add_argument("--commit", help="the commit measured, where the copy has no .git (default: git's answer)")
     args = parser.parse_args(argv)
-    if args.budget_s <= 0 or (args.peak_tflops is not None and args.peak_tflops <= 0):
-        parser.error("--budget-s and --peak-tflops must be > 0")
+    if not (math.isfinite(args.budget_s) and args.budget_s > 0):  # NaN passes any comparison's "not <= 0"
+        parser.error(f"--budget-s={args.budget_s} is invalid: must be a finite number of seconds > 0")
+    if args.peak_tflops is not None and not (math.isfinite(args.peak_tflops) and args.peak_tflops > 0):
+        parser.error(f"--peak-tflops={args.peak_tflops} is invalid: must be a finite number > 0")
     if not args.dry_run and not torch.cuda.is_available():
         print(
             "gpu_speed: needs a CUDA device, and none is visible; --dry-run runs every case on the CPU", file=sys.stderr
         )
         return 2
-    start = time.perf_counter()
-    settings, sizes = (DRY_RUN_SETTINGS, DRY_RUN_SIZES) if args.dry_run else (GPU_SETTINGS, GPU_SIZES)
     today = datetime.now(timezone.utc).date().isoformat()
     out = args.out or Path("runs/gpu-speed-dry-run" if args.dry_run else f"benchmarks/results/gpu-{today}")
+    problem = directory_problem(out)
+    if problem is not None:
+        parser.error(f"--out={out} is invalid: {problem}")
+    start = time.perf_counter()
+    settings, sizes = (DRY_RUN_SETTINGS, DRY_RUN_SIZES) if args.dry_run else (GPU_SETTINGS, GPU_SIZES)
     device = "CPU" if args.dry_run else torch.cuda.get_device_name()
     peak, peak_source = device_peak(device, args.peak_tflops)
     cases = plan_cases(sizes, args.groups)

@@ -72,3 +72,16 @@ def test_it_refuses_interpreted_kernels(tmp_path):
     command = [sys.executable, str(BENCHMARKS / "dcmha_triton_sm90.py"), "--out", str(tmp_path / "x.md")]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "TRITON_INTERPRET=1" in done.stderr and not (tmp_path / "x.md").exists()
+
+
+def test_an_out_that_is_a_directory_is_refused_before_anything_compiles(tmp_path, monkeypatch, capsys):
+    """It ended in IsADirectoryError after every config had compiled."""
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("compiled before --out was checked")
+
+    monkeypatch.setattr(sm90, "measure", no_work)
+    with pytest.raises(SystemExit) as stop:
+        sm90.main(["--shapes", "gpu-lm", "--out", str(tmp_path)])
+    assert stop.value.code == 2
+    assert f"--out={tmp_path} is invalid: it is a directory; name the .md file to write" in capsys.readouterr().err

@@ -183,3 +183,46 @@ def test_the_kernels_tuning_and_resources_are_logged_and_rendered(monkeypatch):
     )
     assert "not read: AttributeError: x" in unread
     assert "- tuning failed, so these ran untuned: backward_key (the warning names why)" in unread
+
+
+def refused(monkeypatch, capsys, *flags: str) -> str:
+    """The one line ``main`` exits with: before any case runs or any report is written."""
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("a report was written before the flags were checked")
+
+    monkeypatch.setattr(gpu_speed, "write_report", no_work)
+    with pytest.raises(SystemExit) as stop:
+        gpu_speed.main(["--dry-run", *flags])
+    assert stop.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
+    return line
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--budget-s", "nan"], "--budget-s=nan is invalid: must be a finite number of seconds > 0"),
+        (["--budget-s", "inf"], "--budget-s=inf is invalid: must be a finite number of seconds > 0"),
+        (["--peak-tflops", "nan"], "--peak-tflops=nan is invalid: must be a finite number > 0"),
+        (["--peak-tflops", "0"], "--peak-tflops=0.0 is invalid: must be a finite number > 0"),
+        (["--out", ""], "argument --out: the path is empty"),
+        (
+            ["--out", "/proc/attnzoo-report"],
+            "--out=/proc/attnzoo-report is invalid: cannot write there (No such file or directory)",
+        ),
+    ],
+)
+def test_a_bad_flag_is_one_line_before_any_work(monkeypatch, capsys, flags, said):
+    """NaN and inf budgets failed every case after two minutes without naming the flag; NaN peaks were accepted;
+    --out '' wrote into the current directory and /proc ended in a traceback."""
+    assert said in refused(monkeypatch, capsys, *flags)
+
+
+def test_an_out_that_is_a_file_is_refused_and_left_alone(tmp_path, monkeypatch, capsys):
+    """It ended in FileExistsError after the run had started."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine\n")
+    line = refused(monkeypatch, capsys, "--out", str(notes))
+    assert f"--out={notes} is invalid: it is a file, not a directory" in line
+    assert notes.read_text() == "mine\n"
