@@ -93,18 +93,32 @@ def _cut_short(data: dict) -> dict:
     return data
 
 
+def _above_floor(data: dict) -> dict:
+    """Every planned step ran, and the run's own log says seed 1 of diff+rope ended at 3× the floor learning rate (a
+    schedule that did not decay to the end): the step count alone would pass it."""
+    floor = data["budget"]["min_lr"]
+    for variant in data["variants"].values():
+        for run in variant["runs"]:
+            run["final_lr"] = floor
+    data["variants"]["diff+rope"]["runs"][1]["final_lr"] = 3 * floor
+    return data
+
+
 @pytest.mark.parametrize(
     ("broken", "part", "says"),
     [
         (records(tokens_per_parameter=15), "(a) budget", "15.0 tokens per parameter"),
         (records(train_tokens=5000), "(a) budget", "read its training split 5.0 times"),
         (_cut_short(records()), "(a) budget", "stopped before its schedule's floor learning rate (seed(s) [1]"),
+        (_above_floor(records()), "(a) budget", "ended at learning rate 0.0006, not its schedule's floor 0.0002"),
         (records(base_curve={200: 2.3, 300: 2.0, 400: 2.015}), "(b) end state", "rose 0.015 nats"),
         (records(gaps=(0.05, 0.02, -0.03)), "(c) gap stability", "the gap changed sign"),
         (records(gaps=(0.06, 0.05, 0.035)), "(c) gap stability", "the gap moved 0.0150 nats over the last quarter"),
         (records(eval_windows=128), "(c) gap stability", "scored on 128 windows, fewer than 1,024"),
         (records(ngram=1.99), "(d) competent models", "mha+rope 2.000, diff+rope 2.050 nats/token, no better than"),
         (records(gaps=(-0.1,) * 3, ngram=1.95), "(d) competent models", "mha+rope 2.000 nats/token, no better than"),
+        # The mean 2.000 is below the level 2.005, and seed 2 (2.010) is not: each seed is gated, not the mean.
+        (records(gaps=(-0.1,) * 3, ngram=2.005), "(d) competent models", "mha+rope 2.000 (seed(s) [2] at up to 2.010)"),
     ],
 )
 def test_each_part_of_the_language_model_gate_fails_alone(broken, part, says):
@@ -115,11 +129,30 @@ def test_each_part_of_the_language_model_gate_fails_alone(broken, part, says):
     assert verdict.would_change == gate.remedy
 
 
+def test_the_floor_learning_rate_is_read_from_the_runs_own_log_where_it_recorded_one():
+    logged = _above_floor(records())
+    logged["variants"]["diff+rope"]["runs"][1]["final_lr"] = logged["budget"]["min_lr"]
+    budget = next(part for part in gate_of(logged).parts if part.name == "(a) budget")
+    assert budget.passed and "every run's logged learning rate at its floor" in budget.detail
+    unlogged = next(part for part in gate_of(records()).parts if part.name == "(a) budget")
+    assert unlogged.passed and "no learning rate logged" in unlogged.detail  # an older file: the steps alone
+
+
+def test_a_claim_that_names_its_budget_fails_gap_stability_when_the_models_move_apart_as_it_ends():
+    """Closing at α's end is the recipe's result; two models that move apart over the last quarter of a schedule
+    decaying to its floor are not settling on one, and the gap at α's end says where the budget was cut."""
+    fixed = dataclasses.replace(CLAIM, gate=dataclasses.replace(CLAIM.gate, fixed_budget=True))
+    apart = judge(fixed, CompareResults.from_dict(records(gaps=(0.05, 0.06, 0.08)))).gate
+    assert failed_parts(apart) == ["(c) gap stability"] and "moved apart by 0.0200 nats" in apart.reason
+    closing = judge(fixed, CompareResults.from_dict(records(gaps=(0.05, 0.08, 0.06)))).gate
+    assert closing.passed  # closing by 0.02: still the recipe's result
+
+
 def test_a_variant_that_never_learned_its_context_counts_against_a_claim_for_it_and_never_for_one_against_it():
-    """Diff at 2.05 above the trigram level 2.01, MHA at 2.00 below it. "Diff's loss is lower": Diff failing to
-    learn what MHA learned in the same budget is the claim failing (contradicted). "Diff's loss is higher": an
-    incompetent Diff would win it for nothing, so the comparison cannot show it."""
-    data = records(ngram=2.01)
+    """Diff at 2.05 above the trigram level 2.015, MHA at 2.00 (every seed) below it. "Diff's loss is lower": Diff
+    failing to learn what MHA learned in the same budget is the claim failing (contradicted). "Diff's loss is
+    higher": an incompetent Diff would win it for nothing, so the comparison cannot show it."""
+    data = records(ngram=2.015)
     verdict = judge(CLAIM, CompareResults.from_dict(data))
     competent = next(part for part in verdict.gate.parts if part.name == "(d) competent models")
     assert verdict.gate.passed and competent.passed

@@ -30,9 +30,10 @@ from attnzoo.stats import PairedDifference, Summary, paired_over_seeds, paired_o
 ATTENTION_MAPS = "attention_maps.npy"  # beside each first-seed run: (layers, heads, T, T)
 # 1: the implicit nested dicts of attnzoo 0.1.0, which carried no version; 2: these records; 3: the validation
 # loss over the whole split with its per-block losses (a version-2 file reads as one without them); 4: the corpus's
-# n-gram level (an older file reads as one without it, which `compare --report-only` adds).
-SCHEMA_VERSION = 4
-READABLE_VERSIONS = (2, 3, 4)
+# n-gram level (an older file reads as one without it, which `compare --report-only` adds); 5: each run's learning
+# rate at its last step, as its log recorded it (an older file reads as one without it).
+SCHEMA_VERSION = 5
+READABLE_VERSIONS = (2, 3, 4, 5)
 
 
 # ---------------------------------------------------------------------------------------------- language model
@@ -77,6 +78,9 @@ class LMRun:
     has_maps: bool = False  # attention_maps.npy beside the run
     probes: dict[str, float] = field(default_factory=dict)  # of the trained model: outliers, spikiness
     provenance: Provenance | None = None  # None in a file written before runs recorded it
+    # The learning rate the last step applied, from the run's own log: whether its schedule reached its floor (the
+    # language-model gate's (a)). None in a file written before runs recorded it.
+    final_lr: float | None = None
 
     @property
     def train_tokens_per_s(self) -> float:
