@@ -1,11 +1,13 @@
-"""``attnzoo convert``: the flags of :func:`attnzoo.convert.convert_model`, and what it wrote."""
+"""``attnzoo convert``: the flags of :func:`attnzoo.convert.convert_model`, :func:`~attnzoo.convert.group_kv_heads`
+and :func:`~attnzoo.convert.export_hf`, and what they wrote."""
 
 from __future__ import annotations
 
 import argparse
 
 from attnzoo.cli.command import path_argument
-from attnzoo.convert import CONVERTERS, convert_model, group_kv_heads
+from attnzoo.convert import CONVERTERS, convert_model, export_hf, group_kv_heads
+from attnzoo.convert.export import HF_TYPES, ROUTES
 from attnzoo.data.tokenizers import HF_TOKENIZER_FILE
 from attnzoo.model import CONFIG_NAME, WEIGHTS_NAME
 
@@ -25,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         type=path_argument,
         help="an attnzoo run directory (its latest checkpoint), checkpoint or model directory, to regroup with "
-        "--kv-heads",
+        "--kv-heads or write as a transformers checkpoint with --to-hf",
     )
     parser.add_argument(
         "--kv-heads",
@@ -35,20 +37,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "conversion of a multi-head model; G must divide the source's kv heads. Uptrain the result with "
         "train --init-from (the paper: 5%% of the original training steps)",
     )
-    parser.add_argument(
+    destination = parser.add_mutually_exclusive_group(required=True)
+    destination.add_argument(
         "--out",
         metavar="DIR",
         type=path_argument,
-        required=True,
         help=f"where to write {CONFIG_NAME} and {WEIGHTS_NAME} (fp32), with a copy of the source's tokenizer files "
         "if it has them; it must not hold a model already",
+    )
+    destination.add_argument(
+        "--to-hf",
+        metavar="DIR",
+        type=path_argument,
+        help="write the --from model as a transformers checkpoint (fp32, with its Hugging Face tokenizer if it has "
+        f"one) that AutoModelForCausalLM.from_pretrained loads without remote code: "
+        f"{', '.join(route.hf_class for route in ROUTES)}, whichever holds its layout; a new or empty directory",
+    )
+    parser.add_argument(
+        "--hf-type",
+        choices=HF_TYPES,
+        help="with --to-hf: 'native' (default) writes the transformers class that holds the model and refuses one "
+        "none holds; 'attnzoo' writes the attnzoo model type, which holds any attnzoo model and loads after "
+        "attnzoo.hf.register()",
     )
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.to_hf is not None:
+        return _run_to_hf(args)
+    if args.hf_type is not None:
+        raise ValueError(f"--hf-type {args.hf_type} names the kind of checkpoint --to-hf writes: add --to-hf DIR")
     if args.from_attnzoo is not None:
         if args.kv_heads is None:
-            raise ValueError("--from converts an attnzoo model to GQA/MQA: name the kv heads with --kv-heads G")
+            raise ValueError(
+                "--from with --out converts an attnzoo model to GQA/MQA: name the kv heads with --kv-heads G, or "
+                "write it as a transformers checkpoint with --to-hf DIR"
+            )
         done = group_kv_heads(args.from_attnzoo, args.out, args.kv_heads)
     else:
         done = convert_model(args.from_hf, args.out, kv_heads=args.kv_heads)
@@ -81,4 +105,26 @@ def run(args: argparse.Namespace) -> int:
         padded = f"; the model's other {padding} embedding rows are padding" if padding else ""
         print(f"tokenizer: copied {', '.join(done.tokenizer_files)} ({done.tokenizer.num_ids:,} ids{padded})")
     print(f"fine-tune it with: attnzoo train --init-from {done.out} ...")
+    return 0
+
+
+def _run_to_hf(args: argparse.Namespace) -> int:
+    if args.from_attnzoo is None:
+        raise ValueError("--to-hf writes an attnzoo model (--from DIR) for transformers; --from-hf's already is one")
+    if args.kv_heads is not None:
+        raise ValueError(
+            "--kv-heads writes an attnzoo model: regroup with --out DIR first, then --to-hf from that directory"
+        )
+    done = export_hf(args.from_attnzoo, args.to_hf, hf_type=args.hf_type or "native")
+    cfg = done.model.config
+    kv = f" ({cfg.n_kv_heads} kv)" if cfg.n_kv_heads != cfg.n_heads else ""
+    print(
+        f"wrote {done.source} → {done.out} as {done.hf_class}: {done.model.num_parameters():,} parameters, "
+        f"{cfg.attention} attention + {cfg.position} positions, {cfg.n_layers} layers, {cfg.n_heads} heads{kv}"
+    )
+    print(f"files: {', '.join(done.files)}")
+    if not done.tokenizer_files:
+        print(f"{done.source} has no Hugging Face tokenizer, so {done.out} has none: pair it with the model's own")
+    register = "attnzoo.hf.register(); " if args.hf_type == "attnzoo" else ""
+    print(f"load it with: {register}transformers.AutoModelForCausalLM.from_pretrained({str(done.out)!r})")
     return 0

@@ -19,7 +19,7 @@ import os
 import secrets
 import shutil
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -90,7 +90,7 @@ class HFExport:
 
     out: Path
     hf_class: str  # the class in config.json's architectures
-    model: Transformer  # the attnzoo model written
+    model: Transformer = field(repr=False)  # the attnzoo model written
     source: Path | None  # the checkpoint directory read; None when given a model
     files: tuple[str, ...]  # every file written
     tokenizer_files: tuple[str, ...]  # those of the tokenizer; none where the source has no HF tokenizer
