@@ -81,6 +81,10 @@ from attnzoo.variants import Variant, count_parameters, matched_configs
 REPO = Path(__file__).resolve().parents[1]
 STATE, SUMMARY = "kit_state.json", "summary.md"
 STATE_VERSION = 3  # 3: the plan identity holds the steps and bench cases
+# The kit's own files in its folder (the comparison's folder keeps its own rules). A folder the kit has not taken
+# (no STATE) that holds one of them is refused: the kit never replaces a file it did not create.
+KIT_FILES = (SUMMARY, "corpus.json", "timing.md", "timing.json", "dcmha-triton.md", "dcmha-triton.json", "gpu-check",
+             "tests", "logs")  # fmt: skip
 PRESET = "gpu-lm"
 # The comparisons that train on a GPU, the kit's --preset (gpu-lm the default) beside a GPU ladder's rung.
 GPU_PRESETS = tuple(name for name, spec in PRESETS.items() if spec.train.device == "cuda")
@@ -314,6 +318,7 @@ class Kit:
 
     def __init__(self, plan: KitPlan, out: Path):
         self.plan, self.out = plan, out
+        self.fresh = not (out / STATE).is_file()  # no kit has taken the folder yet
         self.state = self._read_state()
         self.stage_started = time.perf_counter()
 
@@ -362,6 +367,9 @@ class Kit:
             "seconds": round(earlier + seconds, 1),  # every attempt's: the budget counts them all
             "at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
+        self.save()
+
+    def save(self) -> None:
         atomic_write_text(self.out / STATE, json.dumps(self.state, indent=2) + "\n")
 
     @property
@@ -730,7 +738,7 @@ def out_argument(text: str) -> Path:
 
 def check_out(out: Path) -> None:
     """``out`` can be the kit's folder: a directory, or one that can be made, and never the checkout itself or a
-    folder above it, whose .gitignore the kit would replace with its own."""
+    folder above it, where its files would mix with the clone's."""
     if out == REPO or out in REPO.parents:
         raise ValueError(f"--out {out} holds this checkout ({REPO}): name a folder of its own, e.g. {REPO}/runs/kit")
     if out.exists() and not out.is_dir():
@@ -740,6 +748,19 @@ def check_out(out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ValueError(f"--out {out} cannot be made: {describe_os_error(err)}") from None
+
+
+def keep_out_of_git(out: Path, ignored: str) -> None:
+    """Give ``out`` the kit's .gitignore where it has none. One it has (the user's, another project's) is left as it
+    is, with the lines it lacks said: the kit never replaces a file it did not create."""
+    path = out / ".gitignore"
+    if not (path.exists() or path.is_symlink()):
+        atomic_write_text(path, ignored)
+        return
+    present = path.read_text(encoding="utf-8", errors="replace").splitlines() if path.is_file() else []
+    lacking = [line for line in ignored.splitlines() if line not in present]
+    if lacking:
+        say(f"{path} is not the kit's: left as it is; add {', '.join(lacking)} to it to keep the runs out of git")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -805,6 +826,12 @@ def main(argv: list[str] | None = None) -> int:
     # A rung's kit folder (its state, summary, timing and logs) is kit-RUNG inside the ladder's folder, beside the
     # rung's comparison, so that rungs run on different leases unpack into one folder without colliding.
     kit_dir = out / f"kit-{args.rung}" if ladder else out
+    foreign = [] if (kit_dir / STATE).is_file() else [name for name in KIT_FILES if (kit_dir / name).exists()]
+    if foreign:  # before the lock, whose file would be the first written
+        parser.error(
+            f"--out {kit_dir} holds {', '.join(foreign)}, which no GPU kit wrote (it has no {STATE}): the kit never "
+            "replaces a file it did not create; choose another --out, or move them"
+        )
     with locked_directory(kit_dir, "GPU kit folder"):
         kit = Kit(plan, kit_dir)
         if "timing" in args.redo and "compare" in kit.stages:
@@ -812,8 +839,9 @@ def main(argv: list[str] | None = None) -> int:
                 "--redo timing is refused: the compare in this folder has begun with the steps the timing chose, "
                 "and new ones would not match its runs; choose another --out"
             )
-        ignored = "*/runs/\n*/.attnzoo.lock\n" if ladder else "compare/runs/\n.attnzoo.lock\n"
-        atomic_write_text(out / ".gitignore", ignored)
+        if kit.fresh:
+            kit.save()  # taken: what it writes from here is its own, and a kit stopped in its first stage resumes
+        keep_out_of_git(out, "*/runs/\n*/.attnzoo.lock\n" if ladder else "compare/runs/\n.attnzoo.lock\n")
         say(f"GPU kit ({plan.name}, {plan.label}, {plan.budget_s / 60:g} min) on {device_description(plan)} → {out}")
         code = run_stages(kit, STAGES, args.redo, args.skip)
         write_summary(kit, STAGES)

@@ -464,3 +464,32 @@ def test_the_test_the_tests_stage_leaves_out_exists():
     """A renamed test would make --deselect a silent no-op and the stage 3 minutes longer."""
     path, name = gpu_kit.REPEATED_TEST.split("::")
     assert f"def {name}(" in (gpu_kit.REPO / path).read_text()
+
+
+def test_the_kit_never_replaces_a_file_it_did_not_create(tmp_path, capsys):
+    """A folder's own .gitignore (a folder holding secrets/ and *.key in it) was replaced with the kit's two lines;
+    it is left as it is, and the lines it lacks are said. A summary.md in a folder the kit has not taken is refused
+    before anything is written."""
+    every_stage = ["--dry-run", "--skip", *STAGE_NAMES]  # the kit takes the folder and returns at once
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / ".gitignore").write_text("secrets/\n*.key\n")
+    assert gpu_kit.main([*every_stage, "--out", str(out)]) == 0
+    assert (out / ".gitignore").read_text() == "secrets/\n*.key\n"
+    assert f"{out / '.gitignore'} is not the kit's: left as it is; add compare/runs/, .attnzoo.lock" in (
+        capsys.readouterr().out
+    )
+    fresh = tmp_path / "fresh"
+    assert gpu_kit.main([*every_stage, "--out", str(fresh)]) == 0
+    assert (fresh / ".gitignore").read_text() == "compare/runs/\n.attnzoo.lock\n"  # its own, created
+    assert gpu_kit.main([*every_stage, "--out", str(fresh)]) == 0  # resumed: its own files are its to write
+
+    taken = tmp_path / "notes"
+    taken.mkdir()
+    (taken / "summary.md").write_text("my notes\n")
+    with pytest.raises(SystemExit) as stop:
+        gpu_kit.main([*every_stage, "--out", str(taken)])
+    assert stop.value.code == 2
+    assert f"--out {taken} holds summary.md, which no GPU kit wrote" in capsys.readouterr().err
+    assert sorted(path.name for path in taken.iterdir()) == ["summary.md"]
+    assert (taken / "summary.md").read_text() == "my notes\n"
