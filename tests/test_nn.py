@@ -1,5 +1,8 @@
 """attnzoo.nn: a mechanism as a layer of anyone's model computes what it computes inside attnzoo's Transformer."""
 
+import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -183,3 +186,16 @@ def test_the_nanogpt_example_trains_and_samples(attention, tmp_path, capsys, mon
     losses = [float(line.split("loss ")[1]) for line in lines if line.startswith("step ")]
     assert losses[-1] < losses[0] - 1, losses
     assert lines[-1].startswith("ROMEO:") and len(lines[-1]) > len("ROMEO:")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attention", ("diff", "dcmha"))
+def test_ddp_and_fsdp2_wrap_blocks_and_give_one_process_gradients(attention):
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               str(REPO / "tests" / "fixtures" / "nn_parallel.py"), attention]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    errors = json.loads(done.stdout.strip().splitlines()[-1])
+    # Two ranks average gradients in another order than one process sums them: float32 rounding, measured 7e-10.
+    assert errors["ddp"] < 1e-6 and errors["fsdp"] < 1e-6, errors

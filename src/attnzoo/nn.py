@@ -7,8 +7,9 @@
 :class:`SelfAttention` is one registered mechanism (plugins included) plus what attnzoo's ``Transformer`` otherwise
 gives it on each call: the positions, RoPE's tables or ALiBi's biases, the causal mask, a KV cache. Its arguments are
 :class:`~attnzoo.config.ModelConfig`'s fields and are validated by it, with the same messages; it runs on the same
-kernels through the same dispatcher (``attn_backend``), and ``layer.mechanism`` is the very module that sits at
-``layers[i].self_attn`` in a ``Transformer``, so weights move between the two with ``load_state_dict``.
+kernels through the same dispatcher (``attn_backend``), and ``layer.mechanism`` is the module a ``Transformer`` holds at
+``layers[i].self_attn``, with the same parameter names and shapes, so weights move between the two with
+``load_state_dict`` (:meth:`SelfAttention.from_transformer`).
 :class:`Block` is the pre-norm block attnzoo's model stacks: norm → attention → residual, norm → MLP → residual.
 """
 
