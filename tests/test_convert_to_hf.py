@@ -15,10 +15,13 @@ from safetensors.torch import load_file
 
 transformers = pytest.importorskip("transformers")
 
+from training_helpers import TINY_FLAGS, write_text_corpus  # noqa: E402
+
 from attnzoo import ModelConfig, Transformer  # noqa: E402
 from attnzoo.cli import main  # noqa: E402
 from attnzoo.convert import convert_model, export_hf, from_hf, to_hf  # noqa: E402
 from attnzoo.data.tokenizers import ByteTokenizer, HFTokenizer  # noqa: E402
+from attnzoo.training import load_pretrained  # noqa: E402
 
 VOCAB = 64
 # fp32 round-off: transformers and attnzoo compute the same model with other kernels and in other orders (a fused
@@ -182,11 +185,11 @@ def test_hf_to_attnzoo_and_back_is_the_identity(case):
     }
 
 
-def write_hf_tokenizer(directory):
-    """A tiny byte-level BPE with BOS and EOS tokens, as transformers saves one."""
+def write_hf_tokenizer(directory, n_bytes=VOCAB - 2):
+    """A tiny byte-level BPE with BOS and EOS tokens and the first ``n_bytes`` bytes, as transformers saves one."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-    alphabet = pre_tokenizers.ByteLevel.alphabet()[: VOCAB - 2]
+    alphabet = [chr(c) for c in sorted(map(ord, pre_tokenizers.ByteLevel.alphabet()))][:n_bytes]
     vocab = {token: i for i, token in enumerate(["<s>", "</s>", *sorted(alphabet)])}
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -313,6 +316,26 @@ def test_a_failed_write_leaves_nothing(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="disk full"):
         export_hf(attnzoo_model({}), tmp_path / "hf")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_trained_run_exports_with_its_tokenizer(tmp_path, capsys):
+    """attnzoo train with an HF tokenizer → --to-hf: transformers encodes, scores and decodes as attnzoo does."""
+    text, run, out = write_text_corpus(tmp_path / "text.txt"), tmp_path / "run", tmp_path / "hf"
+    write_hf_tokenizer(tmp_path / "tokenizer", n_bytes=256)
+    train = ["train", "--data", str(text), *TINY_FLAGS, "--tokenizer", f"hf:{tmp_path / 'tokenizer'}"]
+    assert main([*train, "--steps", "2", "--out", str(run)]) == 0
+    capsys.readouterr()
+    assert main(["convert", "--from", str(run), "--to-hf", str(out)]) == 0
+    assert "files: config.json, generation_config.json, model.safetensors, tokenizer.json" in capsys.readouterr().out
+    model, checkpoint = load_pretrained(run)
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    prompt = hf_tokenizer("the king", return_tensors="pt").input_ids
+    assert prompt[0].tolist() == checkpoint.tokenizer.encode("the king").tolist()
+    assert max_logit_diff(hf_model, model, prompt) <= TOLERANCE
+    hf_tokens = hf_model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=8, do_sample=False)
+    assert torch.equal(hf_tokens, model.generate(prompt, 8, temperature=0.0))
+    assert hf_tokenizer.decode(hf_tokens[0]) == checkpoint.tokenizer.decode(hf_tokens[0].tolist())
 
 
 def test_the_command_line(tmp_path, capsys):
