@@ -1,13 +1,18 @@
 """The audit of the stored claims ladder (issue 53, point 5): each defect it found, shown on a stored run or on
 constructed records, and shown mended."""
 
+import dataclasses
+import json
+import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from attnzoo.claims.claim import CLAIMS, _mean_gap
-from attnzoo.claims.report import brief_table, verdict_table
+from attnzoo.claims.claim import CLAIMS, GatePart, LanguageModelGate, _mean_gap
+from attnzoo.claims.measures import _flops_per_token
+from attnzoo.claims.protocol import LM_EFFECT, LM_EFFECT_SOURCE, LM_PROTOCOL
+from attnzoo.claims.report import HOW_A_VERDICT_IS_REACHED, brief_table, verdict_table
 from attnzoo.claims.verdicts import judge_all
 from attnzoo.results import CompareResults
 from attnzoo.results.ladder import load_ladder
@@ -62,3 +67,65 @@ def test_every_interval_printed_beside_a_verdict_is_the_90_percent_one_it_was_de
     row = next(line for line in table.splitlines() if "`dcmha.compute_equivalence`" in line)
     assert f"[{low:+.4g}, {high:+.4g}]" in row and "effect [90% interval, as decided]" in table
     assert "95%" not in table and "95%" not in verdict_table(list(ladder_verdicts.values())).to_markdown()
+
+
+def _stability(gate) -> GatePart:
+    return next(part for part in gate.parts if part.name == "(c) gap stability")
+
+
+def test_curves_that_run_together_decide_selective_attentions_primary_at_the_larger_rung(large):
+    """Its gap is −0.0006, +0.0010, +0.0037 at 50, 75 and 100%: it changes sign, each point within δ/2 = 0.01 of
+    zero. The rule passes it; without it no negligible effect could pass."""
+    claim = CLAIMS["selective.lm_loss"]
+    gaps = [_mean_gap(large, claim, point) for point in claim.gate.gap_points]
+    assert min(gaps) < 0 < max(gaps) and max(abs(gap) for gap in gaps) < claim.gate.loss_effect / 2
+    stability = _stability(claim.gate.check(large, claim))
+    assert stability.passed and stability.detail.startswith("the curves ran together")
+
+
+def test_the_named_budget_decides_gqas_primary_at_the_larger_rung(large):
+    """The 5%-uptrained model's gap closes 0.130 → 0.101 over the last quarter of α: the recipe's result where the
+    claim names its budget, a gap still moving for a claim that does not."""
+    claim = CLAIMS["gqa.uptrained_close_to_mha"]
+    assert claim.gate.fixed_budget and _stability(claim.gate.check(large, claim)).passed
+    unnamed = dataclasses.replace(claim, gate=dataclasses.replace(claim.gate, fixed_budget=False))
+    stability = _stability(unnamed.gate.check(large, unnamed))
+    assert not stability.passed and stability.detail.startswith("the gap moved 0.0294 nats")
+
+
+def test_the_protocol_states_both_rules_with_their_reason_in_the_report_and_the_docs():
+    text = (Path(__file__).parents[1] / "docs" / "jobs" / "compare.md").read_text(encoding="utf-8")
+    for written in (HOW_A_VERDICT_IS_REACHED, text, LanguageModelGate.__doc__ or ""):
+        said = " ".join(written.split())
+        assert "change sign by noise, not by crossing" in said or "cross by noise, not by one model" in said
+        assert "negligible effect could" in said and "never pass" in said
+        assert "the recipe's result" in said and "move apart by" in said
+    assert "one sign at 50/75/100% unless all within it of zero" in LM_PROTOCOL.describe()
+    named = CLAIMS["gqa.uptrained_close_to_mha"].gate.describe()
+    assert "the models not moving apart by 0.01 nats over its last quarter" in named
+
+
+def test_the_language_model_delta_cites_the_figures_its_sources_give():
+    """δ = 0.02 is about a quarter of what 1.5× the compute buys MHA: on the one-size run where it was fixed, and on
+    the ladder's own scaling curve, each figure recomputed from the stored results."""
+    one_size = CompareResults.load(LADDER.parent / "claims-one-size" / "results.json")
+    losses = [
+        np.mean([run.val.loss for run in one_size.variants[label].runs]) for label in ("mha+rope", "mha+rope+x1.5")
+    ]
+    assert f"mha+rope {losses[0]:.4f} → {losses[1]:.4f} nats" in LM_EFFECT_SOURCE
+    ladder, _ = load_ladder(LADDER)
+    slopes = []
+    for seed in ladder.largest.seeds:
+        points = []
+        for rung in ladder.rungs:
+            found = rung.variants["mha+rope"]
+            per_token = _flops_per_token(json.dumps(found.config, sort_keys=True), rung.budget.seq_len)
+            run = next(run for run in found.runs if run.seed == seed)
+            points.append((math.log(per_token * run.tokens), math.log(run.val.loss)))
+        slopes.append(-np.polyfit(*np.array(points).T, 1)[0])
+    alpha = float(np.mean(slopes))
+    assert f"α = {alpha:.3f}" in LM_EFFECT_SOURCE
+    for rung in ladder.rungs:
+        bought = np.mean([run.val.loss for run in rung.variants["mha+rope"].runs]) * (1 - 1.5**-alpha)
+        assert f"{bought:.3f}" in LM_EFFECT_SOURCE and f"{bought / 4:.3f}" in LM_EFFECT_SOURCE
+        assert abs(bought / 4 - LM_EFFECT) < 0.005
