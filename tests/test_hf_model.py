@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from attnzoo import ModelConfig, Transformer
 
@@ -110,6 +110,22 @@ def test_save_and_auto_from_pretrained_give_the_same_model(changes, tmp_path):
     tokens = _tokens()
     with torch.no_grad():
         assert torch.equal(loaded(tokens).logits, model(tokens))  # buffers (RoPE, sinusoids) recomputed alike
+
+
+def test_weights_a_checkpoint_lacks_get_attnzoos_init_and_the_rest_load(tmp_path):
+    model = _model(attention="selective")
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(1.0)  # away from any init
+    hf.AttnzooForCausalLM.from_attnzoo(model).save_pretrained(tmp_path)
+    stored = load_file(tmp_path / "model.safetensors")
+    missing = {"model.layers.0.self_attn.q_temperature.weight", "model.layers.0.self_attn.q_temperature.alpha"}
+    save_file({name: tensor for name, tensor in stored.items() if name not in missing}, tmp_path / "model.safetensors")
+    loaded = hf.AttnzooForCausalLM.from_pretrained(tmp_path)
+    fresh = _model(attention="selective").state_dict()  # τ's init is deterministic: f's last layer 0, α constant
+    state = loaded.state_dict()
+    for name, tensor in stored.items():
+        assert torch.equal(state[name], fresh[name.removeprefix("model.")] if name in missing else tensor), name
 
 
 def test_the_loss_shifts_the_labels_as_transformers_does():

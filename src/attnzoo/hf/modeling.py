@@ -12,8 +12,9 @@ from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers import initialization as init
+from transformers.generation.configuration_utils import GenerationMode
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.utils.generic import can_return_tuple
 
@@ -23,7 +24,6 @@ from attnzoo.hf.cache import AttnzooCache
 from attnzoo.hf.configuration import AttnzooConfig
 from attnzoo.model import Transformer
 from attnzoo.positions import POSITIONS
-from attnzoo.positions.base import PositionalEncoding
 
 
 class AttnzooForCausalLM(PreTrainedModel, GenerationMixin):
@@ -40,10 +40,9 @@ class AttnzooForCausalLM(PreTrainedModel, GenerationMixin):
         if model is not None and model.config != model_config:
             raise ValueError(f"the model's config {model.config} is not {model_config}, the one given")
         self.model = Transformer(model_config) if model is None else model
-        if self.model.embed_tokens.weight.device.type != "meta":
-            # attnzoo initialised (or trained) it already; transformers' init pass must leave it as it is. On the
-            # meta device (from_pretrained), the weights it does not load get attnzoo's init (_init_weights).
-            self.model._is_hf_initialized = True
+        # Built off the meta device, attnzoo has initialised (or trained) it already; built on it (from_pretrained),
+        # it is initialised by initialize_weights once transformers has loaded what the checkpoint holds.
+        self._initialised = self.model.embed_tokens.weight.device.type != "meta"
         self.post_init()
 
     @classmethod
@@ -69,21 +68,31 @@ class AttnzooForCausalLM(PreTrainedModel, GenerationMixin):
         self.model.lm_head = value
 
     @torch.no_grad()
-    def _init_weights(self, module: nn.Module) -> None:
-        """transformers calls this for every module it did not load. The Transformer gets attnzoo's own init
-        (``reset_parameters``, whose ``nn.init`` calls transformers turns into no-ops on loaded tensors here); a
-        positional scheme's buffers, derived from the config and never saved, are computed as attnzoo does."""
-        if isinstance(module, Transformer):
-            module.reset_parameters()
-        elif isinstance(module, PositionalEncoding):
-            cfg = self.config.to_model_config()
-            with torch.device("cpu"):
-                fresh = POSITIONS.get(cfg.position)(cfg, ATTENTION.get(cfg.attention).qk_head_dim(cfg))
-            for name, buffer in fresh.named_buffers():
-                init.copy_(module.get_buffer(name), buffer)
+    def initialize_weights(self) -> None:
+        """Initialise what transformers did not load from a checkpoint as attnzoo does: ``reset_parameters`` and
+        the norms' own init, whose ``nn.init`` calls transformers turns into no-ops on loaded tensors here; and
+        the positional scheme's buffers, derived from the config and never saved."""
+        if self._initialised:
+            return
+        with init.guard_torch_init_functions():
+            self.model.reset_parameters()
+            for module in self.model.modules():
+                if isinstance(module, (nn.RMSNorm, nn.LayerNorm)):
+                    module.reset_parameters()
+        cfg = self.config.to_model_config()
+        with torch.device("cpu"):
+            fresh = POSITIONS.get(cfg.position)(cfg, ATTENTION.get(cfg.attention).qk_head_dim(cfg))
+        for name, buffer in fresh.named_buffers():
+            self.model.position.get_buffer(name).copy_(buffer)
+        self._initialised = True
 
     def _prepare_cache_for_generation(
-        self, generation_config, model_kwargs: dict, generation_mode, batch_size: int, max_cache_length: int
+        self,
+        generation_config: GenerationConfig,
+        model_kwargs: dict,
+        generation_mode: GenerationMode,
+        batch_size: int,
+        max_cache_length: int,
     ) -> None:
         """``generate``'s cache: an :class:`AttnzooCache` of the generation's length, in place of transformers'
         own caches, which store keys and values only."""
@@ -129,11 +138,10 @@ class AttnzooForCausalLM(PreTrainedModel, GenerationMixin):
             )
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
-        kv = self._attnzoo_cache(cache, (input_ids if input_ids is not None else inputs_embeds).shape[0])
-        start = 0 if kv is None else kv.length
+        batch, length = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
+        kv = self._attnzoo_cache(cache, batch)
         _check_no_padding(attention_mask)
-        length = (input_ids if input_ids is not None else inputs_embeds).shape[1]
-        _check_positions(position_ids, start, length)
+        _check_positions(position_ids, 0 if kv is None else kv.length, length)
         if inputs_embeds is not None:
             if kv is not None:
                 raise ValueError("inputs_embeds cannot continue a cache; pass input_ids, or no cache")
