@@ -71,10 +71,11 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         name="convert",
         summary="convert a local Hugging Face or official DCFormer model directory into an attnzoo model directory, "
-        "or an MHA model into GQA/MQA",
+        "an MHA model into GQA/MQA, or an attnzoo model into a transformers checkpoint",
         example=(
             "attnzoo convert --from-hf ~/models/llama --out models/llama\n"
             "  attnzoo convert --from runs/mha --out models/mha-gqa2 --kv-heads 2\n"
+            "  attnzoo convert --from runs/mha --to-hf hf/mha\n"
             "  attnzoo train --init-from models/llama --attention selective --attention-option "
             "position_coefficient=linear --train-only temperature"
         ),
