@@ -29,7 +29,6 @@ from attnzoo.claims.claim import (
     TaskLearned,
 )
 from attnzoo.claims.experiments import claim_tasks, claim_variants
-from attnzoo.claims.measures import task_probe
 from attnzoo.claims.verdicts import judge, judge_all, verdicts_record
 from attnzoo.compare import PRESETS, CompareResults
 from attnzoo.compare.report import write_report
@@ -567,47 +566,47 @@ def graph_records(norms, taus, spikiness=None) -> CompareResults:
 VANILLA_NORMS = [1.8 + j for j in JITTER]
 
 
-def test_a_norm_halved_by_a_temperature_at_its_ceiling_is_no_smaller_logit_scale():
-    """τ_q = 2 on every row and ‖W_q W_kᵀ‖ halved is vanilla attention reparameterised: the raw norm reads it as a
-    smaller norm, the effective scale τ̄·‖W_q W_kᵀ‖ as none; and the measure is the row-weighted mean τ_q times the
-    norm, by hand."""
+def test_the_norm_judged_is_the_parameter_norm_the_paper_states_with_the_logits_scale_reported_beside_it():
+    """ "A smaller attention-map parameter norm" (002:30) is ‖W_q W_kᵀ‖, judged as stated: halved under τ_q = 2 on
+    every row it is smaller, though τ̄·‖W_q W_kᵀ‖, the logits' effective scale, is vanilla attention's (a
+    reparameterisation): that product is reported beside it, the row-weighted mean τ_q times the norm, by hand."""
     claim = CLAIMS["selective.query_temperature_norm"]
     halved = [n / 2 + 0.01 * j for n, j in zip(VANILLA_NORMS, (1, -1, 2, 0, -2), strict=True)]
     ceiling = graph_records({"mha+none": VANILLA_NORMS, GRAPH_SELECTIVE: halved}, [dict.fromkeys(ROWS, 2.0)] * 5)
-    raw = dataclasses.replace(claim, measure=task_probe("graph", "qk_operator_norm", "‖W_q W_kᵀ‖"), parts=())
-    assert judge(raw, ceiling).outcome == "supported"  # what the claim measured before: a reparameterisation
     verdict = judge(claim, ceiling)
-    assert (
-        verdict.parts[0].outcome == "not run" and "these stored runs do not record" in verdict.parts[0].reason
-    )  # no spikiness
-    assert verdict.outcome == "negligible" and "negligible in part 1" in verdict.reason
+    assert verdict.difference.mean == pytest.approx(np.mean(halved) - np.mean(VANILLA_NORMS))
+    assert "(1) attention-map parameter norm ‖W_q W_kᵀ‖" in verdict.reason and ": supported:" in verdict.reason
     assert verdict.levels[f"{GRAPH_SELECTIVE}: τ_q, mean over the rows"] == pytest.approx(2.0)
-
+    scale = f"{GRAPH_SELECTIVE}: τ̄_q·‖W_q W_kᵀ‖, the logits' effective scale (reported, not judged)"
+    assert verdict.levels[scale] == pytest.approx(2 * np.mean(halved))
+    assert verdict.levels["mha+none: τ̄_q·‖W_q W_kᵀ‖, the logits' effective scale (reported, not judged)"] == (
+        pytest.approx(np.mean(VANILLA_NORMS))  # τ ≡ 1
+    )
     taus = [{1: 1.9, 2: 1.5, 4: 1.2, 8: 1.0}] * 5
-    uneven = graph_records({"mha+none": VANILLA_NORMS, GRAPH_SELECTIVE: halved}, taus)
+    uneven = judge(claim, graph_records({"mha+none": VANILLA_NORMS, GRAPH_SELECTIVE: halved}, taus))
     mean_tau = (4 * 1.9 + 6 * 1.5 + 5 * 1.2 + 9 * 1.0) / 24
-    assert claim.measure.read(uneven, GRAPH_SELECTIVE)[2] == pytest.approx(mean_tau * halved[2])
-    assert claim.measure.read(uneven, "mha+none")[2] == pytest.approx(VANILLA_NORMS[2])  # τ ≡ 1
+    assert uneven.levels[scale] == pytest.approx(mean_tau * np.mean(halved))
 
 
-def test_the_spikier_half_decides_with_the_norm_half_and_its_absence_is_said():
-    """A genuinely smaller logit scale (τ_q = 1, ‖W‖ 0.3 smaller) is half the claim: supported only with a spikier
-    map; a flatter map contradicts the whole; a run without the spikiness probe leaves it not run, and says why."""
+def test_the_spikier_half_is_not_measurable_on_the_graph_task_whose_target_fixes_the_map():
+    """The graph task's map is its next-token distribution: a model that fits the target has the target's
+    ‖p‖₂/‖p‖₁, so the two cannot differ there by their mechanism. Measured, it is reported and not judged, and the
+    whole claim is not measurable; a larger norm still contradicts the whole; a run without the probe leaves it
+    not run."""
     claim = CLAIMS["selective.query_temperature_norm"]
     smaller = [n - 0.3 + j for n, j in zip(VANILLA_NORMS, JITTER[::-1], strict=True)]
-    norms = {"mha+none": VANILLA_NORMS, GRAPH_SELECTIVE: smaller}
     flat_tau = [dict.fromkeys(ROWS, 1.0)] * 5
-
-    def spiky(shift):
-        return {"mha+none": [0.40] * 5, GRAPH_SELECTIVE: [0.40 + shift + j for j in JITTER]}
-
-    assert judge(claim, graph_records(norms, flat_tau, spiky(0.1))).outcome == "supported"
-    flatter = judge(claim, graph_records(norms, flat_tau, spiky(-0.1)))
-    assert flatter.outcome == "contradicted" and "contradicted in part 2" in flatter.reason
-    assert [p.outcome for p in flatter.parts] == ["contradicted"] and flatter.parts[0].effect == pytest.approx(-0.1)
-    unprobed = judge(claim, graph_records(norms, flat_tau))
-    assert unprobed.outcome == "not run" and "part 2 is not run, so the whole claim is" in unprobed.reason
-    assert "(1) effective logit scale" in unprobed.reason and ": supported:" in unprobed.reason
+    spiky = {"mha+none": [0.40] * 5, GRAPH_SELECTIVE: [0.50 + j for j in JITTER]}
+    verdict = judge(claim, graph_records({"mha+none": VANILLA_NORMS, GRAPH_SELECTIVE: smaller}, flat_tau, spiky))
+    [spikiness] = verdict.parts
+    assert spikiness.outcome == "not measurable" and spikiness.p_raw is None
+    assert "the target fixes" in spikiness.reason and "measured +0.1" in spikiness.reason
+    assert verdict.outcome == "not measurable" and "part 2 is not measurable, so the whole claim is" in verdict.reason
+    larger = [n + 0.3 + j for n, j in zip(VANILLA_NORMS, JITTER[::-1], strict=True)]
+    against = judge(claim, graph_records({"mha+none": VANILLA_NORMS, GRAPH_SELECTIVE: larger}, flat_tau, spiky))
+    assert against.outcome == "contradicted" and "contradicted in part 1" in against.reason
+    unprobed = judge(claim, graph_records({"mha+none": VANILLA_NORMS, GRAPH_SELECTIVE: smaller}, flat_tau))
+    assert unprobed.parts[0].outcome == "not run" and "part 2 is not run, so the whole claim is" in unprobed.reason
 
 
 def test_fewer_neighbours_lower_temperature_is_read_off_the_temperature_by_degree():
@@ -706,16 +705,19 @@ def test_a_primary_of_several_halves_enters_holm_with_its_largest_p(ladder, regi
 
 
 def test_the_stored_run_says_what_each_rewritten_claim_measured():
-    """docs/claims-one-size re-rendered (nothing trained): the effective logit scale is larger under selective attention
-    (its τ sits near the ceiling 2), the spikiness is not in the stored probes, τ_q falls with the degree while the
+    """docs/claims-one-size re-rendered (nothing trained): the parameter norm is smaller under selective attention as
+    the paper says, the logits' effective scale, reported beside it, larger (its τ sits near the ceiling 2), the
+    spikiness is not in the stored probes, τ_q falls with the degree while the
     error's half stays inconclusive, and ALiBi's speed and memory halves are not benched at 2L."""
     verdicts = {v.claim.id: v for v in judge_all(CompareResults.load(STORED / "results.json"))}
     norm = verdicts["selective.query_temperature_norm"]
-    assert norm.outcome == "contradicted" and norm.difference.mean == pytest.approx(0.3896, abs=1e-3)
-    assert norm.levels[f"{GRAPH_SELECTIVE}: ‖W_q W_kᵀ‖ alone"] < norm.levels["mha+none: ‖W_q W_kᵀ‖ alone"]
+    assert norm.difference.mean < -0.1 and norm.levels[GRAPH_SELECTIVE] < norm.levels["mha+none"]
+    scale = ": τ̄_q·‖W_q W_kᵀ‖, the logits' effective scale (reported, not judged)"
+    assert norm.levels[GRAPH_SELECTIVE + scale] - norm.levels["mha+none" + scale] == pytest.approx(0.3896, abs=1e-3)
     assert norm.parts[0].outcome == "not run" and "made before the task's probe recorded it" in norm.parts[0].reason
+    assert norm.outcome == "not run" and ": supported:" in norm.reason
     # a task's models are its own, not the comparison's 0.12M language models beside which they ran
-    assert norm.sizes[0].describe().startswith("task graph, run with the 0.12M rung: +0.3896")
+    assert norm.sizes[0].describe().startswith(f"task graph, run with the 0.12M rung: {norm.difference.mean:+.4f}")
     graph = verdicts["selective.graph_temperature"]
     assert graph.outcome == "inconclusive" and graph.parts[0].outcome == "supported"
     assert graph.parts[0].effect == pytest.approx(-0.6729, abs=1e-3)

@@ -488,12 +488,17 @@ class TaskLearned:
 @dataclass(frozen=True)
 class Part:
     """A further part of a claim's statement ("spikier *and* with a smaller norm"), measured like the claim's own
-    measure: the same variant, baseline and gate, its own measure, rule and smallest effect of interest."""
+    measure: the same variant, baseline and gate, its own measure, rule and smallest effect of interest.
+
+    ``fixed_by_task``: why the part's task fixes its measure for every model that learns the task (a target map
+    both models fit), so the two cannot differ there by their mechanism: the part is then not measurable on that
+    task, for this reason, its measured difference reported beside it and not judged."""
 
     measure: Measure
     rule: Rule
     smallest_effect: float
     smallest_effect_source: str
+    fixed_by_task: str = ""
 
     @property
     def name(self) -> str:

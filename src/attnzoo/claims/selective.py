@@ -65,37 +65,43 @@ def _task_runs(results: CompareResults, task: str, variant: str) -> list[TaskRun
     return found.runs.get(variant) if found else None
 
 
-def effective_logit_scale(task: str = "graph") -> Measure:
+def _effective_scale(results: CompareResults, run: TaskRun, task: str) -> float | None:
     """τ̄_q·‖W_q W_kᵀ‖, the review's effective weight τ(q)·W_q W_k (shared/seeds/002:83) with τ_q averaged over the
-    map's K rows (each degree class's mean weighted by its rows): the scale of the logits a row actually gets. A
-    temperature at its ceiling lets ‖W_q W_kᵀ‖ shrink by reparameterisation alone; this product does not."""
+    map's K rows (each degree class's mean weighted by its rows): the scale of the logits a row actually gets."""
+    tau = _temperatures(run)
+    if "qk_operator_norm" not in run.probe or tau is None:
+        return None
+    rows = _rows_by_degree(results, task)
+    if tau and set(tau) != set(rows):
+        return None
+    mean_tau = sum(rows[d] * tau[d] for d in rows) / sum(rows.values()) if tau else 1.0
+    return mean_tau * run.probe["qk_operator_norm"]
 
-    def scale(results: CompareResults, run: TaskRun) -> float | None:
-        tau = _temperatures(run)
-        if "qk_operator_norm" not in run.probe or tau is None:
-            return None
-        rows = _rows_by_degree(results, task)
-        if tau and set(tau) != set(rows):
-            return None
-        mean_tau = sum(rows[d] * tau[d] for d in rows) / sum(rows.values()) if tau else 1.0
-        return mean_tau * run.probe["qk_operator_norm"]
+
+def parameter_norm(task: str = "graph") -> Measure:
+    """‖W_q W_kᵀ‖, the attention-map parameter norm the review states (002:30), judged as stated. Beside it, reported
+    and not judged: τ̄_q·‖W_q W_kᵀ‖, the logits' effective scale, and τ̄_q, since a temperature near its ceiling
+    lets ‖W_q W_kᵀ‖ shrink by reparameterisation alone and only the product shows whether it did."""
 
     def read(results: CompareResults, variant: str) -> Values | None:
         runs = _task_runs(results, task, variant)
-        values = {run.seed: scale(results, run) for run in runs or []}
-        return values if values and None not in values.values() else None  # type: ignore[return-value]
+        if not runs or any("qk_operator_norm" not in run.probe for run in runs):
+            return None
+        return {run.seed: run.probe["qk_operator_norm"] for run in runs}
 
     def levels(results: CompareResults, variant: str) -> dict[str, float]:
         runs = _task_runs(results, task, variant) or []
-        norms = [run.probe["qk_operator_norm"] for run in runs]
-        scales = [scale(results, run) for run in runs]
-        shown = {"‖W_q W_kᵀ‖ alone": float(np.mean(norms))}
+        scales = [_effective_scale(results, run, task) for run in runs]
+        if not runs or None in scales:
+            return {}
+        shown = {"τ̄_q·‖W_q W_kᵀ‖, the logits' effective scale (reported, not judged)": float(np.mean(scales))}
         if any(_temperatures(run) for run in runs):
-            shown["τ_q, mean over the rows"] = float(np.mean([s / n for s, n in zip(scales, norms, strict=True)]))
+            ratios = [scale / run.probe["qk_operator_norm"] for scale, run in zip(scales, runs, strict=True)]
+            shown["τ_q, mean over the rows"] = float(np.mean(ratios))
         return shown
 
     return Measure(
-        "effective logit scale τ̄_q·‖W_q W_kᵀ‖ (τ_q's mean over the map's rows; τ ≡ 1 for vanilla attention)",
+        "attention-map parameter norm ‖W_q W_kᵀ‖ (operator norm)",
         f"task {task!r} with its probe",
         read,
         task,
@@ -313,20 +319,20 @@ register_claim(
         paper=PAPER,
         statement=(
             'Query selectivity makes the attention map spikier with a smaller attention-map parameter norm: "더 작은 '
-            'attn map parameter norm을 가지도록 만들어서 spikier attention map을 만들 수 있도록 해" (002:30), the '
-            "effective weight being τ(q)·W_q W_k (002:83); so a smaller norm counts only as the logits' effective "
-            "scale τ·‖W_q W_kᵀ‖, since a temperature at its ceiling shrinks ‖W_q W_kᵀ‖ by reparameterisation alone "
-            "(figure not available)."
+            'attn map parameter norm을 가지도록 만들어서 spikier attention map을 만들 수 있도록 해" (002:30). The '
+            "norm is judged as stated, ‖W_q W_kᵀ‖; the effective weight being τ(q)·W_q W_k (002:83), the logits' "
+            "scale τ̄·‖W_q W_kᵀ‖ is reported beside it, since a temperature near its ceiling shrinks ‖W_q W_kᵀ‖ by "
+            "reparameterisation alone (figure not available)."
         ),
         source="shared/seeds/002:30, 002:83, 002:93",
         variant="selective[position_temperature=false,value_temperature=false]+none",
         baseline="mha+none",
-        measure=effective_logit_scale("graph"),
+        measure=parameter_norm("graph"),
         rule=LOWER,
         smallest_effect=0.1,
         smallest_effect_source=(
-            "our choice: 0.1 in logit scale, about 5% of vanilla attention's ‖W_q W_kᵀ‖ on the graph task (1.87 in "
-            "the stored claims run)"
+            "our choice: 0.1 in ‖W_q W_kᵀ‖, about 5% of vanilla attention's on the graph task (1.87 at the claims "
+            "ladder's larger rung, docs/claims/large)"
         ),
         gate=LEARNED,
         paper_scale="small synthetic models (sizes not given in the review)",
@@ -338,6 +344,12 @@ register_claim(
                 smallest_effect=0.02,
                 smallest_effect_source=(
                     "0.02 in ‖p‖₂/‖p‖₁, as selective.spikiness; about 3.5% of the true map's own 0.58 on the graph task"
+                ),
+                fixed_by_task=(
+                    "not measurable on the graph task: its attention map is the next-token distribution, and the "
+                    "target fixes it (uniform over a row's d neighbours, ‖p‖₂/‖p‖₁ = 1/√d), so two models that fit "
+                    "the target have the same spikiness whatever their mechanism; no stored task whose map is free "
+                    "runs the query temperature alone"
                 ),
             ),
         ),

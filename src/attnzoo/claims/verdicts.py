@@ -506,6 +506,19 @@ def _judge_part(claim: Claim, part: Part, ladder: Ladder) -> PartVerdict:
     verdict = _measure(alone, ladder)
     verdict = _decide(verdict) if _pending(verdict) else verdict
     d = verdict.difference
+    bounds = d.interval(EQUIVALENCE_CONFIDENCE) if d and d.has_spread else None
+    if part.fixed_by_task and d is not None:  # measured where it cannot differ: reported, not judged
+        shown = f"measured {d.mean:+.4g}" + (f", 90% [{bounds[0]:+.4g}, {bounds[1]:+.4g}]" if bounds else "")
+        return PartVerdict(
+            part,
+            "not measurable",
+            f"{part.fixed_by_task} ({shown}: reported, not judged)",
+            d,
+            levels=verdict.levels,
+            would_change="the same measure on a task whose target leaves it free",
+            effect=d.mean,
+            bounds=bounds,
+        )
     return PartVerdict(
         part,
         verdict.outcome,
@@ -515,7 +528,7 @@ def _judge_part(claim: Claim, part: Part, ladder: Ladder) -> PartVerdict:
         verdict.levels,
         verdict.would_change,
         d.mean if d else None,
-        d.interval(EQUIVALENCE_CONFIDENCE) if d and d.has_spread else None,
+        bounds,
     )
 
 
