@@ -195,18 +195,37 @@ def test_a_cache_continues_a_sequence_by_hand():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"attention_mask": torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])}, "does not support padding"),
+        ({"attention_mask": torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])}, "masks tokens before real ones"),
+        ({"attention_mask": torch.ones(2, 5)}, r"attention_mask must have shape \(2, 4\)"),
         ({"position_ids": torch.tensor([[1, 2, 3, 4]])}, r"position_ids must be 0..3"),
         ({"cache": transformers.DynamicCache()}, "not a DynamicCache"),
         ({"output_attentions": True}, "attention_maps"),
         ({"inputs_embeds": torch.zeros(2, 4, 32)}, "exactly one of input_ids and inputs_embeds"),
     ],
-    ids=["padding", "positions", "dynamic-cache", "attentions", "both-inputs"],
+    ids=["left-padding", "mask-shape", "positions", "dynamic-cache", "attentions", "both-inputs"],
 )
 def test_what_an_attnzoo_model_cannot_do_is_refused_with_the_reason(kwargs, message):
     wrapped = hf.AttnzooForCausalLM.from_attnzoo(_model())
     with pytest.raises(ValueError, match=message):
         wrapped(torch.zeros(2, 4, dtype=torch.long), **kwargs)
+
+
+def test_right_padding_leaves_the_real_tokens_exact_and_a_cache_refuses_any():
+    model = _model(attention="dcmha")
+    wrapped = hf.AttnzooForCausalLM.from_attnzoo(model)
+    tokens = _tokens(length=8)
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[1, 5:] = 0  # the second sequence is 5 tokens long
+    position_ids = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)  # as transformers derives them
+    with torch.no_grad():
+        logits = wrapped(tokens, attention_mask=mask, position_ids=position_ids).logits
+        # The same math over 8 keys or 5 (3 of them masked): equal up to fp32 summation order.
+        torch.testing.assert_close(logits[1, :5], model(tokens[1:, :5])[0], rtol=0, atol=1e-5)
+        with pytest.raises(ValueError, match="padding with a cache"):
+            wrapped(tokens, attention_mask=mask, cache=hf.AttnzooCache(max_len=8))
+    bidirectional = hf.AttnzooForCausalLM.from_attnzoo(_model(causal=False))
+    with pytest.raises(ValueError, match="masks tokens before real ones"):  # its real tokens would see the pads
+        bidirectional(tokens, attention_mask=mask)
 
 
 def test_generate_refuses_a_transformers_cache_implementation():
@@ -216,8 +235,15 @@ def test_generate_refuses_a_transformers_cache_implementation():
 
 
 def _dataset(n: int = 4, length: int = 16) -> list[dict[str, torch.Tensor]]:
-    rows = [_tokens(batch=1, length=length, seed=seed)[0] for seed in range(n)]
-    return [{"input_ids": row, "labels": row.clone()} for row in rows]
+    """Rows of ``length`` tokens, the last one right-padded as a collator pads a shorter sequence."""
+    rows = []
+    for seed in range(n):
+        tokens = _tokens(batch=1, length=length, seed=seed)[0]
+        mask = torch.ones(length, dtype=torch.long)
+        if seed == n - 1:
+            mask[length // 2 :] = 0
+        rows.append({"input_ids": tokens, "attention_mask": mask, "labels": tokens.masked_fill(mask == 0, -100)})
+    return rows
 
 
 def _train_one_step(model, tmp_path) -> None:
@@ -226,7 +252,7 @@ def _train_one_step(model, tmp_path) -> None:
         use_cpu=True,
         report_to="none",
         max_steps=1,
-        per_device_train_batch_size=2,
+        per_device_train_batch_size=4,  # the whole dataset, its padded row included
         learning_rate=1e-2,
         save_strategy="no",
         logging_strategy="no",

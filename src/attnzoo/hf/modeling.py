@@ -128,8 +128,9 @@ class AttnzooForCausalLM(PreTrainedModel, GenerationMixin):
 
         With ``cache`` (an :class:`AttnzooCache`), ``input_ids`` continue the cached sequence and are appended
         to it; ``use_cache`` does not create one (``generate`` does, sized to the generation). attnzoo numbers
-        positions from the cache, without padding: an ``attention_mask`` must be all ones and ``position_ids``,
-        where given, the positions that follow the cache.
+        positions from the cache, the same for every sequence: ``position_ids``, where given, must be those
+        positions, and ``attention_mask`` all ones, or in an uncached forward of a causal model right padding
+        (a collator's padded training batch, -100 labels at the pads), which no real token attends to.
         """
         if output_attentions or output_hidden_states:
             raise ValueError(
@@ -140,8 +141,9 @@ class AttnzooForCausalLM(PreTrainedModel, GenerationMixin):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
         batch, length = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
         kv = self._attnzoo_cache(cache, batch)
-        _check_no_padding(attention_mask)
-        _check_positions(position_ids, 0 if kv is None else kv.length, length)
+        start = 0 if kv is None else kv.length
+        real = _real_tokens(attention_mask, batch, start + length, right_padding=kv is None and self.config.causal)
+        _check_positions(position_ids, start, real[:, start:])
         if inputs_embeds is not None:
             if kv is not None:
                 raise ValueError("inputs_embeds cannot continue a cache; pass input_ids, or no cache")
@@ -166,24 +168,34 @@ class AttnzooForCausalLM(PreTrainedModel, GenerationMixin):
         return cache.for_model(self.model, batch_size)
 
 
-def _check_no_padding(attention_mask: Tensor | None) -> None:
-    """attnzoo models attend over every position of a sequence: a mask may only say so."""
+def _real_tokens(attention_mask: Tensor | None, batch: int, end: int, *, right_padding: bool) -> Tensor:
+    """(B, end) bool, True at the tokens ``attention_mask`` says are real. attnzoo attends over every position, so
+    a mask may only say that all are, or (``right_padding``) mark pads after every real token of a causal model's
+    uncached forward: causal attention never lets a real token see them, so its output is exact."""
     if attention_mask is None:
-        return
-    if attention_mask.dim() != 2 or not bool(attention_mask.all()):
-        raise ValueError(
-            f"attention_mask {tuple(attention_mask.shape)} masks positions, and an attnzoo model does not support "
-            "padding: pass sequences of one length (or one at a time) with an all-ones mask, or none"
-        )
+        return torch.ones(batch, end, dtype=torch.bool)
+    if attention_mask.shape != (batch, end):
+        shape = tuple(attention_mask.shape)
+        raise ValueError(f"attention_mask must have shape ({batch}, {end}), the cached and new tokens; got {shape}")
+    real = attention_mask.bool()
+    if bool(real.all()) or (right_padding and bool((real[:, :-1] >= real[:, 1:]).all())):
+        return real
+    raise ValueError(
+        "attention_mask masks tokens before real ones (left padding, or padding with a cache), which an attnzoo "
+        "model does not support: it numbers positions alike for every sequence. Pad on the right for training, "
+        "and generate from prompts of one length (or one at a time)"
+    )
 
 
-def _check_positions(position_ids: Tensor | None, start: int, length: int) -> None:
-    """Positions come from the cache; ``position_ids``, which generate derives from the mask, must agree."""
+def _check_positions(position_ids: Tensor | None, start: int, real: Tensor) -> None:
+    """Positions come from the cache; ``position_ids`` (which generate derives from the mask) must agree at the
+    ``real`` tokens (B, T)."""
     if position_ids is None:
         return
+    length = real.shape[1]
     expected = torch.arange(start, start + length, device=position_ids.device)
-    if position_ids.shape[-1] != length or not bool((position_ids == expected).all()):
+    if position_ids.shape[-1] != length or not bool(((position_ids == expected) | ~real.to(position_ids.device)).all()):
         raise ValueError(
             f"position_ids must be {start}..{start + length - 1}, the positions after the cached {start}: an attnzoo "
-            "model numbers positions itself (no padding or packed sequences)"
+            "model numbers positions itself (no left padding or packed sequences)"
         )
