@@ -20,7 +20,7 @@ from training_helpers import TINY_FLAGS, write_text_corpus  # noqa: E402
 from attnzoo import ModelConfig, Transformer  # noqa: E402
 from attnzoo.cli import main  # noqa: E402
 from attnzoo.convert import convert_model, export_hf, from_hf, to_hf  # noqa: E402
-from attnzoo.data.tokenizers import ByteTokenizer, HFTokenizer  # noqa: E402
+from attnzoo.data.tokenizers import ByteTokenizer, CharTokenizer, HFTokenizer  # noqa: E402
 from attnzoo.training import load_pretrained  # noqa: E402
 
 VOCAB = 64
@@ -233,12 +233,25 @@ def test_a_stored_hf_tokenizer_is_written_as_transformers_reads_it(tmp_path):
     assert loaded(text).input_ids == fast(text).input_ids == HFTokenizer(definition).encode(text).tolist()
 
 
-def test_a_byte_tokenizer_is_not_written(tmp_path):
-    model = attnzoo_model(dict(vocab_size=256))
-    model.save_pretrained(tmp_path / "model")
-    (tmp_path / "model" / "tokenizer.json").write_text(json.dumps(ByteTokenizer().to_dict()))
+TEXTS = ["the king sat", "  two spaces\n", "héllo ✓ 😀", ""]
+ATTNZOO_TOKENIZERS = {"byte": ByteTokenizer(), "char": CharTokenizer.from_texts(TEXTS)}
+
+
+@pytest.mark.parametrize("kind", ATTNZOO_TOKENIZERS)
+def test_a_byte_or_char_tokenizer_is_written_as_a_fast_tokenizer(kind, tmp_path):
+    """transformers encodes and decodes as attnzoo's tokenizer does; the byte tokenizer's invalid UTF-8 too."""
+    tokenizer = ATTNZOO_TOKENIZERS[kind]
+    attnzoo_model(dict(vocab_size=tokenizer.vocab_size)).save_pretrained(tmp_path / "model")
+    (tmp_path / "model" / "tokenizer.json").write_text(json.dumps(tokenizer.to_dict()))
     done = export_hf(tmp_path / "model", tmp_path / "hf")
-    assert done.tokenizer_files == () and not (tmp_path / "hf" / "tokenizer.json").exists()
+    assert done.tokenizer_files == ("tokenizer.json", "tokenizer_config.json")
+    loaded = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    for text in TEXTS:
+        ids = tokenizer.encode(text).tolist()
+        assert loaded(text).input_ids == ids and loaded.decode(ids) == text
+    # Every id, then ids as sampled, whose bytes need not form UTF-8.
+    ids = [*range(tokenizer.vocab_size), *torch.randint(0, tokenizer.vocab_size, (200,)).tolist()]
+    assert loaded.decode(ids) == tokenizer.decode(ids)
 
 
 ATTNZOO_TYPE = "write it as the attnzoo model type instead"
@@ -344,7 +357,7 @@ def test_the_command_line(tmp_path, capsys):
     assert main(["convert", "--from", str(tmp_path / "model"), "--to-hf", str(tmp_path / "hf")]) == 0
     printed = capsys.readouterr().out
     assert f"as LlamaForCausalLM: {model.num_parameters():,} parameters" in printed
-    assert "has no Hugging Face tokenizer" in printed and "AutoModelForCausalLM.from_pretrained(" in printed
+    assert "has no tokenizer" in printed and "AutoModelForCausalLM.from_pretrained(" in printed
     loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
     assert max_logit_diff(loaded, model, tokens()) <= TOLERANCE
 

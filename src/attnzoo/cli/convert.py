@@ -49,8 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--to-hf",
         metavar="DIR",
         type=path_argument,
-        help="write the --from model as a transformers checkpoint (fp32, with its Hugging Face tokenizer if it has "
-        f"one) that AutoModelForCausalLM.from_pretrained loads without remote code: "
+        help="write the --from model as a transformers checkpoint (fp32, with its tokenizer if it has one) that "
+        "AutoModelForCausalLM.from_pretrained loads without remote code: "
         f"{', '.join(route.hf_class for route in ROUTES)}, whichever holds its layout; a new or empty directory",
     )
     parser.add_argument(
@@ -124,7 +124,7 @@ def _run_to_hf(args: argparse.Namespace) -> int:
     )
     print(f"files: {', '.join(done.files)}")
     if not done.tokenizer_files:
-        print(f"{done.source} has no Hugging Face tokenizer, so {done.out} has none: pair it with the model's own")
+        print(f"{done.source} has no tokenizer, so {done.out} has none: pair it with the model's own")
     register = "attnzoo.hf.register(); " if args.hf_type == "attnzoo" else ""
     print(f"load it with: {register}transformers.AutoModelForCausalLM.from_pretrained({str(done.out)!r})")
     return 0

@@ -14,7 +14,6 @@ field it cannot hold; the ``attnzoo`` model type of :mod:`attnzoo.hf` holds any 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import secrets
 import shutil
@@ -27,6 +26,7 @@ from attnzoo.config import ModelConfig
 from attnzoo.convert import bloom, diffllama, gpt_neox, llama
 from attnzoo.convert.common import Mismatch, require_transformers
 from attnzoo.convert.directory import TOKENIZER_FILES
+from attnzoo.convert.tokenizer import hf_tokenizer
 from attnzoo.data.tokenizers import HFTokenizer
 from attnzoo.model import Transformer
 from attnzoo.training.checkpoint import Checkpoint, load_pretrained
@@ -93,14 +93,15 @@ class HFExport:
     model: Transformer = field(repr=False)  # the attnzoo model written
     source: Path | None  # the checkpoint directory read; None when given a model
     files: tuple[str, ...]  # every file written
-    tokenizer_files: tuple[str, ...]  # those of the tokenizer; none where the source has no HF tokenizer
+    tokenizer_files: tuple[str, ...]  # those of the tokenizer; none where the source has none
 
 
 def export_hf(source: Transformer | str | os.PathLike, out: str | os.PathLike, *, hf_type: str = "native") -> HFExport:
     """Write ``source`` (a ``Transformer``, or a run directory's latest checkpoint, a checkpoint or a model
     directory) to ``out`` as a transformers checkpoint in fp32: ``config.json``, ``model.safetensors`` and
-    ``generation_config.json``, with the source's Hugging Face tokenizer (``tokenizer.json``,
-    ``tokenizer_config.json``) where it has one, whose special tokens the configs then name.
+    ``generation_config.json``, with the source's tokenizer (``tokenizer.json``, ``tokenizer_config.json``: byte,
+    char or Hugging Face, :mod:`attnzoo.convert.tokenizer`) where it has one, whose special tokens the configs
+    then name.
 
     ``hf_type="native"`` writes the class that holds the model (:func:`to_hf`, which refuses a model none holds),
     ``"attnzoo"`` the attnzoo model type (:mod:`attnzoo.hf`). ``out`` must be absent or an empty directory: the
@@ -161,21 +162,21 @@ def _new_directory(out: Path) -> Iterator[Path]:
 
 
 def _write_tokenizer(checkpoint: Checkpoint, staging: Path) -> tuple[str, ...]:
-    """The checkpoint's Hugging Face tokenizer, written to ``staging`` as transformers reads it: the files of a
-    converted directory as they came (their special tokens and chat template included), else the stored
-    ``tokenizer.json`` as a fast tokenizer. A byte or char tokenizer has no transformers counterpart: none."""
+    """The checkpoint's tokenizer, written to ``staging`` as transformers reads it: the Hugging Face files of a
+    converted directory as they came (their special tokens and chat template included), else attnzoo's
+    tokenizer as a fast tokenizer (:func:`~attnzoo.convert.tokenizer.hf_tokenizer`). None where it has none."""
     directory, tokenizer = checkpoint.directory, checkpoint.tokenizer
-    if not isinstance(tokenizer, HFTokenizer):
+    if tokenizer is None:
         return ()
-    if (directory / "tokenizer_config.json").is_file():
+    if isinstance(tokenizer, HFTokenizer) and (directory / "tokenizer_config.json").is_file():
         copied = tuple(name for name in TOKENIZER_FILES if (directory / name).is_file())
         for name in copied:
             shutil.copyfile(directory / name, staging / name)
         return copied
     transformers = require_transformers()
-    from tokenizers import Tokenizer
-
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(tokenizer.definition)))
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=hf_tokenizer(tokenizer), model_max_length=checkpoint.model_config.max_seq_len
+    )
     return tuple(sorted(Path(path).name for path in fast.save_pretrained(staging)))
 
 
