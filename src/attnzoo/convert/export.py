@@ -9,6 +9,8 @@ without ``trust_remote_code``, of the native class that holds the model's layout
 Each class's writer is the inverse of its reader in this package (the same renamer, the same head layout), so
 HF → attnzoo → HF gives back every tensor. A model no class holds is refused, naming the closest class and every
 field it cannot hold; the ``attnzoo`` model type of :mod:`attnzoo.hf` holds any attnzoo model.
+:func:`to_hf` builds the transformers model in memory; :func:`export_hf` (``attnzoo convert --to-hf``) writes it
+with the run's tokenizer, atomically.
 """
 
 from __future__ import annotations
