@@ -201,13 +201,16 @@ def test_a_cache_continues_a_sequence_by_hand():
         ({"cache": transformers.DynamicCache()}, "not a DynamicCache"),
         ({"output_attentions": True}, "attention_maps"),
         ({"inputs_embeds": torch.zeros(2, 4, 32)}, "exactly one of input_ids and inputs_embeds"),
+        ({"cache": hf.AttnzooCache(max_len=8), "input_ids": torch.zeros(3, 4, dtype=torch.long)}, "batch size 3"),
     ],
-    ids=["left-padding", "mask-shape", "positions", "dynamic-cache", "attentions", "both-inputs"],
+    ids=["left-padding", "mask-shape", "positions", "dynamic-cache", "attentions", "both-inputs", "cache-batch"],
 )
 def test_what_an_attnzoo_model_cannot_do_is_refused_with_the_reason(kwargs, message):
     wrapped = hf.AttnzooForCausalLM.from_attnzoo(_model())
+    if "cache" in kwargs and isinstance(kwargs["cache"], hf.AttnzooCache):
+        wrapped(torch.zeros(2, 2, dtype=torch.long), cache=kwargs["cache"])  # allocated for 2 sequences
     with pytest.raises(ValueError, match=message):
-        wrapped(torch.zeros(2, 4, dtype=torch.long), **kwargs)
+        wrapped(**{"input_ids": torch.zeros(2, 4, dtype=torch.long), **kwargs})
 
 
 def test_right_padding_leaves_the_real_tokens_exact_and_a_cache_refuses_any():
@@ -226,6 +229,16 @@ def test_right_padding_leaves_the_real_tokens_exact_and_a_cache_refuses_any():
     bidirectional = hf.AttnzooForCausalLM.from_attnzoo(_model(causal=False))
     with pytest.raises(ValueError, match="masks tokens before real ones"):  # its real tokens would see the pads
         bidirectional(tokens, attention_mask=mask)
+
+
+def test_inputs_embeds_run_without_a_cache_and_are_refused_with_one():
+    model = _model()
+    wrapped = hf.AttnzooForCausalLM.from_attnzoo(model)
+    tokens = _tokens()
+    with torch.no_grad():
+        assert torch.equal(wrapped(inputs_embeds=model.embed_tokens(tokens)).logits, model(tokens))
+    with pytest.raises(ValueError, match="inputs_embeds cannot continue a cache"):
+        wrapped(inputs_embeds=torch.zeros(2, 4, 32), cache=hf.AttnzooCache(max_len=8))
 
 
 def test_generate_refuses_a_transformers_cache_implementation():

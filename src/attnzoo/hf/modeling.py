@@ -139,17 +139,14 @@ class AttnzooForCausalLM(PreTrainedModel, GenerationMixin):
             )
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        if inputs_embeds is not None and cache is not None:
+            raise ValueError("inputs_embeds cannot continue a cache; pass input_ids, or no cache")
         batch, length = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
         kv = self._attnzoo_cache(cache, batch)
         start = 0 if kv is None else kv.length
         real = _real_tokens(attention_mask, batch, start + length, right_padding=kv is None and self.config.causal)
         _check_positions(position_ids, start, real[:, start:])
-        if inputs_embeds is not None:
-            if kv is not None:
-                raise ValueError("inputs_embeds cannot continue a cache; pass input_ids, or no cache")
-            hidden = self.model.encode(inputs_embeds)
-        else:
-            hidden = self.model._hidden(input_ids, kv)
+        hidden = self.model._hidden(input_ids, kv) if inputs_embeds is None else self.model.encode(inputs_embeds)
         kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         logits = self.model.lm_head(hidden[:, kept])
         loss = None
