@@ -13,9 +13,9 @@ from attnzoo.claims.claim import CLAIMS, GatePart, LanguageModelGate, _mean_gap
 from attnzoo.claims.measures import _flops_per_token
 from attnzoo.claims.protocol import LM_EFFECT, LM_EFFECT_SOURCE, LM_PROTOCOL
 from attnzoo.claims.report import HOW_A_VERDICT_IS_REACHED, brief_table, verdict_table
-from attnzoo.claims.verdicts import judge_all
+from attnzoo.claims.verdicts import judge, judge_all
 from attnzoo.results import CompareResults
-from attnzoo.results.ladder import load_ladder
+from attnzoo.results.ladder import ladder_of, load_ladder
 
 LADDER = Path(__file__).parents[1] / "docs" / "claims"
 LARGE = LADDER / "large" / "results.json"
@@ -147,3 +147,25 @@ def test_the_query_temperatures_norm_is_judged_as_the_paper_states_it_and_its_sp
         for degree in (1, 2, 4, 8):
             fitted = np.mean([run.probe[f"spikiness/degree_{degree}"] for run in runs])
             assert abs(fitted - degree**-0.5) < claim.parts[0].smallest_effect
+
+
+@pytest.mark.parametrize("rung", ["small", "large"])
+def test_a_rungs_report_points_its_primaries_to_the_ladder_that_decides_them(rung, ladder_verdicts):
+    """A rung alone cannot judge a primary language-model claim (two sizes 2× apart): its report says where the
+    claim is decided, never "not measurable" beside a ladder that decides it."""
+    results = CompareResults.load(LADDER / rung / "results.json")
+    assert ladder_of(results) == "claims"
+    verdicts = {v.claim.id: v for v in judge_all(results)}
+    for claim in CLAIMS.values():
+        if not claim.primary:
+            continue
+        at_rung, across = verdicts[claim.id], ladder_verdicts[claim.id]
+        if across.outcome in ("supported", "contradicted", "negligible"):
+            assert at_rung.outcome == "decided in the ladder", claim.id
+            assert "../report.md" in at_rung.reason and "at this size alone:" in at_rung.reason
+            assert at_rung.p_raw is None and len(at_rung.sizes) == 1
+        else:  # ALiBi's primary, not measurable on a CPU at either size: the rung says the same
+            assert at_rung.outcome == across.outcome, claim.id
+    one_size = CompareResults.load(LADDER.parent / "claims-one-size" / "results.json")
+    assert ladder_of(one_size) is None
+    assert judge(CLAIMS["diff.lm_loss"], one_size).outcome == "not measurable"  # no ladder: (e) refuses it

@@ -10,6 +10,9 @@ comparison is a ladder of one size). In order, the first that applies:
    end state, the gap's stability or the models' competence, :class:`~attnzoo.claims.claim.LanguageModelGate`;
    for a task: the baseline did not learn it), or a run diverged; or, for a paper's primary language-model claim,
    fewer than two sizes 2× apart passed their gates. The levels reached are reported beside it.
+   On one rung of a ladder (:func:`~attnzoo.results.ladder.ladder_of`), a paper's primary language-model claim is
+   **decided in the ladder** instead: the ladder's report judges it across the sizes, and the rung's points there,
+   with this size's own result beside it, so that no rung's report contradicts its ladder's.
 3. **inconclusive**: fewer than :data:`MIN_SEEDS` seeds, or no spread to form an interval from.
 4. **scale-dependent**: two sizes each decide the claim on their own, in opposite directions (each size's effect is
    shown).
@@ -46,7 +49,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from attnzoo.claims.claim import CLAIMS, DIVERGED, LOWER, NONINFERIOR, BenchPart, Claim, Part
-from attnzoo.results.ladder import Ladder, as_ladder, head_dim, parameters
+from attnzoo.results.ladder import Ladder, as_ladder, head_dim, ladder_of, parameters
 from attnzoo.stats import (
     ALPHA,
     CONFIDENCE,
@@ -61,7 +64,14 @@ if TYPE_CHECKING:
     from attnzoo.results.comparison import CompareResults
 
 Outcome = Literal[
-    "supported", "contradicted", "negligible", "scale-dependent", "inconclusive", "not measurable", "not run"
+    "supported",
+    "contradicted",
+    "negligible",
+    "scale-dependent",
+    "inconclusive",
+    "decided in the ladder",
+    "not measurable",
+    "not run",
 ]
 OUTCOMES: tuple[Outcome, ...] = (
     "supported",
@@ -69,6 +79,7 @@ OUTCOMES: tuple[Outcome, ...] = (
     "negligible",
     "scale-dependent",
     "inconclusive",
+    "decided in the ladder",
     "not measurable",
     "not run",
 )
@@ -225,6 +236,21 @@ def _measure(claim: Claim, ladder: Ladder) -> Verdict:
             would_change=f"run the {claim.preset} preset{gpu}",
         )
     deciding = ran[-1]
+    ladder_name = ladder_of(ladder.largest) if len(ladder.rungs) == 1 else None
+    if claim.primary and claim.measure.task is None and ladder_name is not None:
+        alone = deciding.describe() if deciding.judged else f"{deciding.outcome}: {deciding.reason}"
+        return Verdict(
+            claim,
+            "decided in the ladder",
+            f"a paper's primary language-model claim is decided across the sizes of the {ladder_name} ladder, in "
+            f"its report (../report.md from this rung's folder), never at one rung; at this size alone: {alone}",
+            deciding.gate,
+            deciding.difference,
+            conditions=deciding.conditions,
+            levels=deciding.levels,
+            sizes=(deciding,),
+            would_change="nothing at this rung: the ladder's report has the verdict",
+        )
     verdict = Verdict(
         claim,
         deciding.outcome,

@@ -10,6 +10,7 @@ comparison on its own is a ladder of one rung.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +68,17 @@ def parameters(rung: CompareResults) -> int:
 def head_dim(rung: CompareResults) -> int:
     config = rung.variants[rung.baseline].config
     return config.get("head_dim") or config["dim"] // config["n_heads"]
+
+
+# How a ladder describes each of its rungs' specs (attnzoo.compare.spec): "<ladder> rung <rung>".
+_RUNG = re.compile(r"(?P<ladder>\S+) rung (?P<rung>\S+)")
+
+
+def ladder_of(results: CompareResults) -> str | None:
+    """The ladder preset a comparison is one rung of, or None for a comparison that stands alone. A rung's folder
+    sits in its ladder's, whose report judges the rungs together: a rung alone cannot judge what needs its sizes."""
+    found = _RUNG.fullmatch(str(results.spec.get("description", "")))
+    return found["ladder"] if found and found["rung"] == results.preset else None
 
 
 def as_ladder(results: CompareResults | Ladder) -> Ladder:
