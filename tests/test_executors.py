@@ -30,8 +30,8 @@ from attnzoo.compare.executors import (
     check_runs_fit,
     launch_ranks,
     run_elsewhere,
+    started_engine,
 )
-from attnzoo.compare.merge import merge_runs
 from attnzoo.compare.runner import train_run
 from attnzoo.results.comparison import CompareResults
 from attnzoo.training import read_checkpoint
@@ -109,21 +109,19 @@ def test_the_time_left_weighs_each_run_by_its_estimate(monkeypatch, tmp_path):
     clock = iter([0.0, 60.0, 63.0])  # the start, then each run's end: the full run took 60 s, the uptrained 3 s
 
     class Engine:
+        name, out_dir = "local", tmp_path
+
         def execute(self, wave):
             return [(job, None) for job in wave]
 
-        def close(self):
-            pass
-
-    monkeypatch.setattr(executors, "make_executor", lambda *args: Engine())
     monkeypatch.setattr(executors.time, "perf_counter", lambda: next(clock))
     said = []
     estimates = {"mha+rope": 100.0, "mha+rope+kv1+up0.5": 5.0}  # seconds, as the runner's schedule has them
-    run_elsewhere(INLINE, None, tmp_path, jobs, None, said.append, lambda job: estimates[job.variant.label])
+    run_elsewhere(Engine(), jobs, said.append, lambda job: estimates[job.variant.label])
     # 60 s for 100 estimated: the 5 estimated seconds left take 3 s, where the run count said 60 s.
     assert said == [
-        "[1/2] mha+rope · seed 0 finished on inline · 1m00s elapsed · about 3s left",
-        "[2/2] mha+rope+kv1+up0.5 · seed 0 finished on inline · 1m03s elapsed",
+        "[1/2] mha+rope · seed 0 finished on local · 1m00s elapsed · about 3s left",
+        "[2/2] mha+rope+kv1+up0.5 · seed 0 finished on local · 1m03s elapsed",
     ]
 
 
@@ -176,8 +174,11 @@ def test_a_run_that_fails_on_its_worker_is_reported_with_its_log_retried_once_an
     spec = resolve_spec("micro", variants=VARIANTS, tasks=[])
     jobs = [RunJob(Variant.parse(label), seed, "local") for seed in (0, 1, 2) for label in VARIANTS]
     said = []
-    with pytest.raises(RunsFailed, match=r"1 run\(s\) failed twice") as failure:
-        run_elsewhere(ExecutorConfig("local", jobs=2), spec, tmp_path, jobs, _work_that_fails_for_seed_1, said.append)
+    with (
+        started_engine(ExecutorConfig("local", jobs=2), spec, tmp_path, _work_that_fails_for_seed_1) as engine,
+        pytest.raises(RunsFailed, match=r"1 run\(s\) failed twice") as failure,
+    ):
+        run_elsewhere(engine, jobs, said.append)
     assert f"log: {tmp_path.resolve() / 'logs' / 'mha+rope' / 'seed1.log'}" in str(failure.value)
     # The uptrained variant's wave never starts once a run it may start from has failed twice.
     assert sorted(p.name for p in tmp_path.glob("*.done")) == ["mha+rope-seed0.done", "mha+rope-seed2.done"]
@@ -200,7 +201,8 @@ def test_a_worker_that_dies_is_explained_and_the_runs_tried_again_get_a_fresh_po
     jobs = [RunJob(Variant.parse("mha+rope"), seed, "local") for seed in (0, 1, 2)]
     said = []
     # One worker: its death breaks the pool under the runs still queued, which a fresh pool must then run.
-    run_elsewhere(ExecutorConfig("local", jobs=1), spec, tmp_path, jobs, _work_whose_worker_dies_once, said.append)
+    with started_engine(ExecutorConfig("local", jobs=1), spec, tmp_path, _work_whose_worker_dies_once) as engine:
+        run_elsewhere(engine, jobs, said.append)
     assert sorted(p.name for p in tmp_path.glob("*.done")) == [f"mha+rope-seed{seed}.done" for seed in (0, 1, 2)]
     died = [line for line in said if "BrokenProcessPool: a worker process died outside the run" in line]
     assert died and 'if __name__ == "__main__":' in died[0] and "trying it once more" in died[0]
@@ -250,9 +252,12 @@ def test_two_partial_directories_merged_equal_one_full_run(inline, spec, tmp_pat
     """Seed 0 made on one machine, seed 1 on another: merged and compared, the runs are the full compare's."""
     for seed in (0, 1):
         _compare(dataclasses.replace(spec, seeds=(seed,)), tmp_path / f"part{seed}")
-    copied = merge_runs([tmp_path / "part0", tmp_path / "part1"], tmp_path / "merged")
-    assert sorted(copied) == sorted(f"runs/{label}/seed{seed}" for label in VARIANTS for seed in (0, 1))
-    stdout = _compare(spec, tmp_path / "merged")
+    parts = [tmp_path / "part0", tmp_path / "part1"]
+    captured = io.StringIO()
+    with contextlib.redirect_stdout(captured):
+        run_compare(spec, tmp_path / "merged", progress=False, merge_from=parts)
+    stdout = captured.getvalue()
+    assert f"merged 4 finished run(s) from {parts[0]}, {parts[1]} into {tmp_path / 'merged'}" in stdout
     # Nothing trained or evaluated again: seed 1 kept its maps as the first seed of its part, which is no loss.
     assert "reusing 4 of 4 runs finished earlier" in stdout and "attnzoo 0.1.0 →" not in stdout
     _assert_same_runs(tmp_path / "merged", inline["out"], maps_aside=True)
@@ -261,7 +266,7 @@ def test_two_partial_directories_merged_equal_one_full_run(inline, spec, tmp_pat
     with pytest.raises(ValueError, match=r"finished both in .* with different records"):
         record = tmp_path / "part1" / "runs/mha+rope/seed1/compare_run.json"
         record.write_text(record.read_text().replace('"seed": 1', '"seed": 1 '))
-        merge_runs([tmp_path / "part1"], tmp_path / "merged")
+        run_compare(spec, tmp_path / "merged", progress=False, merge_from=parts[1:])
 
 
 def test_runs_from_different_commits_are_pooled_only_when_asked(inline, spec, tmp_path):
@@ -285,9 +290,8 @@ def test_an_engine_that_is_not_installed_names_the_extra_to_install(engine, modu
     monkeypatch.setitem(sys.modules, module, None)  # import fails, as where the extra is not installed
     spec = resolve_spec("micro", variants=VARIANTS, tasks=[])
     with pytest.raises(ValueError, match=rf'runs on {module}, which is not installed: pip install -e "\.\[{engine}\]"'):
-        run_elsewhere(
-            ExecutorConfig(engine), spec, tmp_path, [RunJob(Variant.parse("mha+rope"), 0, engine)], print, print
-        )
+        run_compare(spec, tmp_path / "out", progress=False, executor=ExecutorConfig(engine))
+    assert not (tmp_path / "out" / "bench.json").exists()  # refused before any work
 
 
 # ------------------------------------------------------------------------------ runs on several processes (torchrun)

@@ -13,7 +13,6 @@ from typing import Any
 from attnzoo.cli.command import check_out_dir, path_argument
 from attnzoo.compare import DEFAULT_VARIANTS, PRESETS, run_compare
 from attnzoo.compare.executors import EXECUTORS, ExecutorConfig
-from attnzoo.compare.merge import merge_runs
 from attnzoo.compare.spec import LADDERS
 from attnzoo.evals import TASKS
 from attnzoo.training.config import read_toml
@@ -198,38 +197,39 @@ def default_out(args: argparse.Namespace) -> Path:
     return Path("runs") / f"compare-{args.preset}-{digest}"
 
 
-# What --report-only leaves as stored once the folder is named: each would change only a run it does not train.
+# What --report-only leaves as stored: each would change only a run it does not train. Without --out, the first
+# six name the folder it redraws (default_out).
 TRAINING_FLAGS = (
-    *("preset", "variants", "seeds", "steps", "data", "tasks", "device"),
-    *("executor", "jobs", "merge_from"),
+    *("preset", "variants", "seeds", "steps", "data", "tasks"),
+    *("device", "executor", "jobs", "merge_from", "pool_commits"),
 )
+NAMING_FLAGS = TRAINING_FLAGS[:6]
 
 
 def run(args: argparse.Namespace) -> int:
-    given = [f"--{key.replace('_', '-')}" for key in TRAINING_FLAGS if getattr(args, key) is not None]
+    given = [key for key in TRAINING_FLAGS if getattr(args, key) not in (None, False)]
     args = _with_config(args)
     check_out_dir(args.out)
     if args.report_only:
-        if args.out is not None and given:
+        out = args.out or default_out(args)
+        ignored = [f"--{key.replace('_', '-')}" for key in given if args.out is not None or key not in NAMING_FLAGS]
+        if ignored:
             raise ValueError(
-                f"--report-only redraws the report of {args.out} from its results.json and trains nothing: "
-                f"{', '.join(given)} would change nothing there; leave {'it' if len(given) == 1 else 'them'} out"
+                f"--report-only redraws the report of {out} from its results.json and trains nothing: "
+                f"{', '.join(ignored)} would change nothing there; leave {'it' if len(ignored) == 1 else 'them'} out"
             )
-        return _report_only(args.out or default_out(args), args.claims)
+        return _report_only(out, args.claims)
     if args.preset in LADDERS:
         return _ladder(args)
     for key in ("seeds", "steps"):
         if getattr(args, key) is not None:
             check_count(f"--{key}=", getattr(args, key), key)
-    out = args.out or default_out(args)
-    if args.merge_from:
-        copied = merge_runs(args.merge_from, out)
-        print(f"merged {len(copied)} finished run(s) from {', '.join(map(str, args.merge_from))} into {out}")
     result = run_compare(
         args.preset,
-        out,
+        args.out or default_out(args),
         executor=_executor(args),
         pool_commits=args.pool_commits,
+        merge_from=args.merge_from or (),
         variants=_variant_list(args.variants) if args.variants else None,
         seeds=range(args.seeds) if args.seeds is not None else None,
         steps=args.steps,
@@ -253,13 +253,13 @@ def _ladder(args: argparse.Namespace) -> int:
             f"--preset {args.preset} is a ladder whose sizes share one protocol: {', '.join(fixed)} would break it; "
             "leave them out"
         )
-    out = args.out or default_out(args)
-    for rung in LADDERS[args.preset].rungs if args.merge_from else ():
-        sources = [source / rung.name for source in args.merge_from if (source / rung.name / "runs").is_dir()]
-        copied = merge_runs(sources, out / rung.name)
-        print(f"merged {len(copied)} finished run(s) of rung {rung.name} into {out / rung.name}")
     result = run_ladder(
-        args.preset, out, progress=not args.no_progress, executor=_executor(args), pool_commits=args.pool_commits
+        args.preset,
+        args.out or default_out(args),
+        progress=not args.no_progress,
+        executor=_executor(args),
+        pool_commits=args.pool_commits,
+        merge_from=args.merge_from or (),
     )
     return 128 + result.interrupted_by if result.interrupted_by is not None else 0
 

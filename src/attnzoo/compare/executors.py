@@ -23,18 +23,23 @@ GPUs: ``local`` gives each run ``nproc_per_run`` of the visible ones, ``slurm`` 
 
 from __future__ import annotations
 
+import ctypes
 import math
 import multiprocessing
 import os
 import pickle
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -161,12 +166,16 @@ def check_runs_fit(config: ExecutorConfig, spec: CompareSpec) -> None:
             f"device={train.device!r} names one GPU, and each of a run's {NPROC_PER_RUN}={nproc} processes takes a "
             "GPU of its own: use device 'cuda' or 'auto' (the engine chooses the GPUs)"
         )
-    if nproc > 1 and train.batch_size % (train.grad_accum * nproc):
-        raise ValueError(
-            f"[executor] {NPROC_PER_RUN}={nproc} shares each step's batch_size={train.batch_size} among {nproc} "
-            f"processes × grad_accum={train.grad_accum} micro-steps: batch_size must be a multiple of "
-            f"{train.grad_accum * nproc}"
-        )
+    for variant in spec.variants if nproc > 1 else ():
+        # A variant trained on longer sequences (+lenN) takes a batch that many times smaller: each is shared.
+        batch = spec.train_for(variant).batch_size
+        if batch % (train.grad_accum * nproc):
+            whose = "" if variant.length == 1 else f" of {variant.label} (batch_size / {variant.length}, its length)"
+            raise ValueError(
+                f"[executor] {NPROC_PER_RUN}={nproc} shares each step's batch_size={batch}{whose} among {nproc} "
+                f"processes × grad_accum={train.grad_accum} micro-steps: it must be a multiple of "
+                f"{train.grad_accum * nproc}"
+            )
     if config.name == "local":
         LocalLayout.of(config, train.device)
 
@@ -198,6 +207,8 @@ class LocalLayout:
 class Executor(ABC):
     """Submits runs and yields each as it ends: ``(job, None)`` or ``(job, the error it raised)``."""
 
+    name: str  # as --executor names it
+
     def __init__(self, spec: CompareSpec, out_dir: Path, work: Work):
         self.spec, self.out_dir, self.work = spec, out_dir.resolve(), work
 
@@ -212,7 +223,10 @@ class Executor(ABC):
 
 class LocalProcesses(Executor):
     """``jobs`` workers on this machine: each run on its ``nproc_per_run`` GPUs where there are as many, else on
-    ``cores // (jobs × nproc_per_run)`` threads a process (or the ``threads`` option)."""
+    ``cores // (jobs × nproc_per_run)`` threads a process (or the ``threads`` option). A worker ends when the
+    driver dies, however it dies (:func:`_die_with`)."""
+
+    name = "local"
 
     def __init__(self, spec: CompareSpec, out_dir: Path, work: Work, config: ExecutorConfig):
         super().__init__(spec, out_dir, work)
@@ -225,7 +239,8 @@ class LocalProcesses(Executor):
         jobs = self.layout.jobs
         for slot in range(jobs):
             slots.put(slot)
-        return ProcessPoolExecutor(jobs, context, initializer=_take_slot, initargs=(slots, self.layout.gpus_per_run))
+        initargs = (slots, self.layout.gpus_per_run, os.getpid())
+        return ProcessPoolExecutor(jobs, context, initializer=_start_worker, initargs=initargs)
 
     def execute(self, jobs: list[RunJob]) -> Iterator[tuple[RunJob, str | None]]:
         out, threads = str(self.out_dir), self.layout.threads
@@ -255,9 +270,40 @@ def _described(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
+def _start_worker(slots: Any, gpus_per_run: int, driver: int) -> None:
+    """A local worker's first acts: to end with its ``driver`` (a pool's workers otherwise outlive a driver killed
+    with SIGKILL, idle on their pipe for good), then to take its GPUs."""
+    _die_with(driver)
+    _take_slot(slots, gpus_per_run)
+
+
+# prctl(2) option: the signal the kernel sends this process when the thread that started it ends.
+PR_SET_PDEATHSIG = 1
+PARENT_POLL_S = 1.0
+
+
+def _die_with(parent: int) -> None:
+    """End this process when ``parent`` ends: at once on Linux (``PR_SET_PDEATHSIG``, the kernel's signal), and
+    everywhere within a second of it (a thread watching for the process's parent to change: a process whose parent
+    dies is handed to another). SIGKILL either way, as the driver's death was: a run stopped mid-step resumes from
+    its last checkpoint."""
+    if sys.platform == "linux":
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # died before the signal was asked for
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="attnzoo-driver-watch", daemon=True).start()
+
+
 def _take_slot(slots: Any, gpus_per_run: int) -> None:
-    """A worker's first act, before torch touches CUDA: its own GPUs, where each has some (a run's processes under
-    torchrun inherit them)."""
+    """Before torch touches CUDA: this worker's own GPUs, where each has some (a run's processes under torchrun
+    inherit them)."""
     slot = slots.get()
     if gpus_per_run:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -266,13 +312,27 @@ def _take_slot(slots: Any, gpus_per_run: int) -> None:
 
 
 class Submitit(Executor):
-    """Each run a submitit job (Slurm by default), its submitit logs under ``OUT/logs/submitit``."""
+    """Each run a submitit job (Slurm by default), its submitit logs under ``OUT/logs/submitit``. Where Slurm is not
+    installed it refuses, naming what is missing, rather than take submitit's fallback (local processes, without a
+    word); ``cluster = "local"`` in the ``[executor]`` table asks for that fallback by name."""
+
+    name = "slurm"
 
     def __init__(self, spec: CompareSpec, out_dir: Path, work: Work, config: ExecutorConfig):
         super().__init__(spec, out_dir, work)
         submitit = _engine("submitit", "slurm")
         options, nproc = config.engine_options, config.nproc_per_run
-        cluster = options.pop("cluster", None)
+        cluster = options.pop("cluster", "slurm")
+        clusters = submitit.core.plugins.get_executors()
+        if cluster not in clusters:
+            raise ValueError(f"[executor] cluster = {cluster!r} is unknown to submitit; it knows {sorted(clusters)}")
+        _check_submitit_options(options, clusters)
+        if cluster == "slurm" and shutil.which("sbatch") is None:
+            raise ValueError(
+                "--executor slurm: Slurm is not installed here (no sbatch on PATH): run the compare on a Slurm login "
+                'node, or set cluster = "local" in the --config file\'s [executor] table to run its jobs as '
+                "processes on this machine"
+            )
         if nproc > 1:
             if spec.train.device != "cpu":
                 options.setdefault("gpus_per_node", nproc)
@@ -283,7 +343,10 @@ class Submitit(Executor):
                     f"{nproc} processes inside one task; leave tasks_per_node out"
                 )
         self.executor = submitit.AutoExecutor(folder=self.out_dir / "logs" / "submitit", cluster=cluster)
-        self.executor.update_parameters(name=f"attnzoo-{spec.name}", **options)
+        try:
+            self.executor.update_parameters(name=f"attnzoo-{spec.name}", **options)
+        except AssertionError as err:  # submitit asserts each shared option's type
+            raise ValueError(f"[executor] {str(err).strip().splitlines()[0]}") from None
         cpus = options.get("cpus_per_task")
         self.threads = max(1, cpus // nproc) if cpus else None
 
@@ -305,10 +368,29 @@ class Submitit(Executor):
         pass  # jobs already submitted belong to the cluster; a run that did not finish resumes from its checkpoint
 
 
+def _check_submitit_options(options: dict[str, Any], clusters: dict[str, Any]) -> None:
+    """Each option one submitit takes: a shared one (``timeout_min``, ``gpus_per_node``, ...) or one of a cluster,
+    prefixed with its name (``slurm_partition``); else refused naming it and the ones allowed, where submitit
+    ended in its own traceback."""
+    import submitit
+
+    shared = set(submitit.AutoExecutor._valid_parameters())
+    own = {f"{name}_{key}" for name, cluster in clusters.items() for key in cluster._valid_parameters()}
+    unknown = sorted(set(options) - shared - own)
+    if unknown:
+        raise ValueError(
+            f"[executor] option(s) {unknown} mean nothing to executor 'slurm'; it takes cluster, "
+            f"{NPROC_PER_RUN}, submitit's shared options {sorted(shared)}, and a cluster's own prefixed with its name: "
+            f"{sorted(key for key in own if key.startswith('slurm_'))}"
+        )
+
+
 class Ray(Executor):
     """Each run a Ray task holding ``num_cpus`` (default: one a process) and ``num_gpus`` (default: one a process
     of a run on several, on a device other than the CPU; else 0) of the cluster at ``address`` (default: a local
     runtime)."""
+
+    name = "ray"
 
     def __init__(self, spec: CompareSpec, out_dir: Path, work: Work, config: ExecutorConfig):
         super().__init__(spec, out_dir, work)
@@ -366,6 +448,19 @@ def make_executor(config: ExecutorConfig, spec: CompareSpec, out_dir: Path, work
     return engines[config.name](spec, out_dir, work, config)
 
 
+@contextmanager
+def started_engine(config: ExecutorConfig, spec: CompareSpec, out_dir: Path, work: Work) -> Iterator[Executor | None]:
+    """``config``'s engine, started (None for ``inline``, which has none) and released at the end."""
+    if config.name == "inline":
+        yield None
+        return
+    engine = make_executor(config, spec, out_dir, work)
+    try:
+        yield engine
+    finally:
+        engine.close()
+
+
 # Each process of a run on several runs this module (which nothing imports, so that runpy runs it fresh), given a
 # scratch directory that holds the pickled work and receives each failed rank's error.
 RANKS_MODULE = "attnzoo.compare.ranks"
@@ -413,16 +508,13 @@ def _first_rank_error(scratch: Path, code: int) -> str:
 
 
 def run_elsewhere(
-    config: ExecutorConfig,
-    spec: CompareSpec,
-    out_dir: Path,
+    engine: Executor,
     todo: list[RunJob],
-    work: Work,
     say: Callable[[str], None],
     estimated_s: Callable[[RunJob], float] | None = None,
 ) -> None:
-    """``work`` each run of ``todo`` on ``config``'s engine: the runs an uptrained variant starts from first, then
-    the uptrained ones; a run that fails is reported with its log and tried once more, and the others are kept.
+    """Each run of ``todo`` on ``engine`` (:func:`started_engine`): the runs an uptrained variant starts from first,
+    then the uptrained ones; a run that fails is reported with its log and tried once more, and the others are kept.
     Raises :class:`RunsFailed` naming each run that failed twice.
 
     The time left is the work left at the rate the finished work went, the work of a run being ``estimated_s`` of
@@ -434,34 +526,31 @@ def run_elsewhere(
         [job for job in todo if job.variant.uptrain is None],
         [job for job in todo if job.variant.uptrain is not None],
     ]
-    executor = make_executor(config, spec, out_dir, work)
+    out_dir = engine.out_dir
     started, finished = time.perf_counter(), 0
-    try:
-        for wave in waves:
-            for attempt in (1, 2):
-                failed = []
-                for job, error in executor.execute(wave):
-                    if error is None:
-                        finished += 1
-                        work_done, work_left = work_done + work_of(job), work_left - work_of(job)
-                        elapsed = time.perf_counter() - started
-                        left = elapsed / work_done * work_left if work_done > 0 else 0.0
-                        say(
-                            f"[{finished}/{len(todo)}] {job} finished on {config.name} · {duration(elapsed)} "
-                            f"elapsed{f' · about {duration(left)} left' if left else ''}"
-                        )
-                    else:
-                        failed.append(job)
-                        again = "trying it once more" if attempt == 1 else "not trying again"
-                        say(f"{job} failed on its worker ({error}); log: {job.log_path(out_dir)}; {again}")
-                wave = failed
-                if not wave:
-                    break
-            if wave:
-                raise RunsFailed(
-                    f"{len(wave)} run(s) failed twice: "
-                    + "; ".join(f"{job} (log: {job.log_path(out_dir)})" for job in wave)
-                    + f". Every other run is kept in {out_dir}: fix the cause and run the same command again"
-                )
-    finally:
-        executor.close()
+    for wave in waves:
+        for attempt in (1, 2):
+            failed = []
+            for job, error in engine.execute(wave):
+                if error is None:
+                    finished += 1
+                    work_done, work_left = work_done + work_of(job), work_left - work_of(job)
+                    elapsed = time.perf_counter() - started
+                    left = elapsed / work_done * work_left if work_done > 0 else 0.0
+                    say(
+                        f"[{finished}/{len(todo)}] {job} finished on {engine.name} · {duration(elapsed)} "
+                        f"elapsed{f' · about {duration(left)} left' if left else ''}"
+                    )
+                else:
+                    failed.append(job)
+                    again = "trying it once more" if attempt == 1 else "not trying again"
+                    say(f"{job} failed on its worker ({error}); log: {job.log_path(out_dir)}; {again}")
+            wave = failed
+            if not wave:
+                break
+        if wave:
+            raise RunsFailed(
+                f"{len(wave)} run(s) failed twice: "
+                + "; ".join(f"{job} (log: {job.log_path(out_dir)})" for job in wave)
+                + f". Every other run is kept in {out_dir}: fix the cause and run the same command again"
+            )

@@ -43,7 +43,17 @@ from tqdm import tqdm
 from attnzoo import __version__
 from attnzoo.attention import ATTENTION
 from attnzoo.bench import BenchCase, machine_description, measure
-from attnzoo.compare.executors import INLINE, ExecutorConfig, RunJob, check_runs_fit, launch_ranks, run_elsewhere
+from attnzoo.compare.executors import (
+    INLINE,
+    Executor,
+    ExecutorConfig,
+    RunJob,
+    check_runs_fit,
+    launch_ranks,
+    run_elsewhere,
+    started_engine,
+)
+from attnzoo.compare.merge import FinishedRun, copy_runs, finished_runs, runs_to_copy
 from attnzoo.compare.progress import Schedule, duration, final_summary, ladder_summary, progress_table
 from attnzoo.compare.report import write_report
 from attnzoo.compare.report_ladder import write_ladder_report
@@ -61,6 +71,7 @@ from attnzoo.interrupts import Interrupted, stop_on_signals
 from attnzoo.io import atomic_write_text, locked_directory
 from attnzoo.model import Transformer
 from attnzoo.records import from_dict, to_dict
+from attnzoo.results.checks import check_record
 from attnzoo.results.comparison import (
     ATTENTION_MAPS,
     SCHEMA_VERSION,
@@ -122,6 +133,7 @@ def run_compare(
     claims_table: bool = False,
     executor: ExecutorConfig = INLINE,
     pool_commits: bool = False,
+    merge_from: Sequence[str | os.PathLike] = (),
 ) -> CompareResult:
     """Compare ``variants`` (default: the preset's) under one budget and write the report into ``out_dir``.
 
@@ -131,11 +143,14 @@ def run_compare(
     side-by-side table and the claims counted in one line; ``claims_table`` prints each claim's verdict as well.
     ``executor`` trains the runs elsewhere (local processes, Slurm, Ray: :mod:`attnzoo.compare.executors`) before
     the same loop reads them back. Runs trained by different commits are refused unless ``pool_commits``.
+    ``merge_from`` names compare directories of the same comparison made elsewhere whose finished runs are first
+    copied in (:mod:`attnzoo.compare.merge`), once every check has passed and the directory is locked.
     """
     spec = resolve_spec(
         preset_or_spec, variants=variants, seeds=seeds, steps=steps, corpus=corpus, tasks=tasks, device=device
     )
-    return Comparison(spec, Path(out_dir), progress, claims_table, executor, pool_commits).run()
+    comparison = Comparison(spec, Path(out_dir), progress, claims_table, executor, pool_commits, merge_from=merge_from)
+    return comparison.run()
 
 
 @dataclass(frozen=True)
@@ -151,16 +166,29 @@ def run_ladder(
     progress: bool = True,
     executor: ExecutorConfig = INLINE,
     pool_commits: bool = False,
+    merge_from: Sequence[str | os.PathLike] = (),
 ) -> LadderResult:
     """Every rung of a ladder, smallest first, each a comparison in ``out_dir/<rung>``; then the ladder's report in
-    ``out_dir``. Running it again reuses every finished run, as a comparison does."""
+    ``out_dir``. Running it again reuses every finished run, as a comparison does. ``merge_from`` names folders of
+    the same ladder made elsewhere: each rung merges the runs of its own subfolder of each, and a folder holding
+    none of the ladder's rungs is refused before any rung starts."""
     if isinstance(preset_or_spec, str):
         if preset_or_spec not in LADDERS:
             raise ValueError(f"ladder {preset_or_spec!r} is unknown; choose one of {list(LADDERS)}")
         preset_or_spec = LADDERS[preset_or_spec]
-    out = Path(out_dir)
+    out, names = Path(out_dir), [rung.name for rung in preset_or_spec.rungs]
+    for source in map(Path, merge_from):
+        if not any((source / name / "runs").is_dir() for name in names):
+            raise ValueError(
+                f"--merge-from {source} holds no rung of ladder {preset_or_spec.name!r}: its rungs are subfolders "
+                f"{names}, each a compare directory with its runs/"
+            )
     for rung in preset_or_spec.rungs:
-        done = Comparison(rung, out / rung.name, progress, executor=executor, pool_commits=pool_commits).run()
+        sources = [Path(source) / rung.name for source in merge_from if (Path(source) / rung.name / "runs").is_dir()]
+        comparison = Comparison(
+            rung, out / rung.name, progress, executor=executor, pool_commits=pool_commits, merge_from=sources
+        )
+        done = comparison.run()
         if done.interrupted_by is not None:
             return LadderResult(out, None, done.interrupted_by)
     ladder, dirs = load_ladder(out)
@@ -227,9 +255,10 @@ class Comparison:
         executor: ExecutorConfig = INLINE,
         pool_commits: bool = False,
         env: Distributed | None = None,
+        merge_from: Sequence[str | os.PathLike] = (),
     ):
         self.spec, self.out_dir, self.progress, self.claims_table = spec, out_dir, progress, claims_table
-        self.executor, self.pool_commits = executor, pool_commits
+        self.executor, self.pool_commits, self.merge_from = executor, pool_commits, [Path(p) for p in merge_from]
         self.labels = spec.variant_labels
         self.baseline = self.labels[0]
         self.env = env or Distributed(device=resolve_device(spec.train.device))
@@ -252,17 +281,22 @@ class Comparison:
                 "nproc_per_run in the --config file's [executor] table (--executor local, slurm or ray)"
             )
         check_runs_fit(self.executor, self.spec)
-        with locked_directory(self.out_dir, "compare directory"):
+        # The engine starts before any work, so that one that cannot (not installed, no Slurm here, a Ray cluster
+        # without the resources a run asks for) is refused before the bench, not after it.
+        with (
+            locked_directory(self.out_dir, "compare directory"),
+            started_engine(self.executor, self.spec, self.out_dir, train_run) as engine,
+        ):
             try:
                 # Training stops by itself at a signal, with a checkpoint; every other phase (evaluations,
                 # tasks, the report) stops here, keeping what is already written: each record is written whole.
                 with stop_on_signals():
-                    return self._run()
+                    return self._run(engine)
             except Interrupted as stop:
                 self.say(f"compare interrupted; run the same command again to continue from {self.out_dir}")
                 return CompareResult(self.out_dir, None, stop.signum)
 
-    def _run(self) -> CompareResult:
+    def _run(self, engine: Executor | None) -> CompareResult:
         spec = self.spec
         self.say(
             f"attnzoo compare ({spec.name}: {spec.description}) → {self.out_dir}\n"
@@ -272,6 +306,7 @@ class Comparison:
         corpus = load_corpus(spec.train.data, self.env)
         self.extrapolation_tokens(corpus)  # refuse a too-short corpus now, not after the training
         configs = self.configs(corpus)
+        self.merge(configs)
         # Every variant's speed and memory back to back, so the ratios share machine conditions.
         bench, interrupted_by = self.bench(configs)
         if bench is None:
@@ -287,7 +322,7 @@ class Comparison:
             f"estimated time: about {duration(self.schedule.remaining())} for the training left (from the token "
             "budget and the step times just measured; evaluations come on top)"
         )
-        if self.executor.name != "inline":
+        if engine is not None:
             todo = [
                 RunJob(variant, seed, self.executor.name, self.executor.nproc_per_run)
                 for seed, variant in jobs
@@ -295,15 +330,7 @@ class Comparison:
             ]
             self.say(f"{len(todo)} of {len(jobs)} runs to train on executor {self.executor.name}")
             estimates = dict(self.schedule.left)
-            run_elsewhere(
-                self.executor,
-                spec,
-                self.out_dir,
-                todo,
-                train_run,
-                self.say,
-                lambda job: estimates.get(("lm", job.variant.label, job.seed), 0.0),
-            )
+            run_elsewhere(engine, todo, self.say, lambda job: estimates.get(("lm", job.variant.label, job.seed), 0.0))
         # Runs finished earlier (or by the executor just now) are read back in one line, not a block each: after an
         # executor's 35 runs the screen held 35 headers and growing tables of runs already done.
         done = [self.finished(variant, seed) for seed, variant in jobs]
@@ -359,6 +386,75 @@ class Comparison:
                 f"{self.out_dir} holds the report of another comparison (it differs in {differs}); choose another "
                 "--out, or delete that directory to replace it"
             )
+
+    def merge(self, configs: dict[str, ModelConfig]) -> None:
+        """Copy in the finished runs of ``merge_from`` that this directory lacks, once every one of them has been
+        checked (:meth:`check_merged`): a merge refused leaves the directory as it was."""
+        if not self.merge_from:
+            return
+        runs = finished_runs(self.merge_from, self.out_dir)
+        for run in runs:
+            self.check_merged(run, configs)
+        missing = runs_to_copy(runs, self.out_dir)
+        copy_runs(missing, self.out_dir)
+        held = f" ({len(runs) - len(missing)} held already)" if len(missing) < len(runs) else ""
+        self.say(
+            f"merged {len(missing)} finished run(s) from {', '.join(map(str, self.merge_from))} into "
+            f"{self.out_dir}{held}"
+        )
+
+    def check_merged(self, run: FinishedRun, configs: dict[str, ModelConfig]) -> None:
+        """Refuse by name a run made elsewhere that this comparison would not reuse as it is: one of another
+        comparison (a variant, seed or task it does not have, another model, training or evaluation), a record
+        whose numbers cannot be, or one that does not say where and by what code it was trained."""
+        where = f"--merge-from {run.path}"
+        if run.is_task:
+            _, task_name, label, seed_dir = run.relative.parts
+            task = next((task for task in self.spec.tasks if task.name == task_name), None)
+            configs_of_task = task_configs(task, self.spec.task_variants(task)) if task is not None else {}
+            seeds = self.spec.task_seed_list
+            if label not in configs_of_task or seed_dir not in {f"seed{seed}" for seed in seeds}:
+                raise ValueError(
+                    f"{where} is not a task run of this comparison (its tasks: "
+                    f"{[task.name for task in self.spec.tasks]}, seeds {list(seeds)}): merge from a directory of "
+                    "the same comparison (the same --preset, --variants, --seeds, --steps, --data and --tasks)"
+                )
+            stored = _read_record(TaskRun, run.record)
+            if stored is None:
+                raise ValueError(f"{where}: {run.record_name} is not a task run's record (damaged, or another schema)")
+            if stored.identity != _task_identity(task, configs_of_task[label]):  # type: ignore[arg-type]
+                raise ValueError(f"{where} was trained with another task or model configuration than this compare's")
+            return
+        _, label, seed_dir = run.relative.parts
+        variant = next((v for v in self.spec.variants if v.label == label), None)
+        seed = next((seed for seed in self.spec.seeds if seed_dir == f"seed{seed}"), None)
+        if variant is None or seed is None:
+            raise ValueError(
+                f"{where} is not a run of this comparison (its variants: {self.labels}, seeds "
+                f"{list(self.spec.seeds)}): merge from a directory of the same comparison (the same --preset, "
+                "--variants, --seeds, --steps and --data)"
+            )
+        _, train_config, evals = self.run_plan(variant, seed)
+        record = _read_record(LMRun, run.record)
+        if record is None:
+            raise ValueError(f"{where}: {run.record_name} is not a run's record (damaged, or of another schema)")
+        if record.provenance is None:
+            raise ValueError(
+                f"{where}: {run.record_name} records no provenance (the host, device and commit that trained it), "
+                "which a run merged from elsewhere must carry: retrain it with this attnzoo, or leave it out"
+            )
+        if not _evaluated_as_asked(record.evals, evals):
+            raise ValueError(f"{where} was evaluated under other settings than this comparison's: {record.evals}")
+        found = latest_checkpoint(run.path)
+        try:
+            if found is None:
+                raise CheckpointError("it holds no complete checkpoint")
+            checkpoint = read_checkpoint(found)
+            check_resumable(checkpoint, configs[label], train_config)
+            if checkpoint.step != train_config.steps:
+                raise CheckpointError(f"its last checkpoint is step {checkpoint.step} of {train_config.steps}")
+        except CheckpointError as err:
+            raise ValueError(f"{where} is not a finished run of this comparison: {err}") from None
 
     def _elapsed(self) -> str:
         return duration(time.perf_counter() - self.started)
@@ -696,7 +792,7 @@ class Comparison:
         )
         for seed, label in product(self.spec.task_seed_list, configs):
             path = self._task_path(spec, label, seed)
-            identity = _jsonable({"budget": asdict(budget), "model": configs[label].to_dict()})
+            identity = _task_identity(spec, configs[label])
             stored = _read_record(TaskRun, path)
             if stored is not None:
                 if stored.identity != identity:
@@ -902,11 +998,19 @@ def _case_key(measurement: BenchMeasurement) -> tuple[str, str, int]:
 
 def _read_record(cls: type[R], path: Path) -> R | None:
     """The record stored at ``path``, or None if it is missing, damaged or of another schema: then the work
-    it records is redone."""
+    it records is redone. One that reads but holds a number that cannot be (edited by hand, or by a bug) is
+    refused by name (:func:`attnzoo.results.checks.check_record`): redoing it would hide what happened."""
     try:
-        return from_dict(cls, json.loads(path.read_text(encoding="utf-8")), str(path))
+        record = from_dict(cls, json.loads(path.read_text(encoding="utf-8")), str(path))
     except (OSError, ValueError, TypeError):
         return None
+    check_record(record, str(path))
+    return record
+
+
+def _task_identity(spec: TaskSpec, config: ModelConfig) -> dict[str, Any]:
+    """What a task run is reused under: its budget and model."""
+    return _jsonable({"budget": asdict(spec.budget), "model": config.to_dict()})
 
 
 def _write_record(record: Any, path: Path) -> None:

@@ -398,6 +398,11 @@ def resolve_spec(
             changes["tasks"] = tuple(own[name] for name in tasks)
     resolved = dataclasses.replace(spec, **changes) if changes else spec
     if resolved.train.device.startswith("cuda") and not torch.cuda.is_available():
+        if device is not None:  # asked for by name, not the preset's
+            raise ValueError(
+                f"device={device!r} is invalid: torch sees no CUDA device here; use 'cpu' (or 'auto', the GPU where "
+                "there is one)"
+            )
         raise ValueError(
             f"preset {resolved.name!r} runs on a CUDA GPU (device={resolved.train.device!r}), and torch sees none "
             "here: run it where `python -c 'import torch; print(torch.cuda.is_available())'` prints True, or use "

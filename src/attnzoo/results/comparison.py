@@ -25,7 +25,9 @@ from attnzoo.evals.task import TaskBudget
 from attnzoo.io import atomic_write_text
 from attnzoo.machine import is_busy
 from attnzoo.records import from_dict, to_dict
+from attnzoo.results.checks import check_results
 from attnzoo.stats import PairedDifference, Summary, paired_over_seeds, paired_over_seeds_and_blocks
+from attnzoo.validation import is_int
 
 ATTENTION_MAPS = "attention_maps.npy"  # beside each first-seed run: (layers, heads, T, T)
 # 1: the implicit nested dicts of attnzoo 0.1.0, which carried no version; 2: these records; 3: the validation
@@ -373,13 +375,24 @@ class CompareResults:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> CompareResults:
+        """The results stored at ``path``, their numbers checked (:mod:`attnzoo.results.checks`): every way a stored
+        comparison comes back in reads it here."""
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
-        return cls.from_dict(data, str(path))
+        results = cls.from_dict(data, str(path))
+        check_results(results, str(path))
+        return results
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "results") -> CompareResults:
-        version = data.get("schema_version", 1) if isinstance(data, dict) else None
+        if not isinstance(data, dict):
+            raise ValueError(f"{source} holds a JSON {type(data).__name__}, not a compare's results (an object)")
+        version = data.get("schema_version", 1)
+        if not is_int(version):
+            raise ValueError(
+                f"{source}: schema_version = {version!r} is invalid: must be the integer "
+                f"{', '.join(map(str, READABLE_VERSIONS))} (a number, not {type(version).__name__})"
+            )
         if version not in READABLE_VERSIONS:
             raise ValueError(
                 f"{source} has results schema version {version}; this attnzoo reads versions "
