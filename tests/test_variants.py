@@ -124,3 +124,42 @@ def test_a_length_multiple_trains_the_same_model_with_room_for_its_longer_sequen
     )
     learned = matched_configs([Variant.parse("mha+learned+len2")], BASE)["mha+learned+len2"]
     assert learned.max_seq_len == 128 and abs(count_parameters(learned) / count_parameters(BASE) - 1) <= 0.02
+
+
+BENCH_TINY = [
+    "--seq-lens",
+    "8",
+    "--modes",
+    "train",
+    "--repeats",
+    "1",
+    "--rounds",
+    "1",
+    "--dim",
+    "32",
+    "--n-layers",
+    "1",
+]
+
+
+@pytest.mark.parametrize(
+    ("argv", "parts"),
+    [
+        (["bench", "--variants", "mha+rope", "mha+rope+len4"], "+len4 says"),
+        (["bench", "--variants", "mha+rope+kv2+up0.05"], "+up0.05 says"),
+        (["bench", "--variants", "mha+rope+len2+x1.5"], "+len2 +x1.5 say"),
+        (["eval", "--task", "graph", "--variant", "mha+none+len4"], "+len4 says"),
+        (["eval", "--task", "mqar", "--variant", "mha+rope+x2"], "+x2 says"),
+    ],
+)
+def test_the_parts_that_say_how_a_comparison_trains_are_refused_where_nothing_reads_them(tmp_path, capsys, argv, parts):
+    """``attnzoo bench`` times each model as it is and a task trains on its own budget and length: both accepted
+    +lenN (and +xC, +upF) and ignored it."""
+    from attnzoo.cli import main
+
+    # Tiny, so that code which accepts the spec measures or trains for a moment, not minutes.
+    tiny = [*BENCH_TINY, "--out", str(tmp_path / "bench")] if argv[0] == "bench" else ["--steps", "1"]
+    assert main([*argv, "--device", "cpu", *tiny]) == 1
+    said = capsys.readouterr().err
+    assert f"{parts} how a comparison trains the model" in said and "drop" in said
+    assert not (tmp_path / "bench").exists()

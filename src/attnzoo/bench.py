@@ -446,7 +446,7 @@ class BenchSweep:
         if not self.variants:
             raise ValueError("variants=() is invalid: name at least one, the baseline")
         for spec in self.variants:
-            Variant.parse(spec)
+            Variant.parse(spec).require_model_only("the bench times each model as it is, at every --seq-lens")
         if not self.seq_lens or not all(_positive_int(t) for t in self.seq_lens):
             raise ValueError(f"seq_lens={list(self.seq_lens)} is invalid: each must be an integer >= 1")
         for seq_len in self.seq_lens:

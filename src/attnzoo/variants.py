@@ -61,6 +61,25 @@ class Variant:
         return self.model_label + length + (f"+x{self.compute:g}" if self.compute != 1 else "")
 
     @property
+    def training_parts(self) -> tuple[str, ...]:
+        """The label's parts that say how a comparison trains the model rather than what it is: +lenN, +upF, +xC."""
+        length = (f"+len{self.length}",) if self.length != 1 else ()
+        up = (f"+up{self.uptrain:g}",) if self.uptrain is not None else ()
+        compute = (f"+x{self.compute:g}",) if self.compute != 1 else ()
+        return (*length, *up, *compute)
+
+    def require_model_only(self, why: str) -> None:
+        """Refuse a label with :attr:`training_parts` where nothing reads them: ``why`` says what the caller does
+        instead (the bench times the model as it is; a task trains it on the task's own budget)."""
+        parts = self.training_parts
+        if parts:
+            says, them = ("says", "it") if len(parts) == 1 else ("say", "them")
+            raise ValueError(
+                f"variant {self.label!r}: {' '.join(parts)} {says} how a comparison trains the model, and {why}: "
+                f"drop {them}"
+            )
+
+    @property
     def source(self) -> Variant:
         """The model an uptrained variant is converted from: itself with the baseline's kv heads."""
         return dataclasses.replace(self, n_kv_heads=None, uptrain=None)

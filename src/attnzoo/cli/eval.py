@@ -24,6 +24,7 @@ from attnzoo.records import to_dict
 from attnzoo.training.checkpoint import load_pretrained
 from attnzoo.training.config import DTYPES, DataConfig
 from attnzoo.training.trainer import resolve_dtype
+from attnzoo.variants import Variant
 
 EVAL_TASKS = ("lm", "extrapolation", "probes", *sorted(TASKS))
 PROBE_WINDOWS = 8  # windows probed by default: every map of every layer is held at once
@@ -166,6 +167,7 @@ def _run_task(args: argparse.Namespace, device: torch.device) -> int:
     """A synthetic task is a protocol for training from scratch: train --variant on it, then score it."""
     if args.path is not None:
         raise ValueError(f"--task {args.task} trains a fresh model on the task; it takes no run directory")
+    Variant.parse(args.variant).require_model_only("a task trains each variant on its own budget and length")
     result = run_task(args.task, args.variant, seed=args.seed, steps=args.steps, device=device)
     if args.json:
         print(json.dumps(to_dict(result), indent=2))
