@@ -376,7 +376,9 @@ def _competent(results: CompareResults, models: list[str], levels: dict[str, flo
             "in the same budget: a result against the claim, not a comparison that cannot show it",
         )
     return GatePart(
-        "(d) competent models", True, f"every model below the {ngram.order}-gram level {ngram.val_loss:.3f}"
+        "(d) competent models",
+        True,
+        f"every seed of every model below the {ngram.order}-gram level {ngram.val_loss:.3f}",
     )
 
 
