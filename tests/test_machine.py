@@ -120,3 +120,104 @@ def test_attnzoo_bench_measures_the_cases_in_interleaved_rounds_and_keeps_each_r
     assert "| diff+rope | train | 16 | 256 | 100 | 100–100 | 1.00× unreliable: busy machine |" in (
         (tmp_path / "bench.md").read_text()
     )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# bf16 on a CPU without it (issue 52): simulated by the flags the CPU lists, never read from this machine
+
+AVX2_EPYC = frozenset({"fpu", "sse4_2", "avx", "avx2", "fma"})  # the AMD EPYC of issue 52
+SAPPHIRE_RAPIDS = AVX2_EPYC | {"avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}
+SKYLAKE = AVX2_EPYC | {"avx512f", "avx512bw"}  # AVX-512 alone is no bf16
+
+
+@pytest.mark.parametrize(
+    ("cpuinfo", "native"),
+    [
+        ("processor\t: 0\nflags\t\t: fpu avx avx2 fma\n", False),
+        ("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512bw\n", False),
+        ("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16\n", True),
+        ("processor\t: 0\nflags\t\t: fpu avx2 amx_bf16 amx_tile\n", True),
+        ("processor\t: 0\nFeatures\t: fp asimd sve bf16 i8mm\n", True),  # Arm's BF16 extension
+        ("processor\t: 0\nFeatures\t: fp asimd\n", False),
+        ("processor\t: 0\n", None),  # no flags listed: unknown, not "none"
+    ],
+)
+def test_native_bf16_is_read_off_the_cpus_flags(tmp_path, monkeypatch, cpuinfo, native):
+    from attnzoo import machine
+
+    (tmp_path / "cpuinfo").write_text(cpuinfo)
+    monkeypatch.setattr(machine, "CPUINFO", tmp_path / "cpuinfo")
+    assert machine.native_bf16() is native
+    monkeypatch.setattr(machine, "CPUINFO", tmp_path / "nowhere")  # not Linux
+    assert machine.native_bf16() is None
+
+
+@pytest.mark.parametrize(
+    ("flags", "dtype", "trained", "warned"),
+    [
+        (AVX2_EPYC, "bfloat16", "bfloat16", True),
+        (SKYLAKE, "bfloat16", "bfloat16", True),
+        (SAPPHIRE_RAPIDS, "bfloat16", "bfloat16", False),
+        (AVX2_EPYC, "auto", "float32", False),
+        (AVX2_EPYC, "float32", "float32", False),
+    ],
+    ids=["avx2-bf16", "avx512-without-bf16", "amx-bf16", "avx2-auto", "avx2-fp32"],
+)
+def test_bf16_on_a_cpu_without_it_is_warned_once_with_the_measured_slowdown(
+    tmp_path, monkeypatch, capsys, flags, dtype, trained, warned
+):
+    """A bf16-autocast step ran 13.2x slower than fp32 on an AVX2 EPYC, silently; "auto" stays fp32 on a CPU."""
+    import json
+
+    from training_helpers import TINY_FLAGS, write_text_corpus
+
+    from attnzoo import machine
+    from attnzoo.cli import main
+
+    monkeypatch.setattr(machine, "cpu_flags", lambda: flags)
+    text = write_text_corpus(tmp_path / "text.txt")
+    flags_ = ["--steps", "2", "--eval-interval", "1", "--dtype", dtype]
+    assert main(["train", "--data", str(text), "--out", str(tmp_path / "run"), *TINY_FLAGS, *flags_]) == 0
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["dtype"] == trained
+    said = [line for line in capsys.readouterr().err.splitlines() if "no native bf16" in line]
+    if warned:
+        (line,) = said  # once, not per step or evaluation
+        assert "13.2x slower than float32" in line and "AVX512-BF16 or AMX" in line and "--dtype float32" in line
+    else:
+        assert said == []
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (AVX2_EPYC, "\nCPU\n  bf16: none (no AVX512-BF16 or AMX): bfloat16 is emulated"),
+        (SAPPHIRE_RAPIDS, "\nCPU\n  bf16: native (amx_bf16, avx512_bf16)"),
+        (None, "\nCPU\n  bf16: unknown (the CPU's flags cannot be read here)"),
+    ],
+)
+def test_info_says_whether_the_cpu_has_native_bf16(monkeypatch, capsys, flags, said):
+    from attnzoo import machine
+    from attnzoo.cli import main
+
+    monkeypatch.setattr(machine, "cpu_flags", lambda: flags)
+    assert main(["info", "--dim", "32", "--n-layers", "1", "--n-heads", "2"]) == 0
+    assert said in capsys.readouterr().out
+
+
+def test_eval_and_bench_in_bf16_on_a_cpu_without_it_say_so_once(tmp_path, monkeypatch, capsys):
+    from training_helpers import TINY_FLAGS, write_text_corpus
+
+    from attnzoo import machine
+    from attnzoo.cli import main
+
+    text = write_text_corpus(tmp_path / "text.txt")
+    assert main(["train", "--data", str(text), "--out", str(tmp_path / "run"), *TINY_FLAGS, "--steps", "1"]) == 0
+    monkeypatch.setattr(machine, "cpu_flags", lambda: AVX2_EPYC)
+    capsys.readouterr()
+    evaluate = ["eval", str(tmp_path / "run"), "--device", "cpu", "--dtype", "bfloat16", "--max-windows", "2"]
+    assert main([*evaluate, "--no-progress"]) == 0
+    bench = ["bench", "--variants", "mha+rope", "--seq-lens", "8", "--modes", "train", "--repeats", "1"]
+    bench += ["--rounds", "1", "--dim", "32", "--n-layers", "1", "--n-heads", "2", "--dtype", "bfloat16"]
+    assert main([*bench, "--device", "cpu", "--out", str(tmp_path / "bench"), "--no-progress"]) == 0
+    said = [line for line in capsys.readouterr().err.splitlines() if "no native bf16" in line]
+    assert len(said) == 2 and all("13.2x slower than float32" in line for line in said)

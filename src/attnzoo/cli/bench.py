@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 
 import torch
 
 from attnzoo.bench import DTYPES, MODES, BenchSweep, run_bench
 from attnzoo.cli.command import check_out_dir, path_argument
+from attnzoo.distributed import resolve_device
+from attnzoo.machine import emulated_bf16
+
+logger = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -115,5 +120,8 @@ def run(args: argparse.Namespace) -> int:
         threads=torch.get_num_threads() if args.threads is None else args.threads,  # the CLI chose it from the load
         device=args.device,
     )
+    emulated = emulated_bf16(resolve_device(sweep.device).type) if sweep.dtype == "bfloat16" else None
+    if emulated is not None:
+        logger.warning("warning: %s", emulated)
     run_bench(sweep, args.out, progress=not args.no_progress)
     return 0

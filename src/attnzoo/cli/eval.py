@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 
 import numpy as np
 import torch
@@ -19,12 +20,15 @@ from attnzoo.distributed import Distributed, resolve_device
 from attnzoo.evals import TASKS
 from attnzoo.evals.lm import LMEvalConfig, evaluate_lm, length_extrapolation
 from attnzoo.evals.probes import probe_model, probe_tables
+from attnzoo.machine import emulated_bf16
 from attnzoo.model import Transformer
 from attnzoo.records import to_dict
 from attnzoo.training.checkpoint import load_pretrained
 from attnzoo.training.config import DTYPES, DataConfig
 from attnzoo.training.trainer import resolve_dtype
 from attnzoo.variants import Variant
+
+logger = logging.getLogger(__name__)
 
 EVAL_TASKS = ("lm", "extrapolation", "probes", *sorted(TASKS))
 PROBE_WINDOWS = 8  # windows probed by default: every map of every layer is held at once
@@ -102,6 +106,9 @@ def run(args: argparse.Namespace) -> int:
         return _print_probes(args, model, getattr(corpus, args.split), seq_len, corpus.name)
     trained_dtype = checkpoint.train_config.dtype if checkpoint.train_config else "auto"
     dtype = resolve_dtype(args.dtype or trained_dtype, device)
+    emulated = emulated_bf16(device.type) if dtype == torch.bfloat16 else None
+    if emulated is not None:
+        logger.warning("warning: %s", emulated)
     autocast = None if dtype == torch.float32 else torch.autocast(device.type, dtype=dtype)
     result = evaluate_lm(
         model,

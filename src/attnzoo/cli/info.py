@@ -7,6 +7,7 @@ import argparse
 
 import torch
 
+from attnzoo import machine
 from attnzoo.attention import ATTENTION
 from attnzoo.cli.command import check_int, path_argument
 from attnzoo.cli.flags import (
@@ -132,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
     print("\nattention kernel (CPU, fp32 training)")
     for line in cpu_kernels(model):
         print(f"  {line}")
+    print(f"\nCPU\n  bf16: {machine.bf16_support()}")
     print("\nmodel config\n" + model_config.to_json())
     if train_config is not None:
         print("train config\n" + train_config.to_json())

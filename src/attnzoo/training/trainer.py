@@ -45,6 +45,7 @@ from attnzoo.data.tokenizers import Tokenizer
 from attnzoo.distributed import Distributed, gradient_sync, parallelize
 from attnzoo.evals.lm import LMEvalConfig, LMScore, evaluate_lm
 from attnzoo.io import DISK_FULL, DirectoryLocked, atomic_write_text, locked_directory, mount_point
+from attnzoo.machine import emulated_bf16
 from attnzoo.model import CONFIG_NAME, Transformer
 from attnzoo.training.checkpoint import (
     TOKENIZER,
@@ -331,6 +332,11 @@ class Trainer:
         refusal = planned_backend_refusal((block.self_attn for block in self.raw_model.layers), call, steps)
         require(refusal is None, "attn_backend", self.model_config.attn_backend, refusal or "")
 
+    def warnings(self) -> list[str]:
+        """The config's (valid settings almost certainly not meant) and the machine's: bf16 emulated on this CPU."""
+        emulated = emulated_bf16(self.env.device.type) if self.dtype == torch.bfloat16 else None
+        return [*self.cfg.warnings(), *([emulated] if emulated is not None else [])]
+
     def autocast(self) -> contextlib.AbstractContextManager:
         if self.dtype == torch.float32:
             return contextlib.nullcontext()
@@ -533,7 +539,7 @@ class Trainer:
                 self.metrics.truncate_after(self.step)
         say = _say if main else _silent
         say(self.describe())
-        for warning in cfg.warnings() if main else []:
+        for warning in self.warnings() if main else []:
             logger.warning("warning: %s", warning)
         if self.last_checkpoint is not None:
             say(f"resumed from {self.last_checkpoint} at step {self.step}")
