@@ -8,8 +8,8 @@ Forms, each timed fwd+bwd on the same inputs:
 
 * ``merged``: :func:`~attnzoo.attention.dcmha.compose_merged`, the model's eager form (einsums with N×N matrices);
 * ``rank-R``: :func:`~attnzoo.attention.dcmha.compose_low_rank`, the official ``_cross_head_proj`` form;
-* ``compiled``: :func:`~attnzoo.attention.dcmha_compiled.compiled_compose` (``compile_composition``), inductor's
-  fused loops; its first call, a warmup, compiles.
+* ``compiled``: :func:`~attnzoo.attention.kernels.dcmha_compiled.compiled_compose` (``compile_composition``),
+  inductor's fused loops; its first call, a warmup, compiles.
 
 Alongside the time, the rate at which each form does the composition's multiply-adds (2·N²/G per score for the
 merged map's two sides; the rank-R form does fewer, 4·R·N + 2·N), against one matmul of the same
@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from attnzoo.attention.dcmha import Mixing, compose_low_rank, compose_merged, key_matrices, query_matrices
-from attnzoo.attention.dcmha_compiled import compiled_compose
+from attnzoo.attention.kernels.dcmha_compiled import compiled_compose
 from attnzoo.bench import machine_description
 from attnzoo.io import atomic_write_text
 from attnzoo.tables import Table

@@ -8,7 +8,7 @@ One layer, dim 1024, 16 heads of 64, under bf16 autocast as training runs; DCMHA
 group of 16, pre- and post-composition, key-wise), global ("G") or local ("L", window 256). A step is the layer's
 forward and backward, projections included (the same in all three paths); batch × T = --tokens. The paths:
 
-* ``dcmha-triton``: the layer as it runs on CUDA, through the fused kernel (``attention/dcmha_triton.py``);
+* ``dcmha-triton``: the layer as it runs on CUDA, through the fused kernel (``attention/kernels/dcmha_triton/``);
 * ``dcmha-pytorch``: the same layer with ``attn_backend="chunked"``, i.e. the chunked PyTorch path;
 * ``mha-flash``: MHA of the same size, SDPA restricted to the flash backend (causal, no window).
 
@@ -34,7 +34,8 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attnzoo import ModelConfig
-from attnzoo.attention import ATTENTION, AttentionContext, dcmha_triton
+from attnzoo.attention import ATTENTION, AttentionContext
+from attnzoo.attention.kernels.dcmha_triton import jit, op, tuning
 from attnzoo.io import atomic_write_text
 from attnzoo.positions import POSITIONS
 from attnzoo.tables import Table
@@ -77,7 +78,7 @@ def cuda_refusal() -> str | None:
     """Why this benchmark cannot run here, or None."""
     if not torch.cuda.is_available():
         return "needs a CUDA device, and none is visible"
-    if dcmha_triton.triton is None:
+    if op.triton is None:
         return 'needs Triton (Linux): pip install -e ".[triton]" in the clone'
     return None
 
@@ -176,7 +177,7 @@ def record_tuning(*, fn: Any, key: tuple, best_config: Any, configs_timings: dic
 def listen_to_tuning() -> None:
     """Logs every autotuning of this process in :data:`TUNING_LOG`, where Triton has a listener (3.9 has; the GPU
     image's 3.6 may not, and then nothing is logged)."""
-    autotuning = getattr(getattr(dcmha_triton.triton, "knobs", None), "autotuning", None)
+    autotuning = getattr(getattr(op.triton, "knobs", None), "autotuning", None)
     if autotuning is not None and hasattr(autotuning, "listener"):
         autotuning.listener = record_tuning
 
@@ -186,7 +187,7 @@ def triton_resources() -> list[dict[str, Any]]:
     per thread, spilled registers and shared memory, as ptxas left them (issue 36's resource dump)."""
     rows = []
     for name in TRITON_KERNELS:
-        function = getattr(dcmha_triton, name)
+        function = getattr(jit, name)
         for kernel_cache, *_ in function.device_caches.values():
             for compiled in kernel_cache.values():
                 compiled._init_handles()  # loads the binary, which fills n_regs and n_spills
@@ -213,7 +214,7 @@ def kernel_report() -> dict[str, Any]:
         report: dict[str, Any] = {"triton_kernels": triton_resources()}
     except Exception as err:
         report = {"triton_kernels_error": f"{type(err).__name__}: {err}"}
-    return report | {"triton_tuning": list(TUNING_LOG), "untunable": sorted(dcmha_triton.UNTUNABLE)}
+    return report | {"triton_tuning": list(TUNING_LOG), "untunable": sorted(tuning.UNTUNABLE)}
 
 
 def kernel_report_lines(report: dict[str, Any]) -> list[str]:
@@ -308,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{path:13s} {window_type} T={seq_len:6d} batch={batch:3d}  {took}")
     header = (
         f"Machine: {device} (CUDA {torch.version.cuda}), torch {torch.__version__}, triton "
-        f"{dcmha_triton.triton.__version__}. One attention layer, dim {DIM}, {HEADS} heads, bf16 autocast, "
+        f"{op.triton.__version__}. One attention layer, dim {DIM}, {HEADS} heads, bf16 autocast, "
         f"forward+backward, {args.tokens} tokens/step."
     )
     kernels = kernel_report()

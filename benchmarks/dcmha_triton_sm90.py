@@ -2,7 +2,7 @@
 
 Triton compiles for a target it is not running on. This script compiles each of the three kernels for sm_90a (H100,
 H200) at the model shapes the lease script times, in every configuration the autotuner tries there
-(``dcmha_triton.TUNING`` after ``prune_tiles``), and records what ptxas allocated per thread: registers, spilled
+(``tuning.TUNING`` after ``prune_tiles``), and records what ptxas allocated per thread: registers, spilled
 bytes and stack; the shared memory; and the tensor-core instructions in the SASS (HMMA is ``mma.sync``, the
 Ampere-style path; HGMMA is Hopper's ``wgmma``). These are the compiler's figures, not a profile: a kernel whose
 working set spills waits on local memory, which bounds it, but nothing here is timed.
@@ -31,7 +31,7 @@ from typing import Any
 import gpu_speed
 
 from attnzoo import ModelConfig
-from attnzoo.attention import dcmha_triton
+from attnzoo.attention.kernels.dcmha_triton import jit, op, tuning
 from attnzoo.cli.command import path_argument
 from attnzoo.io import atomic_write_text
 from attnzoo.tables import Table
@@ -60,7 +60,7 @@ class Resources:
     BS: int
     num_warps: int
     num_stages: int
-    register_cap: int  # per thread, the .maxnreg the launch passes (dcmha_triton.register_cap); 0: none
+    register_cap: int  # per thread, the .maxnreg the launch passes (tuning.register_cap); 0: none
     registers: int  # per thread, used
     spill_store_bytes: int  # per thread
     stack_bytes: int  # per thread: spills and local arrays, in local memory
@@ -75,10 +75,10 @@ class Resources:
         return self.spill_store_bytes * 32 * self.num_warps / 1024
 
 
-def kernel_spec(cfg: ModelConfig) -> dcmha_triton.KernelSpec:
+def kernel_spec(cfg: ModelConfig) -> op.KernelSpec:
     """The spec ``dcmha_attention`` builds for a layer of this config (global window)."""
     opts = cfg.attention_opts
-    return dcmha_triton.KernelSpec(
+    return op.KernelSpec(
         num_groups=opts.num_groups,
         heads_per_group=cfg.n_heads // opts.num_groups,
         rank=opts.rank,
@@ -111,16 +111,16 @@ CONFIG_SETS = {"tuned": "every config the autotuner times", "untuned": "the conf
 
 
 def candidates(
-    kernel: str, spec: dcmha_triton.KernelSpec, head_dim: int, configs: str = "tuned"
+    kernel: str, spec: op.KernelSpec, head_dim: int, configs: str = "tuned"
 ) -> list[tuple[dict[str, Any], dict[str, int]]]:
     """(constants, compile options) of each config in the set (:data:`CONFIG_SETS`) for this kernel and spec, as the
-    kernel's launch passes them (``dcmha_triton.untuned_launch`` for the untuned one)."""
-    constants, untuned = dcmha_triton.untuned_launch(kernel, spec, head_dim)
+    kernel's launch passes them (``tuning.untuned_launch`` for the untuned one)."""
+    constants, untuned = tuning.untuned_launch(kernel, spec, head_dim)
     constants |= {"PREC": "tf32", "WIDEN": False}
     if configs == "untuned":
         return [(constants, untuned)]
-    max_stages = dcmha_triton.KERNEL_GRID[kernel][1]
-    kept = dcmha_triton.prune_tiles(dcmha_triton.tuning_configs(max_stages), {}, **constants)
+    max_stages = tuning.KERNEL_GRID[kernel][1]
+    kept = tuning.prune_tiles(tuning.tuning_configs(max_stages), {}, **constants)
     return [
         (constants | c.kwargs, {"num_warps": c.num_warps, "num_stages": c.num_stages, "maxnreg": c.maxnreg})
         for c in kept
@@ -128,7 +128,7 @@ def candidates(
 
 
 def cuobjdump() -> str:
-    return str(Path(dcmha_triton.triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump")
+    return str(Path(op.triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump")
 
 
 @functools.cache
@@ -183,9 +183,9 @@ def compile_for_sm90(kernel: str, constants: dict[str, Any], options: dict[str, 
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    function = dcmha_triton.KERNELS_BY_NAME[kernel]
+    function = jit.KERNELS_BY_NAME[kernel]
     source = ASTSource(fn=function, signature=signature(function, constants), constexprs=constants)
-    return dcmha_triton.triton.compile(source, target=GPUTarget("cuda", ARCH, 32), options=options)
+    return op.triton.compile(source, target=GPUTarget("cuda", ARCH, 32), options=options)
 
 
 def measure(shape: str, cfg: ModelConfig, configs: str = "tuned", capped: bool = True) -> list[Resources]:
@@ -193,7 +193,7 @@ def measure(shape: str, cfg: ModelConfig, configs: str = "tuned", capped: bool =
     choose its registers, as launches did before ``register_cap``."""
     spec = kernel_spec(cfg)
     rows = []
-    for kernel in dcmha_triton.KERNELS_BY_NAME:
+    for kernel in jit.KERNELS_BY_NAME:
         for constants, options in candidates(kernel, spec, cfg.head_dim, configs):
             options = options if capped else options | {"maxnreg": None}
             compiled = compile_for_sm90(kernel, constants, options)
@@ -281,7 +281,7 @@ def summary(rows: list[Resources]) -> Table:
 
 
 def toolchain() -> str:
-    return f"triton {dcmha_triton.triton.__version__}, ptxas {ptxas()[1]} (sm_{ARCH}a)"
+    return f"triton {op.triton.__version__}, ptxas {ptxas()[1]} (sm_{ARCH}a)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -298,10 +298,10 @@ def main(argv: list[str] | None = None) -> int:
     problem = gpu_speed.directory_problem(args.out.parent)
     if problem is not None:
         parser.error(f"--out={args.out} is invalid: its folder {args.out.parent}: {problem}")
-    if dcmha_triton.triton is None:
+    if op.triton is None:
         print('dcmha_triton_sm90: needs Triton: pip install -e ".[triton]" in the clone', file=sys.stderr)
         return 2
-    if dcmha_triton.INTERPRETED:
+    if jit.INTERPRETED:
         print("dcmha_triton_sm90: TRITON_INTERPRET=1 makes the kernels interpreted, which nothing compiles; unset it",
               file=sys.stderr)  # fmt: skip
         return 2

@@ -11,10 +11,10 @@ position × MHA/GQA × dtype (fp32, and bf16 under autocast as training runs on 
 * numerics: the logits and the gradients of the device's fast path against the CPU float64 eager reference with the
   same weights and input, as relative errors ‖a − b‖ / ‖b‖ within the dtype's tolerance (``TOLERANCES``);
 * cached decode: a prefill, single-token steps and a multi-token chunk on the device against its full forward;
-* dispatch: the kernel attnzoo's ``attend`` picks (``attention/kernels.py``) and the SDPA backend torch actually
-  ran in a training step and a decode step (the fused kernel each SDPA call dispatched, or math when it dispatched
-  none). On CUDA a mechanism on SDPA must never fall to SDPA's math path; the backends that can run it, tried one
-  at a time under ``sdpa_kernel``, explain a fall.
+* dispatch: the kernel attnzoo's ``attend`` picks (``attention/kernels/dispatch.py``) and the SDPA backend torch
+  actually ran in a training step and a decode step (the fused kernel each SDPA call dispatched, or math when it
+  dispatched none). On CUDA a mechanism on SDPA must never fall to SDPA's math path; the backends that can run it,
+  tried one at a time under ``sdpa_kernel``, explain a fall.
 
 Then ``torch.compile`` of a training step and of decoding (``generate(..., compile=True)``) for a subset of those
 combinations: equal outputs and the recompile count. Last the speed at a size that fills a GPU: training tok/s,

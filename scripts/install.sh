@@ -104,7 +104,7 @@ say "installing attnzoo (editable${1:+, with the dev extra}) and its other depen
 "$PYTHON" -m pip install -e "$PACKAGE"
 # Built here rather than in the first run that needs them: one build per machine and torch, cached by PyTorch.
 say "building the fused CPU kernels (once per machine; about 2 minutes on 2 cores) ..."
-if "$PYTHON" -c 'import sys; from attnzoo.attention import fused_cpu; sys.exit(0 if fused_cpu.available() else 1)'; then
+if "$PYTHON" -c 'import sys; from attnzoo.attention.kernels import build; sys.exit(0 if build.available() else 1)'; then
     say "fused CPU kernels built"
 else
     say "the fused CPU kernels could not be built (the warning above says why): attention runs on PyTorch's own paths"

@@ -45,12 +45,12 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(params=["blas", "aten"])
 def tile_products(request):
     """Runs a fused kernel's test twice: its tile products on BLAS called directly, then on ATen's matmul
-    (``fused_cpu.use_blas``); skips the first where PyTorch's BLAS exports no ``sgemm_``."""
-    from attnzoo.attention import fused_cpu
+    (``build.use_blas``); skips the first where PyTorch's BLAS exports no ``sgemm_``."""
+    from attnzoo.attention.kernels import build
 
-    if not fused_cpu.available():
+    if not build.available():
         pytest.skip("the fused CPU kernels cannot be built here")
-    if fused_cpu.use_blas(request.param == "blas") != (request.param == "blas"):
+    if build.use_blas(request.param == "blas") != (request.param == "blas"):
         pytest.skip("the BLAS PyTorch links exports no sgemm_")
     yield request.param
-    fused_cpu.use_blas(True)
+    build.use_blas(True)

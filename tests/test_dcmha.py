@@ -12,7 +12,6 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnzoo import ModelConfig, Transformer
-from attnzoo.attention import dcmha_compiled, fused_cpu
 from attnzoo.attention.dcmha import (
     POST_K,
     POST_Q,
@@ -25,7 +24,8 @@ from attnzoo.attention.dcmha import (
     key_matrices,
     query_matrices,
 )
-from attnzoo.attention.dcmha_compiled import compiled_compose, compose_sum
+from attnzoo.attention.kernels import build, dcmha_compiled
+from attnzoo.attention.kernels.dcmha_compiled import compiled_compose, compose_sum
 
 POSITIONS = ["none", "learned", "sinusoidal", "rope", "alibi"]
 KV_HEADS = {"mha": 4, "gqa": 2, "mqa": 1}
@@ -202,8 +202,8 @@ VARIANTS = {
 def training_path(request) -> str:
     """The CPU training path under test, as the attn_backend that pins it: the chunked PyTorch composition, or the
     fused C++ kernel (skipped where it cannot be built here)."""
-    if request.param == "dcmha-fused" and not fused_cpu.available():
-        pytest.skip(f"the fused CPU kernels cannot be built here: {fused_cpu.status()}")
+    if request.param == "dcmha-fused" and not build.available():
+        pytest.skip(f"the fused CPU kernels cannot be built here: {build.status()}")
     return request.param
 
 

@@ -1,4 +1,4 @@
-"""The fused DCMHA Triton kernel (``attention/dcmha_triton.py``) against the eager reference.
+"""The fused DCMHA Triton kernel (``attention/kernels/dcmha_triton/``) against the eager reference.
 
 Without CUDA the kernels run in Triton's interpreter on CPU tensors: ``conftest.py`` sets ``TRITON_INTERPRET=1``
 before Triton is imported, since Triton reads it as ``@triton.jit`` decorates each function. With CUDA the same
@@ -23,11 +23,11 @@ from attnzoo import ModelConfig, Transformer
 
 triton = pytest.importorskip("triton")
 
-from attnzoo.attention import dcmha_triton  # noqa: E402  (after the skip: the module needs triton to run)
+from attnzoo.attention.kernels.dcmha_triton import jit, op, tuning  # noqa: E402  (after the skip: needs triton)
 
 pytestmark = pytest.mark.triton
 
-INTERPRETED = dcmha_triton.INTERPRETED
+INTERPRETED = jit.INTERPRETED
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 
 
@@ -44,7 +44,7 @@ def device() -> str:
 def assert_kernel_matches_reference(case: Case, dtype: torch.dtype, device: str) -> None:
     leaves = make_inputs(case, dtype, device)
     q, k, v, pre, post = split(leaves, case)
-    out = dcmha_triton.dcmha_attention(q, k, v, pre, post, num_groups=case.groups, window=case.window, block=16)
+    out = op.dcmha_attention(q, k, v, pre, post, num_groups=case.groups, window=case.window, block=16)
     assert out.dtype == dtype and out.shape == q.shape and out.device == q.device
     grad_out = torch.randn(out.shape).to(dtype)
     grads = torch.autograd.grad(out, leaves, grad_out.to(device))
@@ -75,7 +75,7 @@ def test_the_comparison_can_fail(device):
     case = CASES["local"]
     leaves = make_inputs(case, torch.float32, device)
     q, k, v, pre, _ = split(leaves, case)
-    out = dcmha_triton.dcmha_attention(q, k, v, pre, None, num_groups=1, window=case.window, block=16)
+    out = op.dcmha_attention(q, k, v, pre, None, num_groups=1, window=case.window, block=16)
     assert (out.double().cpu() - reference(leaves, case)).abs().max() > 0.1
 
 
@@ -86,7 +86,7 @@ def test_no_tensor_is_quadratic_in_length(device):
     leaves = make_inputs(case, torch.float32, device)
     q, k, v, pre, post = split(leaves, case)
     with RecordShapes() as recorded:
-        out = dcmha_triton.dcmha_attention(q, k, v, pre, post, num_groups=1, window=None, block=16)
+        out = op.dcmha_attention(q, k, v, pre, post, num_groups=1, window=None, block=16)
         torch.autograd.grad(out, leaves, torch.randn_like(out))
     assert (1, 4, 37, 16) in recorded.shapes  # the recording sees the kernels' outputs
     assert max(sum(size >= case.length for size in shape) for shape in recorded.shapes) == 1
@@ -100,7 +100,7 @@ def test_any_gradient_layout(device):
     case = CASES["local-pre-only"]
     leaves = make_inputs(case, torch.float32, device)
     q, k, v, pre, _ = split(leaves, case)
-    out = dcmha_triton.dcmha_attention(q, k, v, pre, None, num_groups=1, window=case.window, block=16)
+    out = op.dcmha_attention(q, k, v, pre, None, num_groups=1, window=case.window, block=16)
     dense = torch.autograd.grad(out, leaves, torch.ones_like(out), retain_graph=True)
     of_sum = torch.autograd.grad(out.sum(), leaves)
     for got, want in zip(of_sum, dense, strict=True):
@@ -119,7 +119,7 @@ def test_a_compiled_call_is_one_graph_and_equals_the_eager_call(device, name):
 
     def attention(*tensors: torch.Tensor) -> torch.Tensor:
         q, k, v, pre, post = split(list(tensors), case)
-        return dcmha_triton.dcmha_attention(q, k, v, pre, post, num_groups=case.groups, window=case.window)
+        return op.dcmha_attention(q, k, v, pre, post, num_groups=case.groups, window=case.window)
 
     out = attention(*leaves)
     grad_out = torch.randn_like(out)
@@ -141,55 +141,55 @@ def test_the_operators_registrations_pass_torchs_own_checks(device):
     registration of the forward operator, on the smallest case."""
     case = CASES["local"]
     q, k, v, pre, post = split(make_inputs(case, torch.float32, device), case)
-    spec = dcmha_triton.KernelSpec(1, case.n_heads, case.rank, True, True, True, case.window, 0.25, 16)
-    query_w = dcmha_triton.pack_weights([(m.qw1, m.qw2, m.qdd) for m in (pre, post)], q)
-    key_w = dcmha_triton.pack_weights([(m.kw1, m.kw2, m.kdd) for m in (pre, post)], q)
+    spec = op.KernelSpec(1, case.n_heads, case.rank, True, True, True, case.window, 0.25, 16)
+    query_w = op.pack_weights([(m.qw1, m.qw2, m.qdd) for m in (pre, post)], q)
+    key_w = op.pack_weights([(m.kw1, m.kw2, m.kdd) for m in (pre, post)], q)
     args = (q, k, v, query_w.detach().requires_grad_(), key_w.detach().requires_grad_(), *spec.as_args())
-    torch.library.opcheck(dcmha_triton.dcmha_forward, args)
+    torch.library.opcheck(op.dcmha_forward, args)
 
 
-@pytest.mark.parametrize("kernel", sorted(dcmha_triton.KERNEL_GRID))
+@pytest.mark.parametrize("kernel", sorted(tuning.KERNEL_GRID))
 def test_the_autotuner_always_times_the_kernels_own_tiles(kernel):
     """On a GPU each kernel is autotuned; for every group size and rank the layer allows, the configs left after
     pruning include the tiles, warps and stages the kernel runs without tuning, so tuning can only keep its choice
     or find a faster one. (The tuned launch itself needs a GPU; these are the configs it chooses among.)"""
-    max_stages = dcmha_triton.KERNEL_GRID[kernel][1]
-    configs = dcmha_triton.tuning_configs(max_stages)
+    max_stages = tuning.KERNEL_GRID[kernel][1]
+    configs = tuning.tuning_configs(max_stages)
     assert all(c.num_stages <= (max_stages or 3) for c in configs)
     for heads_per_group in range(1, 33):
         for rank in range(1, 5):
-            spec = dcmha_triton.KernelSpec(1, heads_per_group, rank, True, True, True, None, 0.125)
+            spec = op.KernelSpec(1, heads_per_group, rank, True, True, True, None, 0.125)
             own = spec.constants(64)
-            kept = dcmha_triton.prune_tiles(configs, {}, **own)
+            kept = tuning.prune_tiles(configs, {}, **own)
             chosen = [(c.kwargs["BT"], c.kwargs["BS"], c.num_warps, c.num_stages) for c in kept]
             assert (own["BT"], own["BS"], own["num_warps"], max_stages or 3) in chosen, (heads_per_group, rank)
-            assert all(own["MP"] * own["RP"] * bt * bs <= dcmha_triton.MAX_MIX_PRODUCTS or bt == 16
+            assert all(own["MP"] * own["RP"] * bt * bs <= tuning.MAX_MIX_PRODUCTS or bt == 16
                        for bt, bs, _, _ in chosen)  # fmt: skip
 
 
 def test_every_launch_caps_registers_at_a_programs_share_of_the_register_file(monkeypatch):
     """ptxas otherwise keeps as few as 32 registers a thread and spills (benchmarks/dcmha_triton_sm90.py): every tuning
     candidate and the untuned launch set .maxnreg to one program's share of the SM's registers, at most 255."""
-    for config in dcmha_triton.tuning_configs(None):
-        assert config.maxnreg == dcmha_triton.register_cap(config.num_warps)
+    for config in tuning.tuning_configs(None):
+        assert config.maxnreg == tuning.register_cap(config.num_warps)
     for warps, cap in ((4, 255), (8, 255), (16, 128), (32, 64)):
-        assert dcmha_triton.register_cap(warps) == cap and cap * 32 * warps <= dcmha_triton.REGISTER_FILE
+        assert tuning.register_cap(warps) == cap and cap * 32 * warps <= tuning.REGISTER_FILE
     launched = {}
 
     class Recorder:
         def __getitem__(self, grid):
             return lambda *args, **options: launched.update(options)
 
-    monkeypatch.setitem(dcmha_triton.KERNELS_BY_NAME, "forward", Recorder())
-    spec = dcmha_triton.KernelSpec(1, 16, 2, True, True, True, None, 0.125, block=16)
-    dcmha_triton.launch("forward", spec, 64, 128, 2)
+    monkeypatch.setitem(jit.KERNELS_BY_NAME, "forward", Recorder())
+    spec = op.KernelSpec(1, 16, 2, True, True, True, None, 0.125, block=16)
+    tuning.launch("forward", spec, 64, 128, 2)
     assert launched["num_warps"] == 8 and launched["maxnreg"] == 255
 
 
 def time_tuning_with(monkeypatch, timer) -> None:
     """Every kernel's autotuner with an empty cache, timing each config by ``timer(kernel name)``, a stand-in for
     do_bench (set over the cached property, which asks for a GPU)."""
-    for name, tuner in dcmha_triton.TUNED.items():
+    for name, tuner in tuning.TUNED.items():
         monkeypatch.setitem(tuner.__dict__, "do_bench", timer(name))
         monkeypatch.setattr(tuner, "cache", {})
 
@@ -197,7 +197,7 @@ def time_tuning_with(monkeypatch, timer) -> None:
 def output_and_grads(case: Case, leaves: list[torch.Tensor], block: int | None) -> list[torch.Tensor]:
     """The kernel's output and the gradients of its sum with respect to every leaf."""
     q, k, v, pre, post = split(leaves, case)
-    out = dcmha_triton.dcmha_attention(q, k, v, pre, post, num_groups=case.groups, window=case.window, block=block)
+    out = op.dcmha_attention(q, k, v, pre, post, num_groups=case.groups, window=case.window, block=block)
     return [out, *torch.autograd.grad(out, leaves, torch.ones_like(out))]
 
 
@@ -222,13 +222,13 @@ def test_the_tuned_launch_times_each_pruned_config_and_computes_what_the_untuned
     case = CASES["local"]
     leaves = make_inputs(case, torch.float32, device)
     untuned = output_and_grads(case, leaves, 16)
-    monkeypatch.setattr(dcmha_triton, "INTERPRETED", False)
+    monkeypatch.setattr(jit, "INTERPRETED", False)
     tuned = output_and_grads(case, leaves, None)
     for got, want in zip(tuned, untuned, strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=2e-5 * want.abs().max().item())
-    spec = dcmha_triton.KernelSpec(1, case.n_heads, case.rank, True, True, True, case.window, 0.25).constants(16)
-    for name, tuner in dcmha_triton.TUNED.items():
-        pruned = dcmha_triton.prune_tiles(dcmha_triton.tuning_configs(dcmha_triton.KERNEL_GRID[name][1]), {}, **spec)
+    spec = op.KernelSpec(1, case.n_heads, case.rank, True, True, True, case.window, 0.25).constants(16)
+    for name, tuner in tuning.TUNED.items():
+        pruned = tuning.prune_tiles(tuning.tuning_configs(tuning.KERNEL_GRID[name][1]), {}, **spec)
         assert runs[name] == len(pruned) > 1 and len(tuner.cache) == 1, name
 
 
@@ -242,15 +242,15 @@ def test_a_tuning_that_fails_warns_once_and_the_kernel_runs_untuned(device, monk
         raise RuntimeError("PassManager::run failed")
 
     time_tuning_with(monkeypatch, lambda name: broken)
-    monkeypatch.setattr(dcmha_triton, "UNTUNABLE", set())
+    monkeypatch.setattr(tuning, "UNTUNABLE", set())
     case = CASES["local-pre-only"]
     leaves = make_inputs(case, torch.float32, device)
-    spec = dcmha_triton.KernelSpec(1, case.n_heads, case.rank, True, False, True, case.window, 0.25).constants(16)
+    spec = op.KernelSpec(1, case.n_heads, case.rank, True, False, True, case.window, 0.25).constants(16)
     untuned = output_and_grads(case, leaves, spec["BT"])
-    monkeypatch.setattr(dcmha_triton, "INTERPRETED", False)
+    monkeypatch.setattr(jit, "INTERPRETED", False)
     with pytest.warns(RuntimeWarning, match="PassManager::run failed") as warned:
         first = output_and_grads(case, leaves, None)
-    assert len(warned) == 3 and set(dcmha_triton.TUNED) == dcmha_triton.UNTUNABLE  # once per kernel
+    assert len(warned) == 3 and set(tuning.TUNED) == tuning.UNTUNABLE  # once per kernel
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # untuned from now on: no tuning, so no warning
         second = output_and_grads(case, leaves, None)
@@ -288,15 +288,15 @@ def make_model(device: str, **overrides) -> Transformer:
 def kernel_calls(device, monkeypatch) -> list[int]:
     """Count the calls that reach the kernel; on CPU, let the layer route to it (the interpreter runs it)."""
     calls = []
-    run = dcmha_triton.dcmha_attention
+    run = op.dcmha_attention
 
     def counted(*args, **kwargs):
         calls.append(1)
         return run(*args, **kwargs)
 
     if device == "cpu":
-        monkeypatch.setattr(dcmha_triton, "runs_on", lambda device_type: True)
-    monkeypatch.setattr(dcmha_triton, "dcmha_attention", counted)
+        monkeypatch.setattr(op, "runs_on", lambda device_type: True)
+    monkeypatch.setattr(op, "dcmha_attention", counted)
     return calls
 
 
@@ -309,7 +309,7 @@ def test_layer_uses_the_kernel_and_matches_the_pytorch_path(device, kernel_calls
     fused_grads = {name: p.grad.clone() for name, p in model.named_parameters()}
     model.zero_grad()
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(dcmha_triton, "runs_on", lambda device_type: False)
+        patch.setattr(op, "runs_on", lambda device_type: False)
         _, ref_loss = model(idx, targets)
         ref_loss.backward()
     assert len(kernel_calls) == 2
@@ -349,16 +349,16 @@ def test_what_the_kernel_cannot_compute_takes_the_pytorch_path(device, kernel_ca
 
 
 def test_runs_on_needs_cuda_and_triton(monkeypatch):
-    assert not dcmha_triton.runs_on("cpu")  # CPU tensors: the PyTorch path, whatever is installed
-    monkeypatch.setattr(dcmha_triton, "triton", None)
-    assert not dcmha_triton.runs_on("cuda")
+    assert not op.runs_on("cpu")  # CPU tensors: the PyTorch path, whatever is installed
+    monkeypatch.setattr(op, "triton", None)
+    assert not op.runs_on("cuda")
     with pytest.raises(RuntimeError, match=r'pip install -e "\.\[triton\]"'):
-        dcmha_triton.dcmha_attention(*(torch.zeros(1, 1, 1, 16),) * 3, None, None, num_groups=1, window=None)
+        op.dcmha_attention(*(torch.zeros(1, 1, 1, 16),) * 3, None, None, num_groups=1, window=None)
 
 
 def test_bad_input_is_refused():
     q = torch.zeros(1, 4, 8, 16)
-    attention = partial(dcmha_triton.dcmha_attention, pre=None, post=None, window=None)
+    attention = partial(op.dcmha_attention, pre=None, post=None, window=None)
     with pytest.raises(ValueError, match=r"block=24 .*power of 2"):
         attention(q, q, q, num_groups=1, block=24)
     with pytest.raises(ValueError, match=r"q\.dtype=torch\.float64"):

@@ -22,7 +22,7 @@ def test_each_kernel_argument_gets_the_type_its_launch_passes(kernel):
     the weights and statistics; sizes such as H, T and G are i32 although upper-case; constants are constexpr."""
     spec = sm90.kernel_spec(sm90.SHAPES["gpu-lm"])
     constants, _ = sm90.candidates(kernel, spec, 64, configs="untuned")[0]
-    function = sm90.dcmha_triton.KERNELS_BY_NAME[kernel]
+    function = sm90.jit.KERNELS_BY_NAME[kernel]
     types = sm90.signature(function, constants)
     assert list(types) == function.arg_names
     assert types["Q"] == types["K"] == types["V"] == "*bf16" and types["WQ"] == "*fp32"
@@ -37,11 +37,11 @@ def test_the_configs_compiled_are_the_autotuners():
     spec = sm90.kernel_spec(sm90.SHAPES["185m"])
     forward = sm90.candidates("forward", spec, 64)
     key = sm90.candidates("backward_key", spec, 64)
-    tuning = sm90.dcmha_triton.TUNING
+    tuning = sm90.tuning.TUNING
     assert {c["BT"] for c, _ in forward + key} == {16} and {o["num_stages"] for _, o in key} == {1}
     assert len(forward) == sum(tile == 16 for tile, _, _ in tuning)
     assert {o["num_warps"] for _, o in forward} == {warps for _, warps, _ in tuning}
-    assert all(o["maxnreg"] == sm90.dcmha_triton.register_cap(o["num_warps"]) for _, o in forward + key)
+    assert all(o["maxnreg"] == sm90.tuning.register_cap(o["num_warps"]) for _, o in forward + key)
     assert sm90.candidates("forward", spec, 64, configs="untuned")[0] in forward
 
 

@@ -8,8 +8,7 @@ import torch
 from torch.profiler import profile
 
 from attnzoo import ModelConfig, Transformer
-from attnzoo.attention import fused_cpu
-from attnzoo.attention.kernels import sdpa
+from attnzoo.attention.kernels import build, sdpa
 
 VOCAB, DIM, HEADS = 50, 64, 4  # d = 64 / 4 / 2 = 8
 KV_SETTINGS = [pytest.param(4, id="mha"), pytest.param(2, id="gqa2:1"), pytest.param(1, id="mqa")]
@@ -169,9 +168,9 @@ def test_sdpa_call_patterns_match_eager(monkeypatch, position, n_kv_heads, pad_q
 
 @pytest.mark.parametrize("backend", ["auto", "sdpa"], ids=["diff-kernel", "two-sdpa-calls"])
 def test_cpu_fast_path_never_builds_the_map(backend):
-    """A fresh sequence on the CPU runs the fused diff kernel (tests/test_diff_cpu.py), and the PyTorch path it falls
+    """A fresh sequence on the CPU runs the fused diff kernel (tests/test_diff_flash.py), and the PyTorch path it falls
     back to runs SDPA's flash kernel: neither hits SDPA's math fallback (which would build the T×T map)."""
-    fused_kernel = backend == "auto" and fused_cpu.available()
+    fused_kernel = backend == "auto" and build.available()
     model = make_model(2, backend=backend)
     with torch.no_grad(), profile() as prof:
         model(torch.randint(0, VOCAB, (1, 32)))

@@ -11,8 +11,7 @@ from benchmark_scripts import load_benchmark
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attnzoo import ModelConfig, Transformer
-from attnzoo.attention import fused_cpu
-from attnzoo.attention.kernels import dcmha_fused
+from attnzoo.attention.kernels import build, dcmha_fused
 
 gpu_check = load_benchmark("gpu_check")
 from gpu_checks import dispatch, numerics, report  # noqa: E402  (importable once the script is loaded)
@@ -65,7 +64,7 @@ def test_the_dry_run_passes_and_writes_the_table_and_the_json(tiny, tmp_path, ca
         assert 0 <= checks[(case, "forward")]["value"] <= plans.TOLERANCES["fp32"]["forward"]
     # The kernels attend picked: SDPA for mha; for dcmha no SDPA, and where its fused C++ kernels are built they run
     # the training step and the decode step (else the chunked kernel does).
-    fused = fused_cpu.available()
+    fused = build.available()
     dcmha_dispatch = checks[("dcmha+alibi MHA fp32", "dispatch")]["extra"]
     assert checks[("mha+alibi MHA fp32", "dispatch")]["extra"]["attend"] == ["sdpa"]
     assert dcmha_dispatch["attend"] == (["dcmha-decode", "dcmha-fused"] if fused else ["chunked"])

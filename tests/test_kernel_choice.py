@@ -22,8 +22,19 @@ from kernel_checks import on_backend
 from training_helpers import TINY_FLAGS, write_text_corpus
 
 from attnzoo import ModelConfig, Transformer
-from attnzoo.attention import ATTENTION, dcmha_compiled, fused_cpu
-from attnzoo.attention.kernels import Call, choose, chunked, dcmha_fused, diff_flash, eager, sdpa
+from attnzoo.attention import ATTENTION
+from attnzoo.attention.kernels import (
+    Call,
+    alibi_flash,
+    build,
+    choose,
+    chunked,
+    dcmha_compiled,
+    dcmha_fused,
+    diff_flash,
+    eager,
+    sdpa,
+)
 from attnzoo.cli import main
 from attnzoo.positions import POSITIONS as POSITIONS_REGISTRY
 from attnzoo.training import read_checkpoint
@@ -32,7 +43,7 @@ from attnzoo.training import read_checkpoint
 ENTRY_POINTS: dict[str, list[tuple[ModuleType, str]]] = {
     "sdpa": [(F, "scaled_dot_product_attention")],
     "sdpa-causal-bias": [(sdpa, "sdpa_with_causal_bias")],
-    "alibi-flash": [(fused_cpu, "alibi_flash_attention")],
+    "alibi-flash": [(alibi_flash, "alibi_flash_attention")],
     "chunked": [(chunked, "chunked_attention")],
     "eager": [(eager, "eager_attention"), (chunked, "eager_attention")],
     "diff-flash": [(diff_flash, "diff_attention")],
@@ -228,15 +239,15 @@ def test_the_table_covers_the_matrix():
 
 
 def test_each_call_runs_the_kernel_it_ran_before_the_records(monkeypatch):
-    if not fused_cpu.available():
+    if not build.available():
         pytest.skip("the fused CPU kernels cannot be built here")
     monkeypatch.setattr(dcmha_compiled, "_compiled", lambda function: function)
     assert kernel_table(monkeypatch) == BUILT
 
 
 def test_without_the_extension_each_call_runs_its_pytorch_path(monkeypatch):
-    monkeypatch.setattr(fused_cpu, "_loaded", False)  # as after a failed build
-    monkeypatch.setattr(fused_cpu, "_failure", "no compiler (simulated)")
+    monkeypatch.setattr(build, "_loaded", False)  # as after a failed build
+    monkeypatch.setattr(build, "_failure", "no compiler (simulated)")
     monkeypatch.setattr(dcmha_compiled, "_compiled", lambda function: function)
     assert kernel_table(monkeypatch) == {key: unbuilt(key, choice) for key, choice in BUILT.items()}
 
@@ -250,7 +261,7 @@ def test_compile_composition_keeps_the_chunked_path(monkeypatch):
         ModelConfig(vocab_size=32, dim=32, n_layers=2, n_heads=4, max_seq_len=32, attention="dcmha",
                     attention_options=cfg)
     )  # fmt: skip
-    expected = generic(C, C, C, "chunked+dcmha-step-weights+eager") if fused_cpu.available() else DCMHA_PYTORCH
+    expected = generic(C, C, C, "chunked+dcmha-step-weights+eager") if build.available() else DCMHA_PYTORCH
     assert observe(monkeypatch, model) == expected
 
 
@@ -259,7 +270,7 @@ class BuildAsked(Exception):
 
 
 def never_build():
-    raise BuildAsked("fused_cpu.available() was called")
+    raise BuildAsked("build.available() was called")
 
 
 def meta_model(attention: str) -> Transformer:
@@ -283,7 +294,7 @@ def test_a_forward_off_the_cpu_never_asks_for_the_cpu_extension(monkeypatch, att
     """Off the CPU (the meta device stands for CUDA here: only the device type is read; RoPE tables cannot be built
     there, so ALiBi) the C++ kernels cannot run,
     so nothing may build or load them: neither a fresh forward nor a prefill and a cached step."""
-    monkeypatch.setattr(fused_cpu, "available", never_build)
+    monkeypatch.setattr(build, "available", never_build)
     model = meta_model(attention)
     with torch.no_grad():
         assert blocks(model, 6).device.type == "meta"
@@ -340,11 +351,11 @@ def test_auto_falls_back_in_the_declared_order(monkeypatch):
     model = Transformer(ModelConfig(vocab_size=32, dim=32, n_layers=2, n_heads=4, attention="diff", dropout=0.1))
     idx = torch.randint(0, 32, (2, 8))
     assert model.train().attention_kernels(idx) == ["sdpa", "sdpa"]
-    if fused_cpu.available():
+    if build.available():
         assert model.eval().attention_kernels(idx) == ["diff-flash", "diff-flash"]
     dcmha = meta_model("dcmha")
     layer, call = dcmha.layers[0].self_attn, Call.planned(dcmha.config, dcmha.position)
-    monkeypatch.setattr(fused_cpu, "available", never_build)
+    monkeypatch.setattr(build, "available", never_build)
     off_the_cpu = dataclasses.replace(call, device_type="cuda", build=True)
     assert choose(layer, off_the_cpu).name == "chunked"
     assert [kernel.call_refusal(layer, off_the_cpu) for kernel in layer.kernel_chain[1:3]] == [

@@ -17,10 +17,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import attnzoo
 from attnzoo import ModelConfig, Transformer
-from attnzoo.attention import ATTENTION, AttentionContext, fused_cpu
+from attnzoo.attention import ATTENTION, AttentionContext
 from attnzoo.attention.kernels import (
     KERNELS,
     Hooks,
+    alibi_flash,
+    build,
     chunked,
     chunked_attention,
     dcmha_fused,
@@ -130,8 +132,8 @@ def test_sdpa_expresses_the_row_scale_exactly(start):
 def test_alibi_with_the_causal_flag_equals_the_masked_form(monkeypatch, length, dtype):
     """On CPU a fresh ALiBi sequence passes the bias with the causal flag (``sdpa_with_causal_bias``): equal to
     SDPA with the one additive mask, in output and in the gradients to q, k and v (GQA, 2 kv heads). This is the
-    path where the fused ALiBi kernel is not available (tests/test_fused_cpu.py)."""
-    monkeypatch.setattr(fused_cpu, "runs_alibi", lambda *args: False)
+    path where the fused ALiBi kernel is not available (tests/test_alibi_flash.py)."""
+    monkeypatch.setattr(alibi_flash, "runs_alibi", lambda *args: False)
     spy = KernelSpy(monkeypatch)
     ctx = context(length=length)
     leaves = [x.to(dtype).requires_grad_() for x in qkv(length, length)]
@@ -171,8 +173,8 @@ def test_alibi_inference_in_query_blocks_equals_one_call_without_a_t_by_t_bias(m
     """Without autograd recording, a fresh ALiBi sequence longer than BIAS_BLOCK_ROWS runs in query blocks, each with
     its own bias and causal mask: equal to the one call with the whole bias (what training runs), and no tensor as
     large as the (H, T, T) bias is made (GQA, 2 kv heads; the last block shorter than the others). This is the
-    path where the fused ALiBi kernel is not available (tests/test_fused_cpu.py)."""
-    monkeypatch.setattr(fused_cpu, "runs_alibi", lambda *args: False)
+    path where the fused ALiBi kernel is not available (tests/test_alibi_flash.py)."""
+    monkeypatch.setattr(alibi_flash, "runs_alibi", lambda *args: False)
     monkeypatch.setattr(sdpa, "BIAS_BLOCK_ROWS", 64)
     length = 3 * 64 + 37
     q, k, v = (x.to(dtype) for x in qkv(length, length))
@@ -288,7 +290,7 @@ class KernelSpy:
         for name, module, attr in (
             ("sdpa", F, "scaled_dot_product_attention"),
             ("sdpa", sdpa, "sdpa_with_causal_bias"),
-            ("sdpa", fused_cpu, "alibi_flash_attention"),
+            ("sdpa", alibi_flash, "alibi_flash_attention"),
             ("chunked", chunked, "chunked_attention"),
             ("fused", dcmha_fused, "dcmha_attention"),
             ("fused", diff_flash, "diff_attention"),
@@ -319,7 +321,7 @@ def documented_kernels(attention: str, backend: str) -> set[str]:
     mechanism = ATTENTION.get(attention)
     if backend == "eager":
         return {"eager"}
-    if backend == "auto" and FUSED_KERNELS & set(mechanism.kernels) and fused_cpu.available():
+    if backend == "auto" and FUSED_KERNELS & set(mechanism.kernels) and build.available():
         return {"fused"}
     return {"chunked", "eager"} if mechanism.needs_scores else {"sdpa"}
 

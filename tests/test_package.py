@@ -21,6 +21,7 @@ import pytest
 from training_helpers import write_text_corpus
 
 import attnzoo
+from attnzoo.attention.kernels import build
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -75,10 +76,11 @@ def test_the_wheel_installs_into_a_fresh_environment_and_runs(tmp_path):
     assert where.startswith(str(env_dir)), where
     # The fused CPU kernels' C++ sources ship in the wheel: they are compiled on the user's machine.
     source_check = (
-        "from attnzoo.attention import fused_cpu; csrc = fused_cpu.SOURCES[0].parent; "
-        "print(all(s.is_file() for s in fused_cpu.SOURCES) and (csrc / 'fused_common.h').is_file())"
+        "from attnzoo.attention.kernels import build; "
+        "print(*sorted(path.name for path in build.CSRC.iterdir() if path.is_file()))"
     )
-    assert _run(str(python), "-c", source_check, cwd=tmp_path, env=env).strip() == "True"
+    checkout = sorted(path.name for path in build.CSRC.iterdir() if path.suffix in (".cpp", ".h"))
+    assert _run(str(python), "-c", source_check, cwd=tmp_path, env=env).split() == checkout
 
     command = env_dir / "bin" / "attnzoo"
     assert _run(str(command), "--version", cwd=tmp_path, env=env).strip() == f"attnzoo {attnzoo.__version__}"

@@ -25,8 +25,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from tqdm import tqdm
 
-from attnzoo.attention import fused_cpu
-from attnzoo.attention.kernels import dcmha_fused, diff_flash
+from attnzoo.attention.kernels import alibi_flash, dcmha_fused, diff_flash
 from attnzoo.config import ModelConfig
 from attnzoo.interrupts import sigint_ignored
 from attnzoo.io import atomic_write_text
@@ -39,10 +38,10 @@ from attnzoo.variants import Variant, matched_configs
 MODES = ("train", "train+adamw", "prefill", "decode", "decode-nocache")
 TRAINING_MODES = ("train", "train+adamw")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-# The fused kernels SDPA may dispatch to, and attnzoo's own (``attention/fused_cpu.py``); SDPA's math fallback
+# The fused kernels SDPA may dispatch to, and attnzoo's own (``attention/kernels/``); SDPA's math fallback
 # decomposes into ordinary ops and shows as none.
 SDPA_KERNELS = {
-    "alibi_flash_forward": fused_cpu.KERNEL_NAME,
+    "alibi_flash_forward": alibi_flash.KERNEL_NAME,
     "dcmha_fused_forward": dcmha_fused.KERNEL_NAME,
     "dcmha_decode_forward": dcmha_fused.DECODE_KERNEL_NAME,
     "diff_flash_forward": diff_flash.KERNEL_NAME,

@@ -34,8 +34,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnzoo.attention.base import ATTENTION, AttentionContext, CacheBuffer
-from attnzoo.attention.dcmha_compiled import compiled_compose
 from attnzoo.attention.kernels import BlockHooks, HookInputs, Hooks, ScoreHook, attend, dcmha_fused
+from attnzoo.attention.kernels.dcmha_compiled import compiled_compose
 from attnzoo.attention.mha import MultiHeadAttention
 from attnzoo.cache import LayerCache, WindowCache
 from attnzoo.precision import compute_dtype

@@ -1,20 +1,40 @@
-"""What every fused C++ kernel's record shares: its per-call reasons open with the device and the tracer and close with
-the extension's build, and ``attnzoo info`` names it with the extension's build state."""
+"""What every fused C++ kernel shares: its record's per-call reasons open with the device and the tracer and close with
+the extension's build (``build.py``), ``attnzoo info`` names it with the build state, and its operands reach the C++
+code as contiguous fp32."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from attnzoo.attention import fused_cpu
+import torch
+from torch import Tensor
+
+from attnzoo.attention.kernels import build
 from attnzoo.attention.kernels.kernel import Call, Kernel, register_kernel
 
 if TYPE_CHECKING:
-    from torch import Tensor
-
     from attnzoo.attention.base import Attention
     from attnzoo.config import ModelConfig
     from attnzoo.positions import PositionalEncoding
+
+# Input dtypes the kernels serve; they compute in fp32 (bf16 operands are upcast, each tile's sums stay fp32).
+# float64 keeps the PyTorch path, float64 throughout.
+DTYPES = (torch.float32, torch.bfloat16)
+# Rows of queries and keys per tile of the flash kernels (ALiBi's, Diff's). Forward + backward of (4096/T, 8, T, 32)
+# ALiBi attention, 1 thread, contended (load 4.6), took 1.51 / 1.64 / 2.04 / 1.12× plain causal SDPA at T = 256 /
+# 1024 / 2048 / 4096 in 64-row tiles, 1.07 / 1.21 / 1.30 / 0.96× in 128-row tiles and 1.10 / 1.02 / 1.15 / 0.99× in
+# 256-row tiles: at d = 32 a short tile leaves each matmul too little work to amortise its dispatch. A 256 × 256 fp32
+# tile is 256 KiB; the backward pass's two stay in L2.
+Q_TILE = 256
+K_TILE = 256
+
+
+def fp32_operands(*tensors: Tensor) -> tuple[Tensor, ...]:
+    """Contiguous fp32 operands, detached: bf16 is upcast here (O(T·d) per operand) so every tile sum is taken in
+    fp32. Detached because the kernels' tile matmuls run on OpenMP workers, whose thread-local grad mode is on even
+    inside an autograd Function, and an out= matmul refuses an operand that requires grad there."""
+    return tuple(x.detach().float().contiguous() for x in tensors)
 
 
 def cpu_reasons(call: Call) -> Iterator[str]:
@@ -30,9 +50,9 @@ def cpu_reasons(call: Call) -> Iterator[str]:
 def extension_reasons(call: Call) -> Iterator[str]:
     """Asked last: a call builds the extension the first time (about a minute); a planned call only reads whether a
     build was tried and failed."""
-    built = fused_cpu.available() if call.build else not fused_cpu.status().startswith("unavailable")
+    built = build.available() if call.build else not build.status().startswith("unavailable")
     if not built:
-        yield f"the fused CPU kernels are {fused_cpu.status()}"
+        yield f"the fused CPU kernels are {build.status()}"
 
 
 def register_cpu_kernel(
@@ -53,7 +73,7 @@ def register_cpu_kernel(
         yield from extension_reasons(call)
 
     def describe(cfg: ModelConfig, position: PositionalEncoding) -> str:
-        return f"{display_name}, {fused_cpu.status()}"
+        return f"{display_name}, {build.status()}"
 
     return register_kernel(
         Kernel(

@@ -12,7 +12,7 @@ graph (the dynamic-weight projection) autograd differentiates as before.
 Why this and not the chunked path (``kernels/chunked.py``): there a block's composition is a chain of
 einsums, each a pass over the scores with its own copies, recorded by autograd and recomputed for the backward
 pass; here each row's composition is one vectorised loop over the M heads' scores while they are in cache, and
-the backward pass is written out rather than recorded. Why C++ (``attention/fused_cpu.py`` builds it with the
+the backward pass is written out rather than recorded. Why C++ (``attention/build.py`` builds it with the
 ALiBi kernel): inductor gave no gain on these loops' shape on CPU and Triton has no CPU backend in the wheels.
 
 Cached decoding uses the same library. A prefill into an empty cache is a fresh sequence, so it runs this kernel (a
@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from attnzoo.attention import fused_cpu
+from attnzoo.attention.kernels import build, cpu
 from attnzoo.attention.kernels.cpu import register_cpu_kernel
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ class FusedDCMHA(torch.autograd.Function):
         window: int | None,
         *matrices: Tensor | None,
     ) -> Tensor:
-        q32, k32, v32 = fused_cpu.fp32_operands(q, k, v)
+        q32, k32, v32 = cpu.fp32_operands(q, k, v)
         matrices = tuple(None if m is None else m.detach() for m in matrices)
         rows = query_tile(q.shape[1] // groups, q.shape[2] if window is None else min(q.shape[2], window))
         scale = 1.0 / math.sqrt(q.shape[-1])
@@ -96,7 +96,7 @@ class FusedDCMHA(torch.autograd.Function):
         groups = ctx.settings[0]
         # Enough (batch, group, part) tasks for every thread; each part's key-side sums are its own.
         parts = max(1, min(math.ceil(torch.get_num_threads() / (q.shape[0] * groups)), q.shape[2] // ctx.settings[3]))
-        q32, k32, v32 = fused_cpu.fp32_operands(q, k, v)
+        q32, k32, v32 = cpu.fp32_operands(q, k, v)
         grads = torch.ops.attnzoo.dcmha_fused_backward(
             grad_out.float().contiguous(), q32, k32, v32, *matrices, slopes, lse, *ctx.settings, parts
         )
@@ -121,7 +121,7 @@ def dcmha_attention(
     ``slopes`` (H,) adds ALiBi's m_h·(s − t) to the logits; ``window``: a query sees its last ``window`` keys.
     Query head h reads kv head h // (H / H_kv). Returns (B, H, T, d_v) in q's dtype; raises where the extension
     cannot be built (the record's reasons say so beforehand)."""
-    fused_cpu.ensure_built()
+    build.ensure_built()
     matrices = [None if m is None else m.contiguous() for m in matrices]
     return FusedDCMHA.apply(q, k, v, slopes, groups, window, *matrices)
 
@@ -142,7 +142,7 @@ def decode_attention(
     ``query_position`` over a cache's k (B, H_kv, S, d), v (B, H_kv, S, d_v) whose slot s holds position
     ``key_positions[s]``, in any order (a local layer's ring), fp32. ``matrices`` as :func:`dcmha_attention`'s, QW
     (B, G, 1, M, M) and KW (B, G, M, M, S) read in place from the cache. Returns (B, H, 1, d_v)."""
-    fused_cpu.ensure_built()
+    build.ensure_built()
     query_side = [None if m is None else m.contiguous() for m in matrices[::2]]
     matrices = [query_side[0], matrices[1], query_side[1], matrices[3]]
     scale = 1.0 / math.sqrt(q.shape[-1])
@@ -173,7 +173,7 @@ def step_weights(
         or torch.is_autocast_enabled(x.device.type)  # the PyTorch path's matmuls would run in the autocast dtype
         or any(t.dtype != torch.float32 for t in (x, *weights))
         or (torch.is_grad_enabled() and any(t.requires_grad for t in (x, *weights)))
-        or not fused_cpu.available()
+        or not build.available()
     ):
         return None
     query_w, key_w = torch.ops.attnzoo.dcmha_step_weights(
@@ -207,7 +207,7 @@ def layer_reasons(layer: DynamicallyComposableAttention, call: Call, dtypes: tup
 def fused_reasons(layer: DynamicallyComposableAttention, call: Call) -> Iterator[str]:
     if call.start != 0:  # a prefill into an empty cache is a fresh sequence
         yield "the queries continue a cache"
-    yield from layer_reasons(layer, call, fused_cpu.DTYPES)
+    yield from layer_reasons(layer, call, cpu.DTYPES)
 
 
 def decode_reasons(layer: DynamicallyComposableAttention, call: Call) -> Iterator[str]:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from attnzoo.attention import fused_cpu
+from attnzoo.attention.kernels import build, cpu
 from attnzoo.attention.kernels.cpu import register_cpu_kernel
 
 if TYPE_CHECKING:
@@ -38,9 +38,9 @@ class FusedDiff(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, lam: Tensor, slopes: Tensor) -> Tensor:
-        q32, k32, v32, slopes32 = fused_cpu.fp32_operands(q, k, v, slopes)
+        q32, k32, v32, slopes32 = cpu.fp32_operands(q, k, v, slopes)
         scale = 1.0 / math.sqrt(q.shape[-1])
-        settings = (float(lam), scale, fused_cpu.Q_TILE, fused_cpu.K_TILE)
+        settings = (float(lam), scale, cpu.Q_TILE, cpu.K_TILE)
         out, out2, lse = torch.ops.attnzoo.diff_flash_forward(q32, k32, v32, slopes32, *settings)
         ctx.save_for_backward(q, k, v, slopes32, out, out2, lse)
         ctx.settings, ctx.lam_dtype = settings, lam.dtype
@@ -55,7 +55,7 @@ class FusedDiff(torch.autograd.Function):
         # D_m = rowsum(dO ∘ O_m), O1 = O + λ·O2: the softmax Jacobian's term of each map, (B, H, 2, T).
         delta2 = (grad_out * out2).sum(-1)
         delta = torch.stack(((grad_out * out).sum(-1) + lam * delta2, delta2), dim=2).contiguous()
-        q32, k32, v32 = fused_cpu.fp32_operands(q, k, v)
+        q32, k32, v32 = cpu.fp32_operands(q, k, v)
         grads = torch.ops.attnzoo.diff_flash_backward(grad_out, q32, k32, v32, lse, delta, slopes, *ctx.settings)
         grad_q, grad_k, grad_v = (grad.to(x.dtype) for grad, x in zip(grads, (q, k, v), strict=True))
         return grad_q, grad_k, grad_v, (-delta2.sum()).to(ctx.lam_dtype), None
@@ -67,7 +67,7 @@ def diff_attention(q: Tensor, k: Tensor, v: Tensor, lam: Tensor, slopes: Tensor 
     Returns (softmax(S1) − λ·softmax(S2))·V, (B, H, T, 2d) in q's dtype, with S_m = q_m·k_mᵀ/√d plus ALiBi's
     m_h·(j − i) where ``slopes`` (H,) is given; differentiable in q, k, v and the scalar λ. Raises where the
     extension cannot be built (the record's reasons say so beforehand)."""
-    fused_cpu.ensure_built()
+    build.ensure_built()
     if slopes is None:
         slopes = torch.zeros(q.shape[1] // 2, dtype=torch.float32)
     return FusedDiff.apply(q, k, v, lam, slopes)
@@ -85,7 +85,7 @@ def call_reasons(layer: DifferentialAttention, call: Call) -> Iterator[str]:
         yield "the positional bias is not a linear one (ALiBi)"
     if call.dropout > 0:
         yield "attention dropout is on"
-    if call.dtype not in fused_cpu.DTYPES or call.key_dtype != call.dtype:
+    if call.dtype not in cpu.DTYPES or call.key_dtype != call.dtype:
         yield f"dtype {call.dtype} is not fp32 or bf16"
 
 

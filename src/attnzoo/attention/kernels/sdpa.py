@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from attnzoo.attention import fused_cpu
 from attnzoo.attention.base import ATTENTION, AttentionContext, visible
+from attnzoo.attention.kernels import alibi_flash, build, cpu
 from attnzoo.attention.kernels.eager import repeat_kv
 from attnzoo.attention.kernels.kernel import Call, Kernel, register_kernel
 
@@ -74,10 +74,10 @@ def linear_bias_kernel(device: torch.device, dtype: torch.dtype, dropout_p: floa
     :func:`sdpa_attention` decides it, without building the fused kernel: what ``attnzoo info`` and the benchmarks
     print. (A recording context, ``ctx.records_scores``, or the "eager" backend runs the eager reference instead.)"""
     on_cpu = device.type == "cpu"
-    if on_cpu and dropout_p == 0 and dtype in fused_cpu.DTYPES:
-        status = fused_cpu.status()
+    if on_cpu and dropout_p == 0 and dtype in cpu.DTYPES:
+        status = build.status()
         if not status.startswith("unavailable"):
-            return f"{fused_cpu.KERNEL_NAME}, {status}"
+            return f"{alibi_flash.KERNEL_NAME}, {status}"
         return f"SDPA flash (CPU) with a (1, H, T, T) bias: the fused kernel is {status}"
     if on_cpu:
         return "SDPA flash (CPU) with a (1, H, T, T) bias"
@@ -135,8 +135,8 @@ def sdpa_attention(
     Plain causal attention over a fresh sequence uses ``is_causal`` (block skipping, no T×S mask), and
     bidirectional attention (``ctx.causal`` false) no mask at all. A fresh causal sequence with a linear bias
     (ALiBi) runs on the CPU on the fused kernel that adds the bias inside its tiles
-    (:func:`~attnzoo.attention.fused_cpu.alibi_flash_attention`, where :func:`linear_bias_kernel` names it), in
-    training and inference. Otherwise, with a positional bias, a fresh causal sequence passes the bias with the
+    (:func:`~attnzoo.attention.kernels.alibi_flash.alibi_flash_attention`, which :func:`linear_bias_kernel` names),
+    in training and inference. Otherwise, with a positional bias, a fresh causal sequence passes the bias with the
     causal flag where the kernel takes both (:func:`sdpa_takes_bias_with_causal`: CPU); otherwise, and on a
     non-empty cache, bias and mask enter as one additive mask. Without autograd recording, a fresh biased sequence
     longer than :data:`BIAS_BLOCK_ROWS` runs in query blocks (:func:`sdpa_biased_in_blocks`), so inference never
@@ -148,10 +148,10 @@ def sdpa_attention(
     has_bias = ctx.position.adds_bias
     fresh_biased = has_bias and ctx.causal and q.shape[2] == k.shape[2] > 1
     slopes = ctx.bias_slopes(q.shape[1], bias_repeat) if fresh_biased else None
-    if slopes is not None and fused_cpu.runs_alibi(q, k, v, dropout_p):
+    if slopes is not None and alibi_flash.runs_alibi(q, k, v, dropout_p):
         # Before the padding and the kv repeat below: the kernel takes wider values and reads shared kv heads.
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-        return fused_cpu.alibi_flash_attention(q, k, v, slopes, scale)
+        return alibi_flash.alibi_flash_attention(q, k, v, slopes, scale)
     if v.shape[-1] > q.shape[-1] and sdpa_pads_queries(q.device):
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale  # the scale of the true width
         width = v.shape[-1] - q.shape[-1]

@@ -16,7 +16,7 @@
 //
 // Tile products are BLAS calls on views of the operands and of per-task scratch (attnzoo_cpu::gemm: the BLAS
 // PyTorch was built with, without ATen's dispatch); only the elementwise softmax steps are written here, with
-// ATen's vector type. Math is fp32 throughout: the Python side upcasts bf16 operands (attnzoo.attention.fused_cpu).
+// ATen's vector type. Math is fp32 throughout: the Python side upcasts bf16 operands (kernels/cpu.py).
 //
 // Grouped-query attention reads kv head h / n_rep for query head h without copying k and v. Parallelism: the
 // forward pass over (batch·head, query tile), whose outputs are disjoint; the backward pass over (batch, kv head),

@@ -1,6 +1,6 @@
 // What the fused CPU kernels share: the fp32 vector type, the subnormal flush each task runs under, the balanced
 // order of query tiles, and strided matrices with their BLAS product. Included by alibi_flash.cpp, diff_flash.cpp
-// and dcmha_fused.cpp (attnzoo.attention.fused_cpu names the library after the whole csrc/ directory's content, so
+// and dcmha_fused.cpp (kernels/build.py names the library after the whole csrc/ directory's content, so
 // an edit here rebuilds all three).
 #pragma once
 
@@ -118,7 +118,7 @@ inline at::Tensor as_tensor(const Mat& x) {
 
 // out ← alpha·a·b + beta·out, by one BLAS call: ATen's matmul entry points cost a few µs of dispatch and checks per
 // call, which a tile's product at head size 32 does not amortise (the tile-size comment in
-// attention/fused_cpu.py). beta = 0 leaves out unread, as BLAS defines it. Falls back to at::addmm_ where BLAS is
+// attention/kernels/cpu.py). beta = 0 leaves out unread, as BLAS defines it. Falls back to at::addmm_ where BLAS is
 // not exported, a matrix's strides do not fit it, or a size is 0.
 inline void gemm(const Mat& out, const Mat& a, const Mat& b, float alpha = 1.f, float beta = 0.f) {
   const int64_t m = out.rows, n = out.cols, k = a.cols;

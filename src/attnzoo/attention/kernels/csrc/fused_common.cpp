@@ -1,5 +1,5 @@
 // The library-wide switch between the two ways the fused kernels run their tile products (fused_common.h's gemm):
-// BLAS called directly, or ATen's matmul. attnzoo.attention.fused_cpu.use_blas sets it; the tests run each kernel
+// BLAS called directly, or ATen's matmul. attnzoo.attention.kernels.build.use_blas sets it; the tests run each kernel
 // both ways.
 
 #include <torch/extension.h>

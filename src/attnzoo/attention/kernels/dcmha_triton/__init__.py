@@ -1,5 +1,6 @@
-"""``dcmha-triton``: DCMHA's fused Triton kernel (:mod:`attnzoo.attention.dcmha_triton`) for a fresh causal sequence on
-CUDA; composed scores never reach memory."""
+"""``dcmha-triton``: DCMHA's fused Triton kernel for a fresh causal sequence on CUDA; composed scores never reach
+memory. This record says where it serves; ``op.py`` is the operator, ``jit.py`` its Triton programs, ``tuning.py`` how
+they are tiled and launched."""
 
 from __future__ import annotations
 
@@ -21,11 +22,12 @@ MAX_HEAD_DIM = 128
 
 
 def implementation() -> ModuleType:
-    """:mod:`attnzoo.attention.dcmha_triton`, imported at the first call that may use it: importing Triton loads
-    torch._dynamo, seconds that every command (``attnzoo --help`` too) would otherwise pay at start-up."""
-    from attnzoo.attention import dcmha_triton
+    """The operator (:mod:`~attnzoo.attention.kernels.dcmha_triton.op`), imported at the first call that may use it:
+    importing Triton loads torch._dynamo, seconds that every command (``attnzoo --help`` too) would otherwise pay at
+    start-up."""
+    from attnzoo.attention.kernels.dcmha_triton import op
 
-    return dcmha_triton
+    return op
 
 
 def static_reasons(cfg: ModelConfig) -> Iterator[str]:

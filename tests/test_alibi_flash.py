@@ -1,6 +1,6 @@
-"""The fused CPU ALiBi kernel (``attention/fused_cpu.py``, ``attention/csrc/alibi_flash.cpp``) against attnzoo's eager
-reference with the materialised bias, and the seams around it: the route ``sdpa_attention`` takes, the fallback
-without a compiler, memory, cached decoding, the kernel's name.
+"""The fused CPU ALiBi kernel (``attention/kernels/alibi_flash.py``, ``kernels/csrc/alibi_flash.cpp``) against
+attnzoo's eager reference with the materialised bias, and the seams around it: the route ``sdpa_attention`` takes,
+the fallback without a compiler, memory, cached decoding, the kernel's name.
 
 Tolerances, each relative to the largest magnitude of the expected tensor (and at least 1, for gradients that are
 exactly 0, such as dq at T = 1): fp32 1e-5 (the kernel and the reference sum in other orders; measured ≤ 5e-7
@@ -18,8 +18,8 @@ from kernel_checks import CallCounter, assert_close
 from test_kernels import LargestTensor
 
 from attnzoo import ModelConfig, Transformer
-from attnzoo.attention import AttentionContext, fused_cpu
-from attnzoo.attention.kernels import eager_attention, sdpa, sdpa_attention
+from attnzoo.attention import AttentionContext
+from attnzoo.attention.kernels import alibi_flash, build, cpu, eager_attention, sdpa, sdpa_attention
 from attnzoo.bench import sdpa_kernels
 from attnzoo.cli import main
 from attnzoo.positions import POSITIONS
@@ -31,8 +31,8 @@ TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
 @pytest.fixture(scope="module", autouse=True)
 def built():
-    if not fused_cpu.available():
-        pytest.skip(f"the fused CPU kernel cannot be built here: {fused_cpu.status()}")
+    if not build.available():
+        pytest.skip(f"the fused CPU kernel cannot be built here: {build.status()}")
 
 
 def context(length: int, dtype: torch.dtype = torch.float32) -> AttentionContext:
@@ -57,7 +57,7 @@ def output_and_grads(attention, leaves, grad):
 
 def fused_spy(monkeypatch) -> CallCounter:
     """Counts the calls of the fused kernel from ``sdpa_attention``."""
-    return CallCounter(monkeypatch, fused_cpu, "alibi_flash_attention")
+    return CallCounter(monkeypatch, alibi_flash, "alibi_flash_attention")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -80,8 +80,8 @@ def test_kernel_equals_the_eager_reference_forward_and_every_gradient(monkeypatc
     """Output and dq, dk, dv of ``sdpa_attention`` (the fused kernel) equal the eager kernel with the (H, T, T) bias,
     at odd lengths, GQA (2 kv heads for 4 query heads), batch 2."""
     if tiles is not None:
-        monkeypatch.setattr(fused_cpu, "Q_TILE", tiles[0])
-        monkeypatch.setattr(fused_cpu, "K_TILE", tiles[1])
+        monkeypatch.setattr(cpu, "Q_TILE", tiles[0])
+        monkeypatch.setattr(cpu, "K_TILE", tiles[1])
     spy = fused_spy(monkeypatch)
     leaves = qkv(length, dtype)
     grad = torch.randn(B, H, length, D).to(dtype)
@@ -145,7 +145,7 @@ def test_a_training_step_makes_no_tensor_as_large_as_the_bias(monkeypatch):
         return largest.numel
 
     assert step() < H * length * length
-    monkeypatch.setattr(fused_cpu, "runs_alibi", lambda *args: False)
+    monkeypatch.setattr(alibi_flash, "runs_alibi", lambda *args: False)
     assert step() >= H * length * length  # the check sees the bias where there is one
 
 
@@ -159,8 +159,8 @@ def test_without_a_compiler_alibi_falls_back_with_one_warning(monkeypatch, tmp_p
 
     monkeypatch.setenv("CXX", "/nonexistent/c++")
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
-    monkeypatch.setattr(fused_cpu, "_loaded", None)  # this process has not tried yet
-    monkeypatch.setattr(fused_cpu, "_failure", None)
+    monkeypatch.setattr(build, "_loaded", None)  # this process has not tried yet
+    monkeypatch.setattr(build, "_failure", None)
     spy = fused_spy(monkeypatch)
     with pytest.warns(RuntimeWarning) as warned:
         fallback = output_and_grads(lambda *x: sdpa_attention(*x, context(length)), leaves, grad)
@@ -168,7 +168,7 @@ def test_without_a_compiler_alibi_falls_back_with_one_warning(monkeypatch, tmp_p
     assert len(warned) == 1
     message = str(warned[0].message)
     assert "/nonexistent/c++" in message and "\n" not in message
-    assert spy.calls == 0 and fused_cpu.status().startswith("unavailable")
+    assert spy.calls == 0 and build.status().startswith("unavailable")
     assert "(1, H, T, T) bias" in sdpa.linear_bias_kernel(torch.device("cpu"), torch.float32)
     for actual, wanted in zip(fallback, fused, strict=True):
         assert_close(actual, wanted, TOLERANCE[torch.float32])
@@ -200,11 +200,11 @@ def test_the_kernel_is_named_where_it_runs(capsys):
     name the fused kernel for ALiBi on the CPU, SDPA's flash kernel for an ALiBi decoding step, and SDPA's flash
     kernel for RoPE."""
     assert main(["info", "--position", "alibi"]) == 0
-    assert f"attention kernel (CPU, fp32 training)\n  sdpa: {fused_cpu.KERNEL_NAME}, built" in capsys.readouterr().out
-    assert fused_cpu.KERNEL_NAME in sdpa.linear_bias_kernel(torch.device("cpu"), torch.float32)
+    assert f"attention kernel (CPU, fp32 training)\n  sdpa: {alibi_flash.KERNEL_NAME}, built" in capsys.readouterr().out
+    assert alibi_flash.KERNEL_NAME in sdpa.linear_bias_kernel(torch.device("cpu"), torch.float32)
     assert "(1, H, T, T) bias" in sdpa.linear_bias_kernel(torch.device("cpu"), torch.float64)
     idx = torch.randint(0, 32, (1, 16))
-    assert sdpa_kernels(alibi_model().eval(), idx) == [fused_cpu.KERNEL_NAME]
+    assert sdpa_kernels(alibi_model().eval(), idx) == [alibi_flash.KERNEL_NAME]
     assert sdpa_kernels(alibi_model().eval(), idx, decoding=True) == ["flash (CPU)"]
     rope = Transformer(ModelConfig(vocab_size=32, dim=H * D, n_layers=1, n_heads=H)).eval()
     assert sdpa_kernels(rope, idx) == ["flash (CPU)"]
@@ -216,7 +216,7 @@ def test_scale_is_the_inverse_square_root_of_the_head_size_by_default():
     q, k, v = (x.detach() for x in qkv(length, torch.float32, value_dim=2 * D))
     slopes = context(length).bias_slopes(H)
     default = sdpa_attention(q, k, v, context(length))
-    explicit = fused_cpu.alibi_flash_attention(q, k, v, slopes, 1 / math.sqrt(D))
+    explicit = alibi_flash.alibi_flash_attention(q, k, v, slopes, 1 / math.sqrt(D))
     torch.testing.assert_close(default, explicit, rtol=0, atol=0)
 
 
@@ -235,4 +235,4 @@ def test_torch_compile_keeps_the_sdpa_path_whole():
 
 def test_use_blas_refuses_a_non_bool_by_name():
     with pytest.raises(ValueError, match="enabled=1 is invalid"):
-        fused_cpu.use_blas(1)
+        build.use_blas(1)

@@ -1,4 +1,4 @@
-"""Differential attention's fused CPU kernel (``attention/kernels/diff_flash.py``, ``attention/csrc/diff_flash.cpp``)
+"""Differential attention's fused CPU kernel (``attention/kernels/diff_flash.py``, ``kernels/csrc/diff_flash.cpp``)
 against Eq. 1 of the paper computed in float64, and the seams around it: the layer's route, GQA, ALiBi, the fallback
 without a compiler, float64, memory, cached decoding and the kernel's name.
 
@@ -16,8 +16,7 @@ from kernel_checks import CallCounter, assert_close, on_backend
 from test_kernels import LargestTensor
 
 from attnzoo import ModelConfig, Transformer
-from attnzoo.attention import fused_cpu
-from attnzoo.attention.kernels import diff_flash
+from attnzoo.attention.kernels import alibi_flash, build, cpu, diff_flash
 from attnzoo.bench import sdpa_kernels
 from attnzoo.cli import main
 
@@ -28,8 +27,8 @@ TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
 @pytest.fixture(scope="module", autouse=True)
 def built():
-    if not fused_cpu.available():
-        pytest.skip(f"the fused CPU kernel cannot be built here: {fused_cpu.status()}")
+    if not build.available():
+        pytest.skip(f"the fused CPU kernel cannot be built here: {build.status()}")
 
 
 def equation_1(q, k, v, lam, slopes):
@@ -77,8 +76,8 @@ def test_kernel_equals_equation_1_forward_and_every_gradient(monkeypatch, dtype,
     """Output and dq, dk, dv, dλ of the kernel equal Eq. 1 in float64, at odd lengths and tile edges, GQA (2 kv heads
     for 4 heads), batch 2, with and without ALiBi's slopes."""
     if tiles is not None:
-        monkeypatch.setattr(fused_cpu, "Q_TILE", tiles[0])
-        monkeypatch.setattr(fused_cpu, "K_TILE", tiles[1])
+        monkeypatch.setattr(cpu, "Q_TILE", tiles[0])
+        monkeypatch.setattr(cpu, "K_TILE", tiles[1])
     slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625]) if alibi else torch.zeros(H)
     leaves = operands(length, dtype)
     grad = torch.randn(B, H, length, 2 * D).to(dtype)
@@ -186,7 +185,7 @@ def test_a_training_step_makes_no_tensor_of_the_maps_size(monkeypatch):
 
     assert largest_tensor() < 2 * 300 * 300
     model = on_backend(model, "sdpa")
-    monkeypatch.setattr(fused_cpu, "runs_alibi", lambda *args: False)
+    monkeypatch.setattr(alibi_flash, "runs_alibi", lambda *args: False)
     assert largest_tensor() >= 2 * 300 * 300  # the check sees the bias where there is one
 
 
@@ -197,8 +196,8 @@ def test_without_a_compiler_diff_falls_back_with_one_warning(monkeypatch, tmp_pa
     fused = loss_and_grads(model, idx)
     monkeypatch.setenv("CXX", "/nonexistent/c++")
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
-    monkeypatch.setattr(fused_cpu, "_loaded", None)
-    monkeypatch.setattr(fused_cpu, "_failure", None)
+    monkeypatch.setattr(build, "_loaded", None)
+    monkeypatch.setattr(build, "_failure", None)
     spy = fused_spy(monkeypatch)
     with pytest.warns(RuntimeWarning) as warned:
         fallback = loss_and_grads(model, idx)

@@ -16,16 +16,15 @@ from dcmha_cases import CASES, Case, RecordShapes, make_inputs, reference, split
 from kernel_checks import CallCounter, assert_close, on_backend
 
 from attnzoo import ModelConfig, Transformer
-from attnzoo.attention import fused_cpu
 from attnzoo.attention.dcmha import key_matrices, query_matrices
-from attnzoo.attention.kernels import dcmha_fused
+from attnzoo.attention.kernels import alibi_flash, build, dcmha_fused
 from attnzoo.bench import sdpa_kernels
 from attnzoo.cli import main
 from attnzoo.positions.alibi import alibi_slopes
 
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
 
-pytestmark = pytest.mark.skipif(not fused_cpu.available(), reason="the fused CPU kernels cannot be built here")
+pytestmark = pytest.mark.skipif(not build.available(), reason="the fused CPU kernels cannot be built here")
 
 CPU_CASES = {
     **CASES,
@@ -369,8 +368,8 @@ def test_without_a_compiler_dcmha_falls_back_with_one_warning(monkeypatch, tmp_p
         fused_logits = model(idx)
     monkeypatch.setenv("CXX", "/nonexistent/c++")
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
-    monkeypatch.setattr(fused_cpu, "_loaded", None)
-    monkeypatch.setattr(fused_cpu, "_failure", None)
+    monkeypatch.setattr(build, "_loaded", None)
+    monkeypatch.setattr(build, "_failure", None)
     spy = kernel_spy(monkeypatch)
     with torch.no_grad(), pytest.warns(RuntimeWarning) as warned:
         fallback = model(idx)
@@ -445,7 +444,7 @@ def test_the_kernels_leave_the_threads_floating_point_mode_as_they_found_it():
     leaves = make_inputs(case, torch.float32)
     torch.autograd.grad(fused(leaves, case).sum(), leaves)
     q, k, v = (x.detach() for x in leaves[:3])
-    alibi = fused_cpu.alibi_flash_attention(q, k, v, torch.tensor(alibi_slopes(case.n_heads)), 0.25)
+    alibi = alibi_flash.alibi_flash_attention(q, k, v, torch.tensor(alibi_slopes(case.n_heads)), 0.25)
     assert alibi.isfinite().all()
     assert (subnormal * 1.0).item() > 0
 

@@ -1,0 +1,106 @@
+"""How the fused DCMHA kernel's Triton programs (``jit.py``) are tiled and launched: the autotuner's candidates and
+key, the register cap per thread, and :func:`launch`, which tunes on a GPU and falls back to the untuned tiles."""
+
+from __future__ import annotations
+
+import warnings
+from typing import TYPE_CHECKING, Any
+
+from attnzoo.attention.kernels.dcmha_triton import jit
+from attnzoo.attention.kernels.dcmha_triton.jit import triton
+
+if TYPE_CHECKING:
+    from attnzoo.attention.kernels.dcmha_triton.op import KernelSpec
+
+# How each kernel is launched: (the tile axis its grid walks, the most pipelining stages it may use; None: Triton's
+# default, 3). The key kernel holds every head's K, V, dK and dV tiles for its whole loop; Triton's default pipelining
+# adds copies of each query tile it loads, and that overflowed an H100's shared memory at 6 heads of 64
+# (benchmarks/results/gpu-2026-11-25). One stage keeps it inside.
+KERNEL_GRID = {"forward": ("BT", None), "backward_query": ("BT", None), "backward_key": ("BS", 1)}
+# What the autotuner times on a GPU at the first call of each shape (TUNING_KEY): square tiles of BT = BS queries and
+# keys, warps, and pipelining stages (1, or Triton's default 3) up to the kernel's limit, each at its register cap
+# (register_cap). KernelSpec.constants' own choice is among them, so tuning keeps it or finds a faster one. Tiles
+# whose rank-R mixing products (RP·MP·BT·BS) exceed MAX_MIX_PRODUCTS are not timed: they cannot stay in registers.
+TUNING = tuple((tile, warps, stages) for tile in (16, 32) for warps in (4, 8) for stages in (1, 3))
+TUNING_KEY = ["T", "M", "R", "D", "PRE", "POST", "KEY_WISE", "LOCAL"]
+MAX_MIX_PRODUCTS = 16384
+UNTUNABLE: set[str] = set()  # the kernels whose tuning raised in this process: they run untuned (see launch)
+
+
+REGISTER_FILE = 65536  # 32-bit registers per streaming multiprocessor, every CUDA GPU from Volta to Hopper
+
+
+def register_cap(num_warps: int) -> int:
+    """Registers a thread may use: its share of the register file when one program has an SM to itself, at most 255
+    (PTX's limit). Left to choose, ptxas keeps as few as 32 a thread where a kernel's working set cannot fit anyway,
+    for occupancy, and spills the rest to local memory: compiled for sm_90a, 10.9 KB a thread in the untuned forward
+    kernel at 16 heads per group (benchmarks/results/dcmha-triton-sm90-uncapped.md), 2.5 KB at this cap
+    (dcmha-triton-sm90.md). That occupancy is not there to buy: wherever ptxas chose 32, the program's 64-160 KiB of
+    shared memory leaves room for at most three on an H100's 228 KiB. Where it chose 255 anyway, the cap changes its
+    spills by -2% to +13%."""
+    return min(255, REGISTER_FILE // (32 * num_warps))
+
+
+def tuning_configs(max_stages: int | None) -> list[Any]:
+    return [
+        triton.Config({"BT": tile, "BS": tile}, num_warps=warps, num_stages=stages, maxnreg=register_cap(warps))
+        for tile, warps, stages in TUNING
+        if max_stages is None or stages <= max_stages
+    ]
+
+
+def prune_tiles(configs: list[Any], named_args: dict[str, Any], **constants: Any) -> list[Any]:
+    """The configs whose tiles' mixing products fit :data:`MAX_MIX_PRODUCTS`; the smallest tiles if none do."""
+    mixes = constants["MP"] * constants["RP"]
+    kept = [c for c in configs if mixes * c.kwargs["BT"] * c.kwargs["BS"] <= MAX_MIX_PRODUCTS]
+    smallest = min(c.kwargs["BT"] for c in configs)
+    return kept or [c for c in configs if c.kwargs["BT"] == smallest]
+
+
+def launch(
+    kernel: str, spec: KernelSpec, head_dim: int, seq_len: int, programs: int, *args: Any, **options: Any
+) -> None:
+    """Runs one kernel over ``programs`` (batch × group) × tiles of the sequence: compiled on a GPU, through its
+    autotuner (:data:`TUNED`), unless the spec names a block; interpreted, or with a block named, with the spec's own
+    tiles (:meth:`KernelSpec.constants`) and the kernel's stage limit (:data:`KERNEL_GRID`).
+
+    Tuning never fails a call the untuned tiles can run: the autotuner skips a candidate that runs out of registers
+    or shared memory, and where tuning raises anything else (a candidate Triton cannot compile), the kernel warns
+    once, names the error, and runs its untuned tiles from then on in this process (:data:`UNTUNABLE`). Every launch
+    stores all of its outputs, so what a failed tuning wrote is overwritten."""
+    tile = KERNEL_GRID[kernel][0]
+    const, untuned = untuned_launch(kernel, spec, head_dim)
+    if spec.block is None and not jit.INTERPRETED and kernel not in UNTUNABLE:
+        fixed = {name: value for name, value in const.items() if name not in ("BT", "BS")}
+        try:
+            TUNED[kernel][lambda meta: (triton.cdiv(seq_len, meta[tile]), programs)](*args, **options, **fixed)
+            return
+        except Exception as err:
+            UNTUNABLE.add(kernel)
+            warnings.warn(
+                f"autotuning DCMHA's {kernel} kernel failed ({type(err).__name__}: {err}); it runs its untuned "
+                f"tiles (BT = BS = {const['BT']}, {untuned['num_warps']} warps) from now on in this process",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+    jit.KERNELS_BY_NAME[kernel][(triton.cdiv(seq_len, const[tile]), programs)](*args, **options, **const, **untuned)
+
+
+def untuned_launch(kernel: str, spec: KernelSpec, head_dim: int) -> tuple[dict[str, Any], dict[str, int]]:
+    """A kernel's compile-time constants, and the launch options it runs with untuned: the spec's warps, the kernel's
+    most stages (Triton's default 3 where unlimited) and the register cap."""
+    const = spec.constants(head_dim)
+    warps = const.pop("num_warps")
+    stages = KERNEL_GRID[kernel][1] or 3
+    return const, {"num_warps": warps, "num_stages": stages, "maxnreg": register_cap(warps)}
+
+
+if triton is not None:
+    TUNED = {
+        name: triton.autotune(
+            configs=tuning_configs(KERNEL_GRID[name][1]),
+            key=TUNING_KEY,
+            prune_configs_by={"early_config_prune": prune_tiles},
+        )(function)
+        for name, function in jit.KERNELS_BY_NAME.items()
+    }
