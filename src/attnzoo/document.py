@@ -94,6 +94,7 @@ VERDICT_COLOURS = {
     "negligible": "#8250df",
     "scale-dependent": "#0969da",
     "inconclusive": "#9a6700",
+    "decided in the ladder": "#57606a",
     "not measurable": "#57606a",
     "not run": "#57606a",
 }
