@@ -311,6 +311,17 @@ def test_micro_compare_writes_results_report_and_plots(micro):
     assert re.search(r"diff\+rope\s+2\s+\d\.\d{4} ± \d\.\d{4}", stdout)  # mean ± std once both seeds are in
 
 
+def test_each_run_records_the_learning_rate_its_last_step_applied(micro):
+    """Gate (a) reads whether the schedule reached its floor from the run's own log, not from the plan."""
+    out = micro["out"]
+    for variant in _results(out).variants.values():
+        for record in variant.runs:
+            metrics = [json.loads(line) for line in (out / record.run_dir / "metrics.jsonl").read_text().splitlines()]
+            logged = [m["lr"] for m in metrics if "lr" in m]
+            config = read_checkpoint(out / record.run_dir).train_config
+            assert record.final_lr == logged[-1] == learning_rate(config.steps - 1, config)
+
+
 def test_without_a_train_bench_the_estimate_comes_from_steps_timed_here(micro, copy_of, monkeypatch):
     """A ladder benches nothing: each variant with a run left is timed for a few steps, not estimated at 0 s."""
     spec = resolve_spec("micro", variants=VARIANTS, corpus=str(micro["text"]), tasks=[])

@@ -661,6 +661,7 @@ class Comparison:
             tokens=train_config.steps * train_config.tokens_per_step,
             train_seconds=_training_seconds(train_records, train_config.tokens_per_step),
             final_train_loss=train_records[-1]["train_loss"],
+            final_lr=train_records[-1]["lr"],
             val=val,
             extrapolation=[ExtrapolationResult(p.multiple, p.block_len, p.result, p.reason) for p in points],
             train_curve=[(r["step"], r["train_loss"]) for r in train_records],
