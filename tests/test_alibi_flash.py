@@ -1,6 +1,6 @@
 """The fused CPU ALiBi kernel (``attention/kernels/alibi_flash.py``, ``kernels/csrc/alibi_flash.cpp``) against
-attnzoo's eager reference with the materialised bias, and the seams around it: the route ``sdpa_attention`` takes,
-the fallback without a compiler, memory, cached decoding, the kernel's name.
+attnzoo's eager reference with the materialised bias, and the seams around it: the route the dispatcher takes between it
+and SDPA, the fallback without a compiler, memory, cached decoding, the kernel's name.
 
 Tolerances, each relative to the largest magnitude of the expected tensor (and at least 1, for gradients that are
 exactly 0, such as dq at T = 1): fp32 1e-5 (the kernel and the reference sum in other orders; measured ≤ 5e-7
@@ -19,7 +19,7 @@ from test_kernels import LargestTensor
 
 from attnzoo import ModelConfig, Transformer
 from attnzoo.attention import AttentionContext
-from attnzoo.attention.kernels import alibi_flash, build, cpu, eager_attention, sdpa, sdpa_attention
+from attnzoo.attention.kernels import Call, alibi_flash, build, choose, cpu, eager_attention
 from attnzoo.bench import sdpa_kernels
 from attnzoo.cli import main
 from attnzoo.positions import POSITIONS
@@ -56,8 +56,22 @@ def output_and_grads(attention, leaves, grad):
 
 
 def fused_spy(monkeypatch) -> CallCounter:
-    """Counts the calls of the fused kernel from ``sdpa_attention``."""
+    """Counts the calls of the fused kernel."""
     return CallCounter(monkeypatch, alibi_flash, "alibi_flash_attention")
+
+
+def alibi_model(**fields) -> Transformer:
+    cfg = ModelConfig(vocab_size=32, dim=H * D, n_layers=2, n_heads=H, n_kv_heads=H_KV, position="alibi", **fields)
+    return Transformer(cfg)
+
+
+LAYER = alibi_model().layers[0].self_attn
+
+
+def routed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+    """A layer's attention with ALiBi on the kernel the dispatcher chooses for the call: the fused kernel where its
+    record serves it, else SDPA."""
+    return choose(LAYER, Call.of(LAYER, q, k, ctx, cached=False)).run(LAYER, q, k, v, ctx)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -77,15 +91,15 @@ KERNEL_CASES = [
 @pytest.mark.parametrize("length", LENGTHS)
 @pytest.mark.parametrize(("dtype", "tiles"), KERNEL_CASES)
 def test_kernel_equals_the_eager_reference_forward_and_every_gradient(monkeypatch, dtype, tiles, length, tile_products):
-    """Output and dq, dk, dv of ``sdpa_attention`` (the fused kernel) equal the eager kernel with the (H, T, T) bias,
-    at odd lengths, GQA (2 kv heads for 4 query heads), batch 2."""
+    """Output and dq, dk, dv of the fused kernel equal the eager kernel with the (H, T, T) bias, at odd lengths, GQA
+    (2 kv heads for 4 query heads), batch 2."""
     if tiles is not None:
         monkeypatch.setattr(cpu, "Q_TILE", tiles[0])
         monkeypatch.setattr(cpu, "K_TILE", tiles[1])
     spy = fused_spy(monkeypatch)
     leaves = qkv(length, dtype)
     grad = torch.randn(B, H, length, D).to(dtype)
-    fused = output_and_grads(lambda *x: sdpa_attention(*x, context(length)), leaves, grad)
+    fused = output_and_grads(lambda *x: routed(*x, context(length)), leaves, grad)
     assert spy.calls == (1 if length > 1 else 0)  # one token is its own output: plain SDPA, no bias needed
     expected = output_and_grads(lambda *x: eager_attention(*x, context(length))[0], leaves, grad)
     for actual, wanted in zip(fused, expected, strict=True):
@@ -93,16 +107,15 @@ def test_kernel_equals_the_eager_reference_forward_and_every_gradient(monkeypatc
         assert_close(actual, wanted, TOLERANCE[dtype])
 
 
-def test_subheads_sharing_a_slope_and_wider_values(monkeypatch):
+def test_subheads_sharing_a_slope_and_wider_values():
     """Diff's layout: adjacent query heads share one bias head (``bias_repeat`` 2) and values are 2d wide; the kernel
     takes both as they are (no zero-padding of q and k)."""
-    spy = fused_spy(monkeypatch)
     length = 129
     leaves = qkv(length, torch.float32, value_dim=2 * D)
     grad = torch.randn(B, H, length, 2 * D)
-    fused = output_and_grads(lambda *x: sdpa_attention(*x, context(length), bias_repeat=2), leaves, grad)
-    eager = output_and_grads(lambda *x: eager_attention(*x, context(length), bias_repeat=2)[0], leaves, grad)
-    assert spy.calls == 1
+    ctx = context(length)
+    fused = output_and_grads(lambda *x: alibi_flash.alibi_attention(*x, ctx, bias_repeat=2)[0], leaves, grad)
+    eager = output_and_grads(lambda *x: eager_attention(*x, ctx, bias_repeat=2)[0], leaves, grad)
     for actual, wanted in zip(fused, eager, strict=True):
         assert_close(actual, wanted, TOLERANCE[torch.float32])
 
@@ -115,20 +128,15 @@ def test_float64_keeps_the_float64_path(monkeypatch):
     leaves = qkv(length, torch.float64)
     grad = torch.randn(B, H, length, D, dtype=torch.float64)
     ctx = context(length, dtype=torch.float64)
-    routed = output_and_grads(lambda *x: sdpa_attention(*x, ctx), leaves, grad)
+    on_sdpa = output_and_grads(lambda *x: routed(*x, ctx), leaves, grad)
     eager = output_and_grads(lambda *x: eager_attention(*x, context(length, torch.float64))[0], leaves, grad)
     assert spy.calls == 0
-    for actual, wanted in zip(routed, eager, strict=True):
+    for actual, wanted in zip(on_sdpa, eager, strict=True):
         assert_close(actual, wanted, 1e-12)
 
 
 # ---------------------------------------------------------------------------------------------------
 # Memory, decoding, names
-
-
-def alibi_model(**fields) -> Transformer:
-    cfg = ModelConfig(vocab_size=32, dim=H * D, n_layers=2, n_heads=H, n_kv_heads=H_KV, position="alibi", **fields)
-    return Transformer(cfg)
 
 
 def test_a_training_step_makes_no_tensor_as_large_as_the_bias(monkeypatch):
@@ -145,7 +153,8 @@ def test_a_training_step_makes_no_tensor_as_large_as_the_bias(monkeypatch):
         return largest.numel
 
     assert step() < H * length * length
-    monkeypatch.setattr(alibi_flash, "runs_alibi", lambda *args: False)
+    monkeypatch.setattr(build, "_loaded", False)  # as after a failed build: SDPA runs the calls
+    monkeypatch.setattr(build, "_failure", "no compiler (simulated)")
     assert step() >= H * length * length  # the check sees the bias where there is one
 
 
@@ -155,7 +164,7 @@ def test_without_a_compiler_alibi_falls_back_with_one_warning(monkeypatch, tmp_p
     length = 129
     leaves = qkv(length, torch.float32)
     grad = torch.randn(B, H, length, D)
-    fused = output_and_grads(lambda *x: sdpa_attention(*x, context(length)), leaves, grad)
+    fused = output_and_grads(lambda *x: routed(*x, context(length)), leaves, grad)
 
     monkeypatch.setenv("CXX", "/nonexistent/c++")
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
@@ -163,13 +172,14 @@ def test_without_a_compiler_alibi_falls_back_with_one_warning(monkeypatch, tmp_p
     monkeypatch.setattr(build, "_failure", None)
     spy = fused_spy(monkeypatch)
     with pytest.warns(RuntimeWarning) as warned:
-        fallback = output_and_grads(lambda *x: sdpa_attention(*x, context(length)), leaves, grad)
-        again = sdpa_attention(*leaves, context(length))
+        fallback = output_and_grads(lambda *x: routed(*x, context(length)), leaves, grad)
+        again = routed(*leaves, context(length))
     assert len(warned) == 1
     message = str(warned[0].message)
     assert "/nonexistent/c++" in message and "\n" not in message
     assert spy.calls == 0 and build.status().startswith("unavailable")
-    assert "(1, H, T, T) bias" in sdpa.linear_bias_kernel(torch.device("cpu"), torch.float32)
+    refusal = alibi_flash.ALIBI_FLASH.call_refusal(LAYER, Call.of(LAYER, *leaves[:2], context(length), cached=False))
+    assert refusal == f"the fused CPU kernels are {build.status()}"
     for actual, wanted in zip(fallback, fused, strict=True):
         assert_close(actual, wanted, TOLERANCE[torch.float32])
     torch.testing.assert_close(again, fallback[0], rtol=0, atol=0)
@@ -196,13 +206,11 @@ def test_cached_decoding_equals_the_full_forward(monkeypatch):
 
 
 def test_the_kernel_is_named_where_it_runs(capsys):
-    """``attnzoo info`` (the sdpa kernel, described through ``linear_bias_kernel``) and the benchmarks' kernel column
-    name the fused kernel for ALiBi on the CPU, SDPA's flash kernel for an ALiBi decoding step, and SDPA's flash
-    kernel for RoPE."""
+    """``attnzoo info`` and the benchmarks' kernel column name the fused kernel for ALiBi on the CPU, SDPA's flash
+    kernel for an ALiBi decoding step, and SDPA's flash kernel for RoPE."""
     assert main(["info", "--position", "alibi"]) == 0
-    assert f"attention kernel (CPU, fp32 training)\n  sdpa: {alibi_flash.KERNEL_NAME}, built" in capsys.readouterr().out
-    assert alibi_flash.KERNEL_NAME in sdpa.linear_bias_kernel(torch.device("cpu"), torch.float32)
-    assert "(1, H, T, T) bias" in sdpa.linear_bias_kernel(torch.device("cpu"), torch.float64)
+    said = capsys.readouterr().out
+    assert f"attention kernel (CPU, fp32 training)\n  alibi-flash: {alibi_flash.KERNEL_NAME}, built" in said
     idx = torch.randint(0, 32, (1, 16))
     assert sdpa_kernels(alibi_model().eval(), idx) == [alibi_flash.KERNEL_NAME]
     assert sdpa_kernels(alibi_model().eval(), idx, decoding=True) == ["flash (CPU)"]
@@ -215,7 +223,7 @@ def test_scale_is_the_inverse_square_root_of_the_head_size_by_default():
     length = 33
     q, k, v = (x.detach() for x in qkv(length, torch.float32, value_dim=2 * D))
     slopes = context(length).bias_slopes(H)
-    default = sdpa_attention(q, k, v, context(length))
+    default, _ = alibi_flash.alibi_attention(q, k, v, context(length))
     explicit = alibi_flash.alibi_flash_attention(q, k, v, slopes, 1 / math.sqrt(D))
     torch.testing.assert_close(default, explicit, rtol=0, atol=0)
 

@@ -62,11 +62,14 @@ def test_the_dry_run_passes_and_writes_the_table_and_the_json(tiny, tmp_path, ca
         for name in ("forward", "backward", "cached decode", "dispatch"):
             assert checks[(case, name)]["status"] == "pass", checks[(case, name)]
         assert 0 <= checks[(case, "forward")]["value"] <= plans.TOLERANCES["fp32"]["forward"]
-    # The kernels attend picked: SDPA for mha; for dcmha no SDPA, and where its fused C++ kernels are built they run
-    # the training step and the decode step (else the chunked kernel does).
+    # The kernels attend picked: for mha SDPA, and ALiBi's fused C++ kernel for the training step where it is built;
+    # for dcmha no SDPA, and where its fused C++ kernels are built they run the training step and the decode step
+    # (else the chunked kernel does).
     fused = build.available()
     dcmha_dispatch = checks[("dcmha+alibi MHA fp32", "dispatch")]["extra"]
-    assert checks[("mha+alibi MHA fp32", "dispatch")]["extra"]["attend"] == ["sdpa"]
+    assert checks[("mha+alibi MHA fp32", "dispatch")]["extra"]["attend"] == (
+        ["alibi-flash", "sdpa"] if fused else ["sdpa"]
+    )
     assert dcmha_dispatch["attend"] == (["dcmha-decode", "dcmha-fused"] if fused else ["chunked"])
     assert dcmha_dispatch["sdpa train"] == ([dcmha_fused.KERNEL_NAME] if fused else [])
     assert dcmha_dispatch["sdpa decode"] == ([dcmha_fused.DECODE_KERNEL_NAME] if fused else [])

@@ -131,9 +131,8 @@ def test_sdpa_expresses_the_row_scale_exactly(start):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_alibi_with_the_causal_flag_equals_the_masked_form(monkeypatch, length, dtype):
     """On CPU a fresh ALiBi sequence passes the bias with the causal flag (``sdpa_with_causal_bias``): equal to
-    SDPA with the one additive mask, in output and in the gradients to q, k and v (GQA, 2 kv heads). This is the
-    path where the fused ALiBi kernel is not available (tests/test_alibi_flash.py)."""
-    monkeypatch.setattr(alibi_flash, "runs_alibi", lambda *args: False)
+    SDPA with the one additive mask, in output and in the gradients to q, k and v (GQA, 2 kv heads). This is SDPA's
+    path for the calls the fused ALiBi kernel does not serve (tests/test_alibi_flash.py)."""
     spy = KernelSpy(monkeypatch)
     ctx = context(length=length)
     leaves = [x.to(dtype).requires_grad_() for x in qkv(length, length)]
@@ -172,9 +171,8 @@ class LargestTensor(TorchDispatchMode):
 def test_alibi_inference_in_query_blocks_equals_one_call_without_a_t_by_t_bias(monkeypatch, dtype):
     """Without autograd recording, a fresh ALiBi sequence longer than BIAS_BLOCK_ROWS runs in query blocks, each with
     its own bias and causal mask: equal to the one call with the whole bias (what training runs), and no tensor as
-    large as the (H, T, T) bias is made (GQA, 2 kv heads; the last block shorter than the others). This is the
-    path where the fused ALiBi kernel is not available (tests/test_alibi_flash.py)."""
-    monkeypatch.setattr(alibi_flash, "runs_alibi", lambda *args: False)
+    large as the (H, T, T) bias is made (GQA, 2 kv heads; the last block shorter than the others). This is SDPA's
+    path for the calls the fused ALiBi kernel does not serve (tests/test_alibi_flash.py)."""
     monkeypatch.setattr(sdpa, "BIAS_BLOCK_ROWS", 64)
     length = 3 * 64 + 37
     q, k, v = (x.to(dtype) for x in qkv(length, length))

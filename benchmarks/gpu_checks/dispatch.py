@@ -15,14 +15,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnzoo.attention import ATTENTION
 from attnzoo.attention.kernels import dcmha_fused, dispatch
-from attnzoo.bench import SDPA_KERNELS
+from attnzoo.bench import fused_ops
 from attnzoo.config import ModelConfig
 
 from gpu_checks.plan import BACKENDS, FAIL, PASS
 
 
 class _FusedKernels(TorchDispatchMode):
-    """The fused SDPA kernels dispatched (``bench.SDPA_KERNELS``), in order, and those among them called directly
+    """The fused SDPA kernels dispatched (``bench.fused_ops``), in order, and those among them called directly
     rather than by ``F.scaled_dot_product_attention`` (kernels/sdpa.py calls the CPU flash kernel itself for ALiBi's
     bias with the causal flag). SDPA's math path never shows here: it decomposes into ordinary ops before the
     dispatcher reaches a mode."""
@@ -32,9 +32,10 @@ class _FusedKernels(TorchDispatchMode):
         self.ran: list[str] = []
         self.direct: list[str] = []
         self.in_sdpa_call = False
+        self.labels = fused_ops()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        label = SDPA_KERNELS.get(func.__name__.split(".")[0])
+        label = self.labels.get(func.__name__.split(".")[0])
         if label is not None:
             self.ran.append(label)
             if not self.in_sdpa_call:

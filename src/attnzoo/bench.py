@@ -25,7 +25,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from tqdm import tqdm
 
-from attnzoo.attention.kernels import alibi_flash, dcmha_fused, diff_flash
+from attnzoo.attention.kernels import kernel_ops
 from attnzoo.config import ModelConfig
 from attnzoo.interrupts import sigint_ignored
 from attnzoo.io import atomic_write_text
@@ -38,18 +38,19 @@ from attnzoo.variants import Variant, matched_configs
 MODES = ("train", "train+adamw", "prefill", "decode", "decode-nocache")
 TRAINING_MODES = ("train", "train+adamw")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-# The fused kernels SDPA may dispatch to, and attnzoo's own (``attention/kernels/``); SDPA's math fallback
-# decomposes into ordinary ops and shows as none.
-SDPA_KERNELS = {
-    "alibi_flash_forward": alibi_flash.KERNEL_NAME,
-    "dcmha_fused_forward": dcmha_fused.KERNEL_NAME,
-    "dcmha_decode_forward": dcmha_fused.DECODE_KERNEL_NAME,
-    "diff_flash_forward": diff_flash.KERNEL_NAME,
+# The fused kernels SDPA may dispatch to; SDPA's math fallback decomposes into ordinary ops and shows as none.
+SDPA_BACKENDS = {
     "_scaled_dot_product_flash_attention_for_cpu": "flash (CPU)",
     "_scaled_dot_product_flash_attention": "flash",
     "_scaled_dot_product_efficient_attention": "memory-efficient",
     "_scaled_dot_product_cudnn_attention": "cuDNN",
 }
+
+
+def fused_ops() -> dict[str, str]:
+    """{operator: label} of the fused attention ops a trace can show: SDPA's backends, and the operators of attnzoo's
+    own kernels as their records name them (``Kernel.ops``)."""
+    return kernel_ops() | SDPA_BACKENDS
 
 
 @dataclass(frozen=True)
@@ -151,7 +152,7 @@ def sdpa_kernels(model: Transformer, idx: torch.Tensor, *, decoding: bool = Fals
                 model(idx[:, -1:], cache=cache)
             else:
                 model(idx)
-    return sorted(label for kernel, label in SDPA_KERNELS.items() if kernel in recorder.ops)
+    return sorted(label for op, label in fused_ops().items() if op in recorder.ops)
 
 
 def attention_kernels(model: Transformer, idx: torch.Tensor, *, decoding: bool = False) -> list[str]:

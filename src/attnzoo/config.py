@@ -26,9 +26,9 @@ SDPA_REFUSED_FROM = "attnzoo 0.2"  # for a mechanism that acts on the scores; un
 
 def attn_backends() -> list[str]:
     """The values ``attn_backend`` takes: "auto", or a registered kernel's name ("eager", "sdpa", ...)."""
-    from attnzoo.attention.kernels import KERNELS
+    from attnzoo.attention.kernels import backend_names
 
-    return ["auto", *KERNELS.names()]
+    return ["auto", *backend_names()]
 
 
 def function_neutral(position: Any) -> tuple[str, ...]:
@@ -63,10 +63,12 @@ class ModelConfig:
       of preference) that serves it: on the CPU Diff's and DCMHA's fused C++ kernels where built, on CUDA DCMHA's
       Triton kernel; SDPA where it computes the mechanism exactly (mha, selective with τ_q folded into the
       queries, diff, diff_v2), and the chunked eager kernel for a mechanism whose score hooks SDPA cannot run
-      (dcmha);
+      (dcmha); a positional scheme's kernels just before the kernel each specialises (ALiBi's fused C++ kernel
+      before SDPA);
     * ``"eager"``: the reference everywhere, explicit fp32 scores and softmax;
-    * a kernel's name (``"sdpa"``, ``"chunked"``, ``"diff-flash"``, ...): that kernel wherever it serves the call,
-      the eager reference elsewhere; a kernel that can never serve the mechanism is refused here, with the reason.
+    * a kernel's name (``"sdpa"``, ``"chunked"``, ``"diff-flash"``, ...): that kernel wherever it serves the call
+      (after the positional scheme's kernels that specialise it), the eager reference elsewhere; a kernel that can
+      never serve the mechanism is refused here, with the reason.
 
     Recording attention maps (``model.attention_maps``) always takes the eager reference, the one kernel that
     returns the probabilities.
@@ -201,8 +203,9 @@ class ModelConfig:
     def kernel_chain(self) -> tuple[Kernel, ...]:
         """The kernels each attention layer may run, in order (``attention.kernels.kernel_chain``)."""
         from attnzoo.attention.kernels import kernel_chain
+        from attnzoo.positions import POSITIONS
 
-        return kernel_chain(self)
+        return kernel_chain(self, POSITIONS.get(self.position).kernels)
 
     @property
     def position_opts(self) -> Any:

@@ -71,6 +71,10 @@ class Registry(Generic[T]):
             raise ValueError(f"{self.config_field}={name!r} is not a known {self.kind}; choose one of {self.names()}")
         return self._classes[name]
 
+    def registered(self) -> dict[str, T]:
+        """The classes or records registered so far, the plugins loaded so far included; imports nothing."""
+        return dict(self._classes)
+
     def names(self) -> list[str]:
         """The registered names and those of the installed plugins (not imported by this)."""
         return sorted(set(self._classes) | set(self._plugins()))

@@ -39,6 +39,7 @@ class ALiBi(PositionalEncoding):
     """
 
     adds_bias = True
+    kernels = ("alibi-flash",)  # on the CPU, SDPA's calls with the bias added inside the tiles (no T×T tensor)
 
     def bias(
         self,

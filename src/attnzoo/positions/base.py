@@ -29,6 +29,9 @@ class PositionalEncoding(nn.Module):
     registry_name: str
     adds_bias: bool = False  # whether ``bias`` returns a tensor: kernels choose their path without building one
     rotates: bool = False  # whether ``rotate`` turns queries and keys by their positions (RoPE)
+    # The kernels (``attention.kernels.KERNELS`` names) the scheme brings: each is tried just before the kernel it
+    # specialises (``Kernel.specialises``), wherever a layer's chain holds that one.
+    kernels: tuple[str, ...] = ()
 
     def __init__(self, cfg: ModelConfig, qk_head_dim: int):
         super().__init__()

@@ -7,13 +7,14 @@ point that picks between them.
 * ``chunked``: the eager kernel over blocks of queries (:func:`chunked_attention`), for hooks SDPA cannot run;
 * the fused kernels of one mechanism each: ``diff-flash``, ``dcmha-fused``, ``dcmha-decode`` (C++, CPU) and
   ``dcmha-triton`` (CUDA);
+* the kernels a positional scheme brings: ``alibi-flash`` (C++, CPU), SDPA's calls with ALiBi's bias in the tiles;
 * Diff's two maps in one SDPA call, two head layouts for the GPU: ``diff-halves`` and ``diff-stacked``.
 
 Each module registers its kernel: one file and one name per kernel (``docs/jobs/plugins.md``, "Adding a kernel").
 Another package's kernel is checked as it loads (:mod:`~attnzoo.attention.kernels.plugins`).
 """
 
-from attnzoo.attention.kernels import dcmha_fused, dcmha_triton, diff_flash, diff_sdpa, plugins  # noqa: F401  (registers the kernels, checks the plugins')
+from attnzoo.attention.kernels import alibi_flash, dcmha_fused, dcmha_triton, diff_flash, diff_sdpa, plugins  # noqa: F401  (registers the kernels, checks the plugins')
 from attnzoo.attention.kernels.chunked import chunked_attention
 from attnzoo.attention.kernels.dispatch import (
     attend,
@@ -24,7 +25,7 @@ from attnzoo.attention.kernels.dispatch import (
     planned_backend_refusal,
 )
 from attnzoo.attention.kernels.eager import BlockHooks, HookInputs, Hooks, ScoreHook, eager_attention, repeat_kv
-from attnzoo.attention.kernels.kernel import KERNELS, Call, Kernel
+from attnzoo.attention.kernels.kernel import KERNELS, Call, Kernel, backend_names, kernel_ops
 from attnzoo.attention.kernels.sdpa import sdpa_attention
 
 __all__ = [
@@ -36,11 +37,13 @@ __all__ = [
     "Kernel",
     "ScoreHook",
     "attend",
+    "backend_names",
     "backend_refusal",
     "choose",
     "chunked_attention",
     "eager_attention",
     "kernel_chain",
+    "kernel_ops",
     "named_kernel_refusal",
     "planned_backend_refusal",
     "repeat_kv",

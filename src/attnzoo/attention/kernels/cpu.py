@@ -60,12 +60,15 @@ def register_cpu_kernel(
     name: str,
     display_name: str,
     run: Callable[..., Tensor],
-    serves: tuple[str, ...],
     static_reasons: Callable[[ModelConfig], Iterator[str]],
     call_reasons: Callable[[Attention, Call], Iterator[str]],
+    ops: tuple[str, ...],
+    serves: tuple[str, ...] | None = None,
+    specialises: str | None = None,
 ) -> Kernel:
-    """Registers a fused C++ kernel. ``call_reasons`` are the kernel's own, asked between :func:`cpu_reasons` and
-    :func:`extension_reasons`, so no kernel can ask for the extension before it knows the call is on the CPU."""
+    """Registers a fused C++ kernel (the :class:`Kernel` fields by name). ``call_reasons`` are the kernel's own, asked
+    between :func:`cpu_reasons` and :func:`extension_reasons`, so no kernel can ask for the extension before it knows
+    the call is on the CPU; ``ops``: the ``torch.ops.attnzoo`` operators its forward runs."""
 
     def reasons(layer: Attention, call: Call) -> Iterator[str]:
         yield from cpu_reasons(call)
@@ -84,5 +87,7 @@ def register_cpu_kernel(
             static_reasons=static_reasons,
             call_reasons=reasons,
             describe=describe,
+            specialises=specialises,
+            ops=ops,
         )
     )

@@ -268,6 +268,7 @@ DCMHA_FUSED = register_cpu_kernel(
     serves=("dcmha",),
     static_reasons=static_reasons,
     call_reasons=fused_reasons,
+    ops=("dcmha_fused_forward",),
 )
 DCMHA_DECODE = register_cpu_kernel(
     name="dcmha-decode",
@@ -276,4 +277,5 @@ DCMHA_DECODE = register_cpu_kernel(
     serves=("dcmha",),
     static_reasons=static_reasons,
     call_reasons=decode_reasons,
+    ops=("dcmha_decode_forward",),
 )

@@ -101,4 +101,5 @@ DIFF_FLASH = register_cpu_kernel(
     serves=("diff",),
     static_reasons=static_reasons,
     call_reasons=call_reasons,
+    ops=("diff_flash_forward",),
 )

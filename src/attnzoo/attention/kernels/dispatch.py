@@ -1,5 +1,7 @@
 """The one place a kernel is chosen: a layer's kernels are fixed once from its config (:func:`kernel_chain`), and each
-call runs the first of them that serves it (:func:`choose`, :func:`attend`).
+call runs the first of them that serves it (:func:`choose`, :func:`attend`). The kernels come from the mechanism
+(``Attention.kernels``) and from the positional scheme (``PositionalEncoding.kernels``), whose kernels are tried just
+before the kernel each specialises (ALiBi's ``alibi-flash`` before ``sdpa``).
 
 A kernel the user named (``attn_backend``) is never swapped silently for the eager reference: a run it cannot serve
 is refused before it starts (:func:`planned_backend_refusal`), and where only a call can tell, the fallback is said
@@ -10,7 +12,7 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
@@ -38,17 +40,25 @@ def backend_refusal(cfg: ModelConfig) -> str | None:
     return f"the kernel cannot run {cfg.attention} here: {reason}; use 'auto' or 'eager'"
 
 
-def kernel_chain(cfg: ModelConfig) -> tuple[Kernel, ...]:
+def kernel_chain(cfg: ModelConfig, position_kernels: tuple[str, ...] = ()) -> tuple[Kernel, ...]:
     """The kernels a layer of ``cfg`` may run, in order: with "auto" those its mechanism names
     (``Attention.kernels``) less those whose static reasons refuse ``cfg``, the eager reference last; with "eager"
     the reference alone; with a kernel's name that kernel alone, the reference running (and :func:`attend` telling)
-    a call it cannot serve. The static reasons are asked here, once per layer."""
+    a call it cannot serve. Either way each of ``position_kernels`` (the positional scheme's) that serves ``cfg``
+    goes just before the kernel it specialises. The static reasons are asked here, once per layer."""
     if cfg.attn_backend == EAGER.name:
         return (EAGER,)
+    brought = [kernel for kernel in map(KERNELS.get, position_kernels) if kernel.static_refusal(cfg) is None]
+
+    def with_brought(kernels: Iterable[Kernel]) -> Iterator[Kernel]:
+        for kernel in kernels:
+            yield from (extra for extra in brought if extra.specialises == kernel.name)
+            yield kernel
+
     if cfg.attn_backend != AUTO:
-        return (KERNELS.get(cfg.attn_backend),)
+        return tuple(with_brought([KERNELS.get(cfg.attn_backend)]))
     kernels = (KERNELS.get(name) for name in ATTENTION.get(cfg.attention).kernels)
-    return (*(kernel for kernel in kernels if kernel.static_refusal(cfg) is None), EAGER)
+    return (*with_brought(kernel for kernel in kernels if kernel.static_refusal(cfg) is None), EAGER)
 
 
 def choose(layer: Attention, call: Call) -> Kernel:
@@ -58,11 +68,12 @@ def choose(layer: Attention, call: Call) -> Kernel:
 
 
 def named_kernel_refusal(layer: Attention, call: Call) -> str | None:
-    """Why the kernel named as the layer's ``attn_backend`` cannot serve ``call``, which the eager reference would
-    then run; None where it serves, or where no kernel was named ("auto" and "eager" end in the reference)."""
-    if EAGER in layer.kernel_chain:
+    """Why the kernel named as the layer's ``attn_backend`` (the last of its chain, after any that specialise it)
+    cannot serve ``call``, which the eager reference would then run; None where it or one of those serves, or where no
+    kernel was named ("auto" and "eager" end in the reference)."""
+    if choose(layer, call) in layer.kernel_chain:
         return None
-    return layer.kernel_chain[0].call_refusal(layer, call)
+    return layer.kernel_chain[-1].call_refusal(layer, call)
 
 
 def planned_backend_refusal(layers: Iterable[Attention], call: Call, planned: str) -> str | None:
@@ -86,7 +97,7 @@ _FALLBACKS_TOLD: weakref.WeakKeyDictionary[Attention, set[tuple[str, str]]] = we
 def _tell_fallback(layer: Attention, call: Call) -> None:
     """Warn, once per layer, kernel and reason, that the kernel named as ``attn_backend`` could not serve ``call``
     and the eager reference ran it. Not while torch.compile traces: a warning would break the graph."""
-    kernel, reason = layer.kernel_chain[0], named_kernel_refusal(layer, call)
+    kernel, reason = layer.kernel_chain[-1], named_kernel_refusal(layer, call)
     told = _FALLBACKS_TOLD.setdefault(layer, set())
     if call.compiling or reason is None or (kernel.name, reason) in told:
         return

@@ -4,8 +4,9 @@ A kernel is a way to compute a layer's attention. Its record says which mechanis
 configuration (static reasons, asked once when the config is built) and why it cannot compute one call exactly
 (per-call reasons, asked lazily and in order, so a reason that builds the C++ extension is asked last and only where
 every cheaper one passed), and runs it. Each mechanism names its kernels in order of preference
-(``Attention.kernels``); :func:`~attnzoo.attention.kernels.dispatch.attend` runs the first that serves the call, the
-eager reference last.
+(``Attention.kernels``), and a positional scheme the kernels it brings (``PositionalEncoding.kernels``, ALiBi's
+``alibi-flash``); :func:`~attnzoo.attention.kernels.dispatch.attend` runs the first that serves the call, the eager
+reference last.
 """
 
 from __future__ import annotations
@@ -110,6 +111,10 @@ class Kernel:
     matrices). ``static_reasons(cfg)`` and ``call_reasons(layer, call)`` yield why the kernel cannot serve the
     configuration, or this :class:`Call`, in order: the first is the one told. ``describe(cfg, position)`` says what
     runs, with a build state where there is one (``attnzoo info``).
+
+    A kernel a positional scheme brings names the kernel it ``specialises``: it computes what that one computes, for
+    the scheme's calls it serves, and is tried just before it wherever a layer's chain holds it ("auto", or that
+    kernel named as ``attn_backend``); it is not an ``attn_backend`` of its own.
     """
 
     name: str
@@ -120,6 +125,8 @@ class Kernel:
     call_reasons: Callable[[Attention, Call], Iterator[str]] = no_reasons
     describe: Callable[[ModelConfig, PositionalEncoding], str] | None = None
     masks_padding: bool = False  # whether it reads a padding mask; a call with one goes to a kernel that does
+    specialises: str | None = None  # a positional scheme's kernel: the kernel it is tried ahead of
+    ops: tuple[str, ...] = ()  # the torch.ops.attnzoo operators its forward runs: how a trace tells that it ran
 
     def static_refusal(self, cfg: ModelConfig) -> str | None:
         """Why this kernel can never serve ``cfg``'s layers, or None."""
@@ -143,3 +150,16 @@ KERNELS: Registry[Kernel] = Registry("attention kernel", "attn_backend", "attnzo
 
 def register_kernel(kernel: Kernel) -> Kernel:
     return KERNELS.register(kernel.name)(kernel)
+
+
+def backend_names() -> list[str]:
+    """The kernels ``attn_backend`` may name: every one but those that specialise another (a positional scheme's, run
+    wherever the kernel they specialise is named). Plugins not yet loaded are listed, and loaded only when named."""
+    registered = KERNELS.registered()
+    return [name for name in KERNELS.names() if name not in registered or registered[name].specialises is None]
+
+
+def kernel_ops() -> dict[str, str]:
+    """{operator: the display name of the kernel whose run dispatches it}, over the kernels registered so far: what a
+    trace of the dispatched operators (``bench.sdpa_kernels``) names."""
+    return {op: kernel.display_name for kernel in KERNELS.registered().values() for op in kernel.ops}

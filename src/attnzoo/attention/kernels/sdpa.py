@@ -1,6 +1,6 @@
 """``F.scaled_dot_product_attention`` with the semantics of the eager reference, for everything SDPA can express:
-GQA, a positional bias, a per-row logit scale (selective's τ_q), values wider than queries (Diff); on the CPU a fresh
-causal sequence with ALiBi's bias runs on the fused C++ kernel that adds the bias inside its tiles."""
+GQA, a positional bias, a per-row logit scale (selective's τ_q), values wider than queries (Diff). A positional
+scheme's own kernel may run SDPA's calls instead, tried just before it (ALiBi's ``alibi-flash``: ``alibi_flash.py``)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attnzoo.attention.base import ATTENTION, AttentionContext, visible
-from attnzoo.attention.kernels import alibi_flash, build, cpu
 from attnzoo.attention.kernels.eager import repeat_kv
 from attnzoo.attention.kernels.kernel import Call, Kernel, register_kernel
 
@@ -69,21 +68,6 @@ def sdpa_with_causal_bias(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: 
     ]
 
 
-def linear_bias_kernel(device: torch.device, dtype: torch.dtype, dropout_p: float = 0.0) -> str:
-    """The kernel that runs a fresh causal sequence with a linear bias (ALiBi) on ``device`` at ``dtype``, as
-    :func:`sdpa_attention` decides it, without building the fused kernel: what ``attnzoo info`` and the benchmarks
-    print. (A recording context, ``ctx.records_scores``, or the "eager" backend runs the eager reference instead.)"""
-    on_cpu = device.type == "cpu"
-    if on_cpu and dropout_p == 0 and dtype in cpu.DTYPES:
-        status = build.status()
-        if not status.startswith("unavailable"):
-            return f"{alibi_flash.KERNEL_NAME}, {status}"
-        return f"SDPA flash (CPU) with a (1, H, T, T) bias: the fused kernel is {status}"
-    if on_cpu:
-        return "SDPA flash (CPU) with a (1, H, T, T) bias"
-    return "SDPA with a (1, H, T, T) additive mask"
-
-
 # Query rows per block of sdpa_biased_in_blocks. One layer's forward at T = 8192 (8 heads, d = 32, 1 thread) took
 # 2.8 / 2.2 / 3.1 s in blocks of 256 / 512 / 1024 rows, biases included, and 1.8 s as one call with the whole bias
 # (its build shared by 4 layers).
@@ -133,25 +117,17 @@ def sdpa_attention(
     """``F.scaled_dot_product_attention`` with the semantics of :func:`eager_attention` without hooks.
 
     Plain causal attention over a fresh sequence uses ``is_causal`` (block skipping, no T×S mask), and
-    bidirectional attention (``ctx.causal`` false) no mask at all. A fresh causal sequence with a linear bias
-    (ALiBi) runs on the CPU on the fused kernel that adds the bias inside its tiles
-    (:func:`~attnzoo.attention.kernels.alibi_flash.alibi_flash_attention`, which :func:`linear_bias_kernel` names),
-    in training and inference. Otherwise, with a positional bias, a fresh causal sequence passes the bias with the
-    causal flag where the kernel takes both (:func:`sdpa_takes_bias_with_causal`: CPU); otherwise, and on a
-    non-empty cache, bias and mask enter as one additive mask. Without autograd recording, a fresh biased sequence
-    longer than :data:`BIAS_BLOCK_ROWS` runs in query blocks (:func:`sdpa_biased_in_blocks`), so inference never
-    builds the T×T bias.
+    bidirectional attention (``ctx.causal`` false) no mask at all. With a positional bias, a fresh causal sequence
+    passes the bias with the causal flag where the kernel takes both (:func:`sdpa_takes_bias_with_causal`: CPU);
+    otherwise, and on a non-empty cache, bias and mask enter as one additive mask. Without autograd recording, a
+    fresh biased sequence longer than :data:`BIAS_BLOCK_ROWS` runs in query blocks (:func:`sdpa_biased_in_blocks`),
+    so inference never builds the T×T bias.
     """
     if query_scale is not None:
         # Scaling query row t scales logit row t before the bias is added: the eager kernel's row scale.
         q = q * query_scale[..., None].to(q.dtype)
     has_bias = ctx.position.adds_bias
     fresh_biased = has_bias and ctx.causal and q.shape[2] == k.shape[2] > 1
-    slopes = ctx.bias_slopes(q.shape[1], bias_repeat) if fresh_biased else None
-    if slopes is not None and alibi_flash.runs_alibi(q, k, v, dropout_p):
-        # Before the padding and the kv repeat below: the kernel takes wider values and reads shared kv heads.
-        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-        return alibi_flash.alibi_flash_attention(q, k, v, slopes, scale)
     if v.shape[-1] > q.shape[-1] and sdpa_pads_queries(q.device):
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale  # the scale of the true width
         width = v.shape[-1] - q.shape[-1]
@@ -214,8 +190,6 @@ def records_scores(layer: Attention, call: Call) -> Iterator[str]:
 def describe_sdpa(cfg: ModelConfig, position: PositionalEncoding) -> str:
     if not (position.adds_bias and cfg.causal):
         return "SDPA flash (CPU)"
-    if position.bias_slopes(cfg.n_heads) is not None:
-        return linear_bias_kernel(torch.device("cpu"), torch.float32, cfg.dropout)
     return "SDPA flash (CPU) with a (1, H, T, T) bias"
 
 
