@@ -61,8 +61,10 @@ class DCMHAOptions:
     window_size: int = 256  # keys a local layer's query sees, itself included
     window_type: str = "LG"  # layer i is local if window_type[i % len] is "L", global if "G"
     q_chunk_size: int = 128  # queries per block on the training path
-    # torch.compile the composition on the training path (fused loops: 1.5–2.7× faster training steps on CPU);
-    # the first forward pass compiles it, which takes tens of seconds
+    # torch.compile the composition on the training path (fused loops: 1.5–2.7× faster training steps on CPU,
+    # ``kernels/dcmha_compiled.py``); the first forward pass compiles it, which takes tens of seconds. A PyTorch-path
+    # option, not a kernel: the chunked and eager kernels run it through ``_block_hooks``, and the fused C++ kernels,
+    # which compose in their own loops, refuse the config (their static reasons).
     compile_composition: bool = False
 
     def __post_init__(self) -> None:

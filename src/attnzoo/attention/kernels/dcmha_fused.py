@@ -156,32 +156,57 @@ def step_weights(
 ) -> tuple[dict[int, Tensor], dict[int, Tensor]] | None:
     """The composition matrices of one token per sequence by ``dcmha_step_weights``: ({composition: QW (B, G, 1, M,
     M)}, {composition: KW (B, G, M, M, 1)}), the values ``query_matrices`` and ``key_matrices`` give after the
-    layer's dynamic-weight projection of ``x`` (B, 1, D). None where the PyTorch path must form them: several
-    tokens, autograd wanted, a dtype other than fp32 or autocast, no composition, a static or traced step, the eager
-    backend (the reference throughout), the library not built. The PyTorch path runs about 85 operators a layer
-    here, whose dispatch took about 1.2 ms of a 4.1 ms step of a 4-layer model (1,024-token context, 1 thread)."""
-    opts, projection = layer.options, layer.dyn_w_proj
-    weights = [projection.dw1, projection.qkw, projection.dd] + ([] if layer.static_w is None else [layer.static_w])
-    compositions = [which for which, on in enumerate((opts.pre_compose, opts.post_compose)) if on]
-    if (
-        not compositions
-        or x.shape[1] != 1
-        or x.device.type != "cpu"
-        or ctx.static
-        or layer.kernel_chain[0].name == "eager"
-        or torch.compiler.is_compiling()
-        or torch.is_autocast_enabled(x.device.type)  # the PyTorch path's matmuls would run in the autocast dtype
-        or any(t.dtype != torch.float32 for t in (x, *weights))
-        or (torch.is_grad_enabled() and any(t.requires_grad for t in (x, *weights)))
-        or not build.available()
-    ):
+    layer's dynamic-weight projection of ``x`` (B, 1, D); None where :func:`step_reasons` gives a reason, and the
+    PyTorch path forms them. That path runs about 85 operators a layer here, whose dispatch took about 1.2 ms of a
+    4.1 ms step of a 4-layer model (1,024-token context, 1 thread). The matrices serve whichever kernel then attends
+    (this module's decoding kernel, or the chunked one where the compiled composition leaves it out)."""
+    if next(step_reasons(x, ctx, layer), None) is not None:
         return None
+    opts = layer.options
+    compositions = composed(layer)
     query_w, key_w = torch.ops.attnzoo.dcmha_step_weights(
-        x[:, 0].contiguous(), *weights[:3], layer.static_w, compositions, opts.query_wise
+        x[:, 0].contiguous(), *projection_weights(layer)[:3], layer.static_w, compositions, opts.query_wise
     )
     queries = {which: query_w[i] for i, which in enumerate(compositions)}
     keys = {} if opts.query_wise else {which: key_w[:, i, ..., None] for i, which in enumerate(compositions)}
     return queries, keys
+
+
+def composed(layer: DynamicallyComposableAttention) -> list[int]:
+    """The compositions the layer runs: 0 pre, 1 post."""
+    return [which for which, on in enumerate((layer.options.pre_compose, layer.options.post_compose)) if on]
+
+
+def projection_weights(layer: DynamicallyComposableAttention) -> list[Tensor]:
+    """dw1, qkw, dd of the dynamic-weight projection, and W_b where the layer has it."""
+    projection = layer.dyn_w_proj
+    return [projection.dw1, projection.qkw, projection.dd] + ([] if layer.static_w is None else [layer.static_w])
+
+
+def step_reasons(x: Tensor, ctx: AttentionContext, layer: DynamicallyComposableAttention) -> Iterator[str]:
+    """Why ``dcmha_step_weights`` cannot form this call's matrices, as a record's per-call reasons: asked lazily and
+    in order, so the extension is built only where every cheaper reason passed."""
+    weights = projection_weights(layer)
+    if not composed(layer):
+        yield "no composition is on"
+    if x.shape[1] != 1:
+        yield "the call has several tokens"
+    if x.device.type != "cpu":
+        yield "the tensors are not on the CPU"
+    if ctx.static:
+        yield "a static step (compiled decoding)"
+    if layer.kernel_chain[0].name == "eager":
+        yield "the eager reference runs throughout"
+    if torch.compiler.is_compiling():
+        yield "torch.compile is tracing (the op has no fake kernel)"
+    if torch.is_autocast_enabled(x.device.type):
+        yield "autocast is on: the PyTorch path's matmuls run in its dtype"
+    if any(t.dtype != torch.float32 for t in (x, *weights)):
+        yield "the input or the weights are not fp32"
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (x, *weights)):
+        yield "autograd wants the weights' gradients"
+    if not build.available():
+        yield f"the fused CPU kernels are {build.status()}"
 
 
 def static_reasons(cfg: ModelConfig) -> Iterator[str]:
