@@ -10,11 +10,14 @@ point that picks between them.
 * the kernels a positional scheme brings: ``alibi-flash`` (C++, CPU), SDPA's calls with ALiBi's bias in the tiles;
 * Diff's two maps in one SDPA call, two head layouts for the GPU: ``diff-halves`` and ``diff-stacked``.
 
-Each module registers its kernel: one file and one name per kernel (``docs/jobs/plugins.md``, "Adding a kernel").
-Another package's kernel is checked as it loads (:mod:`~attnzoo.attention.kernels.plugins`).
+Each module registers its kernel as the package imports it, every module here: a kernel is one file and one name, in
+the mechanism's or the positional scheme's ``kernels`` (``docs/jobs/plugins.md``, "Adding a kernel"). Another
+package's kernel is checked as it loads (:mod:`~attnzoo.attention.kernels.plugins`).
 """
 
-from attnzoo.attention.kernels import alibi_flash, dcmha_fused, dcmha_triton, diff_flash, diff_sdpa, plugins  # noqa: F401  (registers the kernels, checks the plugins')
+import importlib
+import pkgutil
+
 from attnzoo.attention.kernels.chunked import chunked_attention
 from attnzoo.attention.kernels.dispatch import (
     attend,
@@ -27,6 +30,9 @@ from attnzoo.attention.kernels.dispatch import (
 from attnzoo.attention.kernels.eager import BlockHooks, HookInputs, Hooks, ScoreHook, eager_attention, repeat_kv
 from attnzoo.attention.kernels.kernel import KERNELS, Call, Kernel, backend_names, kernel_ops
 from attnzoo.attention.kernels.sdpa import sdpa_attention
+
+for _module in pkgutil.iter_modules(__path__):  # registers every kernel, and checks the plugins' (plugins.py)
+    importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = [
     "KERNELS",
