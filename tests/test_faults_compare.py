@@ -351,6 +351,7 @@ def test_the_workers_of_a_local_compare_end_when_its_driver_is_killed(made, tmp_
     env = {**os.environ, "ATTNZOO_CACHE_DIR": str(made["cache"]), "PYTHONPATH": os.pathsep.join(sys.path)}
     out = tmp_path / "out"
     driver = subprocess.Popen([sys.executable, str(script), str(made["text"]), str(out)], env=env)
+    workers: set[int] = set()
     try:
         # Both workers have started their runs once both logs exist.
         deadline = time.monotonic() + 300
@@ -368,6 +369,9 @@ def test_the_workers_of_a_local_compare_end_when_its_driver_is_killed(made, tmp_
     finally:
         driver.kill()
         driver.wait()
+        for pid in workers:  # a failure leaves none behind either
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 # ----------------------------------------------------------------------------------------------- vague messages
