@@ -809,6 +809,10 @@ def _negative_loss(data):
     _stored(data)["val"]["loss"] = -1.0
 
 
+def _negative_final_lr(data):
+    _stored(data)["final_lr"] = -1.0  # found by scripts/audit_inputs.py as the field was added
+
+
 def _zero_seconds(data):
     _stored(data)["train_seconds"] = 0.0  # the tokens/s column divided by it
 
@@ -847,6 +851,7 @@ def _zeroth_order_ngram(data):
         (_nan_loss, r"results.json.variants.\S+.runs\[0\].val.loss = nan is invalid: must be a finite number"),
         (_negative_loss, r"results.json.variants.\S+.runs\[0\].val.loss = -1.0 is invalid: must be >= 0"),
         (_zero_seconds, r"runs\[0\].train_seconds = 0.0 is invalid: must be > 0"),
+        (_negative_final_lr, r"runs\[0\].final_lr = -1.0 is invalid: must be >= 0"),
         (_accuracy_above_one, r"sweep.accuracy\[0\]\[0\] = 1.5 is invalid: must be in \[0, 1\]"),
     ],
 )

@@ -45,7 +45,7 @@ NAMES_BY_RULE: tuple[tuple[Rule, str], ...] = (
     (ABOVE_0, "train_seconds tokens_per_s tokens_per_s_min tokens_per_s_max rates lr"),
     (AT_LEAST_1, "parameters block_len stride multiple batch_size seq_len runs rounds cores cpu_count torch_threads "
                  "context_len lengths order repeats threads"),
-    (AT_LEAST_0, "seed seeds steps tokens bytes kv_cache_bytes_per_token warmup_steps min_lr tokens_per_run "
+    (AT_LEAST_0, "seed seeds steps tokens bytes kv_cache_bytes_per_token warmup_steps min_lr final_lr tokens_per_run "
                  "train_seconds_total wall_seconds_this_invocation train_tokens val_tokens seconds peak_mem_mb "
                  "load_average round_load_averages load_average_start load_average_end warmup "
                  "probes"),
