@@ -24,6 +24,8 @@ from training_helpers import write_text_corpus
 from attnzoo.cli import main
 from attnzoo.compare import resolve_spec, run_compare
 from attnzoo.compare.executors import ExecutorConfig
+from attnzoo.compare.runner import run_ladder
+from attnzoo.compare.spec import LadderSpec
 from attnzoo.io import DirectoryLocked
 from attnzoo.results.comparison import READABLE_VERSIONS
 
@@ -208,6 +210,19 @@ def test_a_ladder_merged_from_a_folder_holding_none_of_its_rungs_is_refused(tmp_
     err = capsys.readouterr().err
     assert f"--merge-from {empty} holds no rung of ladder 'claims': its rungs are subfolders ['small', 'large']" in err
     assert not out.exists()
+
+
+def test_a_ladder_checks_every_rungs_merge_before_its_first_rung_writes(spec, made, tmp_path):
+    """A damaged run in the second rung's source is refused before the first rung merges or trains anything."""
+    rungs = tuple(dataclasses.replace(spec, name=name) for name in ("small", "large"))
+    elsewhere = tmp_path / "elsewhere"
+    for name in ("small", "large"):
+        shutil.copytree(made["source"], elsewhere / name)
+    _edit_record(elsewhere / "large", _nan_loss)
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match=r"large/runs/mha\+rope/seed0/compare_run.json.val.loss = nan is invalid"):
+        run_ladder(LadderSpec("two", "two rungs", rungs), out, progress=False, merge_from=[elsewhere])
+    assert not (out / "small" / "runs").exists()
 
 
 # ------------------------------------------------------------------------- stored numbers on every other way in

@@ -183,8 +183,15 @@ def run_ladder(
                 f"--merge-from {source} holds no rung of ladder {preset_or_spec.name!r}: its rungs are subfolders "
                 f"{names}, each a compare directory with its runs/"
             )
-    for rung in preset_or_spec.rungs:
-        sources = [Path(source) / rung.name for source in merge_from if (Path(source) / rung.name / "runs").is_dir()]
+    rungs = [
+        (rung, [Path(source) / rung.name for source in merge_from if (Path(source) / rung.name / "runs").is_dir()])
+        for rung in preset_or_spec.rungs
+    ]
+    for rung, sources in rungs:  # every rung's merge checked before the first rung writes (each again as it merges)
+        if sources:
+            check = Comparison(rung, out / rung.name, progress, merge_from=sources)
+            check.runs_to_merge(check.configs(load_corpus(rung.train.data, check.env)))
+    for rung, sources in rungs:
         comparison = Comparison(
             rung, out / rung.name, progress, executor=executor, pool_commits=pool_commits, merge_from=sources
         )
@@ -389,19 +396,24 @@ class Comparison:
 
     def merge(self, configs: dict[str, ModelConfig]) -> None:
         """Copy in the finished runs of ``merge_from`` that this directory lacks, once every one of them has been
-        checked (:meth:`check_merged`): a merge refused leaves the directory as it was."""
+        checked (:meth:`runs_to_merge`): a merge refused leaves the directory as it was."""
         if not self.merge_from:
             return
+        missing, held = self.runs_to_merge(configs)
+        copy_runs(missing, self.out_dir)
+        self.say(
+            f"merged {len(missing)} finished run(s) from {', '.join(map(str, self.merge_from))} into "
+            f"{self.out_dir}{f' ({held} held already)' if held else ''}"
+        )
+
+    def runs_to_merge(self, configs: dict[str, ModelConfig]) -> tuple[list[FinishedRun], int]:
+        """The runs of ``merge_from`` this directory lacks, and how many it holds already, each run checked
+        (:meth:`check_merged`, :func:`attnzoo.compare.merge.runs_to_copy`); nothing is written."""
         runs = finished_runs(self.merge_from, self.out_dir)
         for run in runs:
             self.check_merged(run, configs)
         missing = runs_to_copy(runs, self.out_dir)
-        copy_runs(missing, self.out_dir)
-        held = f" ({len(runs) - len(missing)} held already)" if len(missing) < len(runs) else ""
-        self.say(
-            f"merged {len(missing)} finished run(s) from {', '.join(map(str, self.merge_from))} into "
-            f"{self.out_dir}{held}"
-        )
+        return missing, len(runs) - len(missing)
 
     def check_merged(self, run: FinishedRun, configs: dict[str, ModelConfig]) -> None:
         """Refuse by name a run made elsewhere that this comparison would not reuse as it is: one of another
