@@ -330,61 +330,70 @@ DRIVER = textwrap.dedent(
     from attnzoo.compare.executors import ExecutorConfig
 
     if __name__ == "__main__":
-        text, out = sys.argv[1:]
+        text, out, jobs, nproc = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
         spec = resolve_spec("micro", variants=["mha+rope"], seeds=[0, 1], steps=100000, corpus=text, tasks=[])
         spec = dataclasses.replace(spec, evals=dataclasses.replace(spec.evals, bench_cases=()))
-        run_compare(spec, out, progress=False, executor=ExecutorConfig("local", jobs=2, options={"threads": 1}))
+        options = {"threads": 1, "nproc_per_run": nproc}
+        run_compare(spec, out, progress=False, executor=ExecutorConfig("local", jobs=jobs, options=options))
     """
 )
 
 
-def _children(pid: int) -> set[int]:
-    """The processes whose parent is ``pid``."""
-    found = set()
+def _descendants(pid: int) -> set[int]:
+    """The processes below ``pid``: its children, theirs, and so on."""
+    parents = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[1]) == pid:
-                found.add(int(stat.parent.name))
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
     return found
 
 
-def _alive(pid: int) -> bool:
-    """Running: neither gone nor a zombie waiting to be reaped."""
+def _running(pid: int, marker: bytes) -> bool:
+    """Running (neither gone nor a zombie waiting to be reaped), with ``marker`` in its command line."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return state != "Z" and marker in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="finds the workers through /proc")
-def test_the_workers_of_a_local_compare_end_when_its_driver_is_killed(made, tmp_path):
-    """kill -9 of the driver left its workers alive, idle on their pipe, for as long as anyone watched."""
+@pytest.mark.parametrize(
+    ("jobs", "nproc", "marker"),
+    [(2, 1, b"spawn_main"), (1, 2, b"attnzoo.compare.ranks")],
+    ids=["workers", "a-runs-ranks-under-torchrun"],
+)
+def test_the_workers_of_a_local_compare_end_when_its_driver_is_killed(made, tmp_path, jobs, nproc, marker):
+    """kill -9 of the driver left its workers alive, idle on their pipe, for as long as anyone watched (and a
+    run's ranks under torchrun training on)."""
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
     env = {**os.environ, "ATTNZOO_CACHE_DIR": str(made["cache"]), "PYTHONPATH": os.pathsep.join(sys.path)}
-    out = tmp_path / "out"
-    driver = subprocess.Popen([sys.executable, str(script), str(made["text"]), str(out)], env=env)
-    workers: set[int] = set()
+    argv = [sys.executable, str(script), str(made["text"]), str(tmp_path / "out"), str(jobs), str(nproc)]
+    driver = subprocess.Popen(argv, env=env)
+    below: set[int] = set()
     try:
-        # Both workers have started their runs once both logs exist.
         deadline = time.monotonic() + 300
-        while not all((out / "logs/mha+rope" / f"seed{seed}.log").exists() for seed in (0, 1)):
+        while len({pid for pid in _descendants(driver.pid) if _running(pid, marker)}) < 2:
             assert driver.poll() is None and time.monotonic() < deadline, "the driver never started its workers"
             time.sleep(0.2)
-        workers = {pid for pid in _children(driver.pid) if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()}
-        assert len(workers) >= 2, workers
+        below = _descendants(driver.pid)
         driver.send_signal(signal.SIGKILL)
         driver.wait()
-        deadline = time.monotonic() + 10
-        while any(map(_alive, workers)) and time.monotonic() < deadline:
+        deadline = time.monotonic() + 20
+        while any(_running(pid, b"") for pid in below) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not [pid for pid in workers if _alive(pid)], "workers outlived their driver"
+        left = [Path(f"/proc/{pid}/cmdline").read_bytes()[:80] for pid in below if _running(pid, b"")]
+        assert not left, f"processes outlived their driver: {left}"
     finally:
         driver.kill()
         driver.wait()
-        for pid in workers:  # a failure leaves none behind either
+        for pid in below:  # a failure leaves none behind either
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 

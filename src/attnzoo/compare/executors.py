@@ -224,7 +224,7 @@ class Executor(ABC):
 class LocalProcesses(Executor):
     """``jobs`` workers on this machine: each run on its ``nproc_per_run`` GPUs where there are as many, else on
     ``cores // (jobs × nproc_per_run)`` threads a process (or the ``threads`` option). A worker ends when the
-    driver dies, however it dies (:func:`_die_with`)."""
+    driver dies, however it dies (:func:`end_with`), and so do the ranks of a run they launched."""
 
     name = "local"
 
@@ -273,32 +273,39 @@ def _described(error: BaseException) -> str:
 def _start_worker(slots: Any, gpus_per_run: int, driver: int) -> None:
     """A local worker's first acts: to end with its ``driver`` (a pool's workers otherwise outlive a driver killed
     with SIGKILL, idle on their pipe for good), then to take its GPUs."""
-    _die_with(driver)
+    end_with(driver)
     _take_slot(slots, gpus_per_run)
 
 
 # prctl(2) option: the signal the kernel sends this process when the thread that started it ends.
 PR_SET_PDEATHSIG = 1
-PARENT_POLL_S = 1.0
+WATCH_INTERVAL_S = 1.0
 
 
-def _die_with(parent: int) -> None:
-    """End this process when ``parent`` ends: at once on Linux (``PR_SET_PDEATHSIG``, the kernel's signal), and
-    everywhere within a second of it (a thread watching for the process's parent to change: a process whose parent
-    dies is handed to another). SIGKILL either way, as the driver's death was: a run stopped mid-step resumes from
-    its last checkpoint."""
+def end_with(process: int) -> None:
+    """End this process with SIGKILL when ``process`` ends (a local worker's driver; the worker that launched a
+    run's ranks), however it ends: within a second, watched from a thread, and on Linux at once when this process's
+    own parent ends (``PR_SET_PDEATHSIG``). SIGKILL, as the driver's death was: a run stopped mid-step resumes from
+    its last checkpoint when the compare is run again."""
     if sys.platform == "linux":
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:  # died before the signal was asked for
-        os.kill(os.getpid(), signal.SIGKILL)
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    parent = os.getppid()
+
+    def alive() -> bool:
+        try:
+            os.kill(process, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:  # alive, and another user's: no pid is reused within a second
+            pass
+        return os.getppid() == parent  # a process whose parent ends is handed to another
 
     def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(PARENT_POLL_S)
+        while alive():
+            time.sleep(WATCH_INTERVAL_S)
         os.kill(os.getpid(), signal.SIGKILL)
 
-    threading.Thread(target=watch, name="attnzoo-driver-watch", daemon=True).start()
+    threading.Thread(target=watch, name="attnzoo-end-with", daemon=True).start()
 
 
 def _take_slot(slots: Any, gpus_per_run: int) -> None:
@@ -478,7 +485,9 @@ def launch_ranks(rank_work: RankWork, spec: CompareSpec, out_dir: str, job: RunJ
     log = job.log_path(Path(out_dir))
     log.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="attnzoo-ranks-") as scratch, open(log, "ab") as stream:
-        (Path(scratch) / JOB_FILE).write_bytes(pickle.dumps((rank_work, spec, out_dir, job, threads)))
+        # This worker's pid: its run's ranks end with it (end_with), where torchrun would keep them running.
+        work = (rank_work, spec, out_dir, job, threads, os.getpid())
+        (Path(scratch) / JOB_FILE).write_bytes(pickle.dumps(work))
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
         ended = subprocess.run(
             [*command, "-m", RANKS_MODULE, scratch],

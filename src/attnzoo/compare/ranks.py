@@ -2,8 +2,9 @@
 :func:`attnzoo.compare.executors.launch_ranks` as
 ``python -m torch.distributed.run --standalone --nproc_per_node N -m attnzoo.compare.ranks SCRATCH``.
 
-It joins torchrun's process group, runs the pickled work (:func:`attnzoo.compare.runner.train_rank`) and leaves the
-group; a rank that fails records its error in ``SCRATCH`` for the worker to report, its traceback in the run's log.
+It ends with the worker that launched it (:func:`attnzoo.compare.executors.end_with`), joins torchrun's process
+group, runs the pickled work (:func:`attnzoo.compare.runner.train_rank`) and leaves the group; a rank that fails
+records its error in ``SCRATCH`` for the worker to report, its traceback in the run's log.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ from typing import NoReturn
 
 import torch
 
-from attnzoo.compare.executors import JOB_FILE, RANK_ERROR
+from attnzoo.compare.executors import JOB_FILE, RANK_ERROR, end_with
 from attnzoo.distributed import exit_process, init_distributed, shutdown_distributed
 
 
 def main(scratch: Path) -> NoReturn:
-    rank_work, spec, out_dir, job, threads = pickle.loads((scratch / JOB_FILE).read_bytes())
+    rank_work, spec, out_dir, job, threads, worker = pickle.loads((scratch / JOB_FILE).read_bytes())
+    end_with(worker)
     torch.set_num_threads(threads)
     rank, world_size = os.environ.get("RANK", "?"), os.environ.get("WORLD_SIZE", "?")
     try:
