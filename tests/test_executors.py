@@ -359,8 +359,11 @@ def test_a_rank_that_raises_fails_its_run_with_its_log_and_spares_the_other_runs
     jobs = [RunJob(Variant.parse("mha+rope"), seed, "local", nproc_per_run=2) for seed in (0, 1)]
     said = []
     config = ExecutorConfig("local", jobs=1, options={"threads": 1, "nproc_per_run": 2})
-    with pytest.raises(RunsFailed, match=r"1 run\(s\) failed twice") as failure:
-        run_elsewhere(config, spec, tmp_path, jobs, _work_on_two_ranks_that_fails_for_seed_1, said.append)
+    with (
+        started_engine(config, spec, tmp_path, _work_on_two_ranks_that_fails_for_seed_1) as engine,
+        pytest.raises(RunsFailed, match=r"1 run\(s\) failed twice") as failure,
+    ):
+        run_elsewhere(engine, jobs, said.append)
     log = tmp_path.resolve() / "logs" / "mha+rope" / "seed1.log"
     assert f"log: {log}" in str(failure.value)
     assert sorted(p.name for p in tmp_path.glob("*.done")) == ["seed0.done"]

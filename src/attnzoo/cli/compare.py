@@ -144,7 +144,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         type=path_argument,
         help="first copy the finished runs of these compare directories (the same comparison, run on other "
-        "machines, executors or leases) into --out; the compare then trains only what is still missing",
+        "machines, executors or leases) into --out, under its lock and once every run is checked (a run of another "
+        "comparison, unfinished, without provenance or holding numbers no run can have is refused by name); the "
+        "compare then trains only what is still missing",
     )
     parser.add_argument(
         "--pool-commits",
