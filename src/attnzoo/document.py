@@ -93,6 +93,7 @@ VERDICT_COLOURS = {
     "contradicted": "#b42318",
     "negligible": "#8250df",
     "scale-dependent": "#0969da",
+    "LR-sensitive": "#0969da",
     "inconclusive": "#9a6700",
     "decided in the ladder": "#57606a",
     "not measurable": "#57606a",

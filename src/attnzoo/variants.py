@@ -3,7 +3,8 @@
 A variant is an attention mechanism × positional scheme × kv-head count applied to a baseline config. Each
 mechanism pairs itself with the baseline as its paper does (``Attention.paired_overrides``: Diff halves
 the head count and doubles the head size), then the MLP width is adjusted so that every variant's total
-parameter count matches the baseline's within a tolerance.
+parameter count matches the baseline's within a tolerance, unless the variant says ``+unmatched`` (the mechanism's
+own parameters added on top of the baseline's MLP, as e.g. DCFormer pairs DCMHA with MHA).
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ from attnzoo.config import ModelConfig, parse_key_value
 from attnzoo.positions import POSITIONS
 
 SPEC_FORMAT = (
-    "ATTENTION[KEY=VALUE,...]+POSITION+kvN+upF+lenN+xC, the options, position, kv, uptraining, length and compute "
-    "parts optional, e.g. 'mha+rope', 'diff+alibi', 'mha+rope+kv2', 'selective[value_temperature=false]+none', "
-    "'mha+rope+x1.5', 'mha+rope+kv2+up0.05', 'mha+sinusoidal+len2'"
+    "ATTENTION[KEY=VALUE,...]+POSITION+unmatched+kvN+upF+lenN+xC+lrF, the options, position, unmatched, kv, "
+    "uptraining, length, compute and learning-rate parts optional, e.g. 'mha+rope', 'diff+alibi', 'mha+rope+kv2', "
+    "'selective[value_temperature=false]+none', 'mha+rope+x1.5', 'mha+rope+kv2+up0.05', 'mha+sinusoidal+len2', "
+    "'dcmha+rope+unmatched', 'diff+rope+lr2'"
 )
 _SPEC = re.compile(r"(?P<attention>[^+\[\]]+)(?:\[(?P<options>[^\]]*)\])?(?P<rest>(?:\+[^+\[\]]+)*)")
 
@@ -35,7 +37,9 @@ class Variant:
     times the comparison's training tokens (``+x1.5``: the same model, 1.5× the steps), so that a mechanism can
     be set against the baseline at several budgets (DCFormer's compute-equivalence claim), on sequences ``length``
     times the comparison's (``+len2``: half as many sequences a step, so the same tokens; ALiBi's "trained at L
-    matches sinusoidal trained at 2L")."""
+    matches sinusoidal trained at 2L"), at ``lr`` times the comparison's peak learning rate (``+lr2``: each variant
+    at its own best rate, the papers' reading of a comparison). ``matched``: the MLP width closes the parameter gap
+    to the baseline; ``+unmatched`` leaves the baseline's width, the mechanism's own parameters added on top."""
 
     attention: str
     position: str = "rope"
@@ -46,6 +50,8 @@ class Variant:
     # part (its kv heads mean-pooled), then trained for F × the steps; None: trained from scratch.
     uptrain: float | None = None
     length: int = 1
+    lr: float = 1.0  # the multiple of the comparison's peak (and floor) learning rate it trains at
+    matched: bool = True
 
     @property
     def model_label(self) -> str:
@@ -53,20 +59,24 @@ class Variant:
         options = ",".join(f"{key}={_spelled(value)}" for key, value in self.options)
         kv = f"+kv{self.n_kv_heads}" if self.n_kv_heads is not None else ""
         up = f"+up{self.uptrain:g}" if self.uptrain is not None else ""
-        return f"{self.attention}{f'[{options}]' if options else ''}+{self.position}{kv}{up}"
+        unmatched = "" if self.matched else "+unmatched"
+        return f"{self.attention}{f'[{options}]' if options else ''}+{self.position}{unmatched}{kv}{up}"
 
     @property
     def label(self) -> str:
         length = f"+len{self.length}" if self.length != 1 else ""
-        return self.model_label + length + (f"+x{self.compute:g}" if self.compute != 1 else "")
+        compute = f"+x{self.compute:g}" if self.compute != 1 else ""
+        return self.model_label + length + compute + (f"+lr{self.lr:g}" if self.lr != 1 else "")
 
     @property
     def training_parts(self) -> tuple[str, ...]:
-        """The label's parts that say how a comparison trains the model rather than what it is: +lenN, +upF, +xC."""
+        """The label's parts that say how a comparison trains the model rather than what it is: +lenN, +upF, +xC,
+        +lrF."""
         length = (f"+len{self.length}",) if self.length != 1 else ()
         up = (f"+up{self.uptrain:g}",) if self.uptrain is not None else ()
         compute = (f"+x{self.compute:g}",) if self.compute != 1 else ()
-        return (*length, *up, *compute)
+        lr = (f"+lr{self.lr:g}",) if self.lr != 1 else ()
+        return (*length, *up, *compute, *lr)
 
     def require_model_only(self, why: str) -> None:
         """Refuse a label with :attr:`training_parts` where nothing reads them: ``why`` says what the caller does
@@ -95,6 +105,7 @@ class Variant:
             raise ValueError(f"variant {spec!r} is invalid: expected {SPEC_FORMAT}")
         attention = match["attention"].strip()
         rest = [p.strip() for p in match["rest"].split("+")[1:]]
+        lr = _multiple(spec, rest, "lr", "learning-rate multiple", "lrF with 0 < F <= 100", 100.0)
         compute = _multiple(spec, rest, "x", "compute multiple", "xC with 0 < C <= 100", 100.0)
         length = 1
         if rest and re.fullmatch(r"len[0-9]*", rest[-1]):
@@ -109,12 +120,19 @@ class Variant:
             raise ValueError(f"variant {spec!r}: an uptrained variant (+upF) trains F of the steps; drop +xC")
         if uptrain is not None and length != 1:
             raise ValueError(f"variant {spec!r}: an uptrained variant (+upF) trains at its source's length; drop +lenN")
+        if uptrain is not None and lr is not None:
+            raise ValueError(
+                f"variant {spec!r}: an uptrained variant (+upF) trains at its source's pre-training rate; drop +lrF"
+            )
         kv = None
         if rest and rest[-1].startswith("kv"):
             digits = rest.pop()[2:]
             if not digits.isdigit() or int(digits) < 1:
                 raise ValueError(f"variant {spec!r} has a bad kv-head count {digits!r}: expected kvN with N >= 1")
             kv = int(digits)
+        matched = not (rest and rest[-1] == "unmatched")
+        if not matched:
+            rest.pop()
         if len(rest) > 1:
             raise ValueError(f"variant {spec!r} is invalid: expected {SPEC_FORMAT}")
         position = rest[0] if rest else "rope"
@@ -135,7 +153,9 @@ class Variant:
             raise ValueError(f"variant {spec!r}: {err}") from None
         if uptrain is not None and kv is None:
             raise ValueError(f"variant {spec!r}: uptraining (+upF) converts to fewer kv heads; name them with +kvN")
-        return cls(attention, position, kv, tuple(sorted(options.items())), compute or 1.0, uptrain, length)
+        return cls(
+            attention, position, kv, tuple(sorted(options.items())), compute or 1.0, uptrain, length, lr or 1.0, matched
+        )
 
     @classmethod
     def parse_all(cls, specs: Iterable[Variant | str]) -> tuple[Variant, ...]:
@@ -207,13 +227,15 @@ def match_parameters(cfg: ModelConfig, target: int, tolerance: float = 0.02) -> 
 def matched_configs(
     variants: Iterable[Variant], baseline: ModelConfig, tolerance: float = 0.02
 ) -> dict[str, ModelConfig]:
-    """Parameter-matched configs keyed by variant label; the target is the baseline's parameter count."""
+    """Parameter-matched configs keyed by variant label; the target is the baseline's parameter count. An
+    ``+unmatched`` variant keeps the baseline's MLP width: its mechanism's parameters come on top."""
     target = count_parameters(baseline)
     configs = {}
     for v in variants:
-        if v.uptrain is not None:  # the source's model with its kv heads pooled: fewer parameters, as in the paper
-            source = match_parameters(variant_config(v.source, baseline), target, tolerance)
-            configs[v.label] = dataclasses.replace(source, n_kv_heads=v.n_kv_heads)
-        else:
-            configs[v.label] = match_parameters(variant_config(v, baseline), target, tolerance)
+        trained = v.source if v.uptrain is not None else v
+        config = variant_config(trained, baseline)
+        if v.matched:
+            config = match_parameters(config, target, tolerance)
+        # An uptrained variant is its source's model with its kv heads pooled: fewer parameters, as in the paper.
+        configs[v.label] = dataclasses.replace(config, n_kv_heads=v.n_kv_heads) if v.uptrain is not None else config
     return configs

@@ -137,6 +137,11 @@ register_claim(
         gate=LM_PROTOCOL,
         primary=True,
         paper_scale="1.3B parameters, trained at 1024, evaluated at 2048",
+        paper_regime=(
+            "a 1.3B-parameter model trained at length 1024 and extrapolated to 2048 (shared/seeds/004:21); "
+            "WikiText-103 models trained at L = 512 (shared/notes/eval_protocols.md:25); heads and tokens not given "
+            "there"
+        ),
         preset=ALIBI_LADDER,
         needs_gpu=True,
         parts=(

@@ -205,7 +205,7 @@ class LanguageModelGate:
                     f"{label} stopped before its schedule's floor learning rate (seed(s) {short}: fewer than "
                     f"{planned} steps)"
                 )
-            floor = results.budget.min_lr
+            floor = results.budget.min_lr * variant.lr  # +lrF scales the whole schedule, its floor too
             above = {r.seed: r.final_lr for r in found.runs if r.final_lr is not None and not _at(r.final_lr, floor)}
             if above:
                 problems.append(
@@ -565,6 +565,9 @@ class Claim:
     gate: LanguageModelGate | TaskLearned
     primary: bool = False  # the paper's one primary claim; at most one per paper
     paper_scale: str = ""  # where the paper measured it
+    # A primary's: the paper's own regime (sizes, heads, corpus, tokens), quoting only figures printed in the paper's
+    # review or notes (shared/seeds, shared/notes), beside the regime each verdict was measured at.
+    paper_regime: str = ""
     checks: tuple[str, ...] = ()  # what was checked to rule out a setup error, shown with every verdict
     preset: str = "claims"  # the preset that runs its experiment
     needs_gpu: bool = False

@@ -41,6 +41,11 @@ register_claim(
         gate=LM_PROTOCOL,
         primary=True,
         paper_scale="scaling curves over model size and training tokens (sizes not given in the review)",
+        paper_regime=(
+            "the 3B model: 28 layers, hidden 3072, head dim 128 (12 Diff heads against the Transformer's 24), "
+            "sequences of 4096, lr 3.2e-4, 350B tokens, the cl100k tokenizer; an ablation at 1.4B "
+            "(shared/notes/eval_protocols.md:148–151, 273); the scaling curves' sizes are not given there"
+        ),
         checks=DIFF_CHECKS,
     )
 )

@@ -11,12 +11,13 @@ def _runs_in(preset: str) -> list[Claim]:
     return [c for c in CLAIMS.values() if c.is_run and c.preset == preset]
 
 
-def claim_variants(preset: str = "claims") -> tuple[str, ...]:
+def claim_variants(preset: str = "claims", one_size: bool = False) -> tuple[str, ...]:
     """Every variant whose language model a claim of ``preset`` reads, the baseline first. A claim read off a task
-    trains its variants on that task alone (:func:`claim_tasks`)."""
+    trains its variants on that task alone (:func:`claim_tasks`). ``one_size``: for a comparison at one model size,
+    leaving out the claims read across sizes (a compute multiple), which it cannot measure."""
     names = [BASELINE]
     for claim in _runs_in(preset):
-        if claim.measure.task is None:
+        if claim.measure.task is None and not (one_size and claim.measure.across is not None):
             names += [claim.variant, claim.baseline, *claim.measure.trains]
     return tuple(dict.fromkeys(names))
 

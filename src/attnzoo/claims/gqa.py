@@ -5,13 +5,18 @@ checkpoint.
 from __future__ import annotations
 
 from attnzoo.claims.claim import HIGHER, NONINFERIOR, Claim, LanguageModelGate, register_claim
-from attnzoo.claims.measures import not_built
+from attnzoo.claims.measures import SpikeRule, loss_spikes
 from attnzoo.claims.protocol import BASELINE, LM_EFFECT, LM_EFFECT_SOURCE, LM_PROTOCOL, SETUP_CHECKS, VAL_LOSS
 
 PAPER = "GQA (Ainslie et al., 2023)"
 # GQA's claims name their own budget, the uptraining fraction α: the gap is read where that budget ends.
 UPTRAINING_PROTOCOL = LanguageModelGate(loss_effect=LM_EFFECT, fixed_budget=True)
 GQA_SOURCE = "arXiv 2305.13245, abstract; shared/seeds/001:248–249"
+# gqa.mqa_less_stable's spike rule and where it runs, fixed before the run: a logged training loss (every 20 steps)
+# more than 0.1 nats above the median of the 5 logged before it.
+SPIKE_RULE = SpikeRule(window=5, nats=0.1)
+STABILITY_PRESET = "claims-stability"
+STABILITY_LR = 2e-2
 UPTRAINING_CHECKS = (
     "the uptrained model is the same seed's trained baseline with its kv heads mean-pooled in groups, as the paper "
     "converts a checkpoint (attnzoo convert --kv-heads, tests/test_kv_pooling.py)",
@@ -38,6 +43,10 @@ register_claim(
         gate=UPTRAINING_PROTOCOL,
         primary=True,
         paper_scale="T5 checkpoints uptrained with 5% of their pre-training compute (arXiv 2305.13245, abstract)",
+        paper_regime=(
+            "T5 checkpoints uptrained with 5% of their pre-training compute (arXiv 2305.13245, abstract); sizes, "
+            "heads and tokens not given in shared/seeds or shared/notes"
+        ),
         checks=UPTRAINING_CHECKS,
     )
 )
@@ -71,13 +80,22 @@ register_claim(
         source="shared/seeds/001:234",
         variant="mha+rope+kv1",
         baseline="mha+rope+kv2",
-        measure=not_built("loss spikes during training", "a training-stability probe"),
+        measure=loss_spikes(SPIKE_RULE, STABILITY_PRESET),
         rule=HIGHER,
         smallest_effect=1.0,
-        smallest_effect_source="one loss spike per run, our choice",
+        smallest_effect_source=(
+            "one loss spike per run, our choice; the spike rule's 0.1 nats is about twice the largest rise over the "
+            "running median in the claims ladder's small-rung runs at 3e-3 (0.03–0.06 nats, MHA and DCMHA seeds 0 "
+            "and 1, docs/claims/small)"
+        ),
         gate=LM_PROTOCOL,
         paper_scale="uptrained checkpoints (sizes not given in the review)",
-        experiment="a count of loss spikes over training, at a learning rate near the stability edge",
+        checks=(
+            "trained from scratch at a peak learning rate near the stability edge (the claims-stability preset: "
+            f"{STABILITY_LR:g}, twice the largest rate benchmarks/results/lr_sweep.md trained every model at), the "
+            "rest the claims ladder's small rung; the spike rule: " + SPIKE_RULE.describe(),
+        ),
+        preset=STABILITY_PRESET,
     )
 )
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import functools
 import json
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -184,6 +186,43 @@ def _flops_per_token(config_json: str, seq_len: int) -> float:
     """:func:`training_flops_per_token` of a stored variant's config, counted once per process: a report reads the
     measure for every view of it, and a count builds and runs the model."""
     return training_flops_per_token(ModelConfig.from_dict(json.loads(config_json)), seq_len)
+
+
+@dataclass(frozen=True)
+class SpikeRule:
+    """A loss spike, stated before the run: a logged training loss more than ``nats`` above the median of the
+    ``window`` losses logged before it, or a non-finite one. The median of the points before, not a fit, so a
+    falling curve does not raise the bar and one spike does not hide the next."""
+
+    window: int = 5
+    nats: float = 0.1
+
+    def describe(self) -> str:
+        return (
+            f"a logged training loss more than {self.nats:g} nats above the median of the {self.window} logged before "
+            "it, or a non-finite one"
+        )
+
+    def count(self, losses: Sequence[float]) -> int:
+        return sum(
+            not math.isfinite(loss) or loss > float(np.median(losses[i - self.window : i])) + self.nats
+            for i, loss in enumerate(losses)
+            if i >= self.window
+        )
+
+
+def loss_spikes(rule: SpikeRule, preset: str) -> Measure:
+    """The number of loss spikes by ``rule`` in each run's logged training losses, read only off ``preset``'s runs:
+    the learning rate a spike count means something at is the preset's, not any comparison's that ran the models."""
+
+    def read(results: CompareResults, variant: str) -> Values | None:
+        found = results.variants.get(variant)
+        if found is None or results.preset != preset:
+            return None
+        return {run.seed: float(rule.count([loss for _, loss in run.train_curve])) for run in found.runs}
+
+    label = f"loss spikes over training (count per run: {rule.describe()})"
+    return Measure(label, f"the {preset} preset's language-model runs", read)
 
 
 def not_built(label: str, needs: str, task: str | None = None) -> Measure:

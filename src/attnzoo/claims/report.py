@@ -43,7 +43,9 @@ HOW_A_VERDICT_IS_REACHED = (
     "90% interval lies beyond ±δ on the claimed or the opposite side (the one-sided minimum-effect test at 5%), "
     "with the five primaries, one per paper, always Holm-corrected together (a primary not judged enters with "
     "p = 1) and every other claim labelled exploratory; **negligible** when the 90% interval lies inside ±δ; "
-    "**scale-dependent** when two sizes each decide it, in opposite directions; on one rung of a ladder, a "
+    "**scale-dependent** when two sizes each decide it, in opposite directions; **LR-sensitive**, where a "
+    "learning-rate sweep ran (the claims-lr preset), when a primary's verdict at the largest size differs between the "
+    "shared learning rate and each model at its own best one; on one rung of a ladder, a "
     "primary language-model claim is **decided in the ladder**, the rung's report pointing to the ladder's; "
     "**inconclusive** otherwise (a "
     f"difference shown nonzero but not beyond δ included), or with fewer than {MIN_SEEDS} seeds. A non-inferiority "
@@ -115,6 +117,37 @@ def _effect_cell(claim: Claim) -> str:
     return " ".join(f"({i}) {part}." for i, part in enumerate(parts, 1))
 
 
+def measured_at(verdict: Verdict, brief: bool = False) -> str:
+    """Where the verdict was measured: a language-model claim's regime read off its runs, a task's own scale."""
+    if verdict.regime is not None:
+        return verdict.regime.brief() if brief else verdict.regime.describe()
+    return verdict.conditions or "—"
+
+
+# A primary's answer in words that carry their scope: what was and was not reproduced, and where.
+_SCOPED = {
+    "supported": "reproduced at {scope}",
+    "contradicted": "not reproduced at {scope}: the effect goes the other way",
+    "negligible": "no effect beyond the smallest of interest at {scope}",
+    "scale-dependent": "goes opposite ways at different sizes within {scope}",
+    "LR-sensitive": "undecided at {scope}: the answer changes with each model's own best learning rate",
+    "inconclusive": "undecided at {scope}",
+}
+
+
+def scoped_answer(verdict: Verdict) -> str:
+    """A verdict in scoped words for a README or a summary ("not reproduced at 0.12–0.25M parameters, heads ≤ 24"
+    rather than "contradicted"), naming a confound of head size with model size where the sizes carry one."""
+    template = _SCOPED.get(verdict.outcome)
+    if template is None or verdict.regime is None:
+        return {"decided in the ladder": "decided across the ladder's sizes, in its report"}.get(
+            verdict.outcome, f"{verdict.outcome} here"
+        )
+    answer = template.format(scope=verdict.regime.scope)
+    confound = " (head size grows with model size there: the two confounded)"
+    return answer + (confound if verdict.regime.confounded else "")
+
+
 def shared_checks(verdicts: list[Verdict]) -> tuple[str, ...]:
     """The checks every claim that lists any shares: stated once, above the table."""
     lists = [v.claim.checks for v in verdicts if v.claim.checks]
@@ -139,7 +172,8 @@ def verdict_table(verdicts: list[Verdict]) -> Table:
                 _gate(v),
                 _sizes(v),
                 v.conditions or "—",
-                v.claim.paper_scale or "—",
+                measured_at(v),
+                v.claim.paper_regime or v.claim.paper_scale or "—",
                 _levels(v),
                 ", ".join(f"{x:+.4g}" for x in d.per_seed) if d else "—",
                 _effect(v),
@@ -157,7 +191,8 @@ def verdict_table(verdicts: list[Verdict]) -> Table:
         "gate at the deciding size",
         "each size",
         "this test",
-        "the paper's scale",
+        "measured at",
+        "the paper's regime",
         "levels reached (mean over seeds)",
         "per-seed differences",
         "effect [90% interval, as decided]",
@@ -229,10 +264,12 @@ def brief_table(verdicts: list[Verdict]) -> Table:
         [
             f"`{v.claim.id}` ({v.role})",
             f"**{v.outcome}**",
+            measured_at(v, brief=True),
             _effect(v),
             f"{format_p(v.p_raw)} / {format_p(v.p_adjusted) if v.claim.primary else '—'}",
             v.reason,
         ]
         for v in verdicts
     ]
-    return Table(["claim", "verdict", "effect [90% interval, as decided]", "p raw / Holm", "why"], rows)
+    header = ["claim", "verdict", "measured at", "effect [90% interval, as decided]", "p raw / Holm", "why"]
+    return Table(header, rows)

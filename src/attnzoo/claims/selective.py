@@ -168,6 +168,9 @@ register_claim(
         gate=LM_PROTOCOL,
         primary=True,
         paper_scale="model sizes not given in the review",
+        paper_regime=(
+            "pretraining and fine-tuning (shared/seeds/002:34, 002:166); sizes, heads and tokens not given there"
+        ),
         checks=SELECTIVE_CHECKS,
     )
 )

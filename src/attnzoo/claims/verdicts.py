@@ -15,7 +15,8 @@ comparison is a ladder of one size). In order, the first that applies:
    with this size's own result beside it, so that no rung's report contradicts its ladder's.
 3. **inconclusive**: fewer than :data:`MIN_SEEDS` seeds, or no spread to form an interval from.
 4. **scale-dependent**: two sizes each decide the claim on their own, in opposite directions (each size's effect is
-   shown).
+   shown). **LR-sensitive** (:mod:`attnzoo.claims.learning_rate`, where a learning-rate sweep ran): a primary
+   whose verdict at the largest size differs between the shared learning rate and each model at its own best one.
 5. At the largest size, with the paired difference ``variant − baseline`` (:mod:`attnzoo.stats`) and its
    90% interval, for a directional claim: **supported** or **contradicted** when the interval lies beyond ± the
    smallest effect of interest δ on the claimed or the opposite side (the one-sided minimum-effect test at 5%, its
@@ -49,6 +50,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from attnzoo.claims.claim import CLAIMS, DIVERGED, LOWER, NONINFERIOR, BenchPart, Claim, Part
+from attnzoo.claims.regime import Regime, regime_of
 from attnzoo.results.ladder import Ladder, as_ladder, head_dim, ladder_of, parameters
 from attnzoo.stats import (
     ALPHA,
@@ -68,6 +70,7 @@ Outcome = Literal[
     "contradicted",
     "negligible",
     "scale-dependent",
+    "LR-sensitive",
     "inconclusive",
     "decided in the ladder",
     "not measurable",
@@ -78,6 +81,7 @@ OUTCOMES: tuple[Outcome, ...] = (
     "contradicted",
     "negligible",
     "scale-dependent",
+    "LR-sensitive",
     "inconclusive",
     "decided in the ladder",
     "not measurable",
@@ -161,6 +165,7 @@ class Verdict:
     levels: dict[str, float] = dataclasses.field(default_factory=dict)  # means reached, and chance where defined
     sizes: tuple[SizeVerdict, ...] = ()  # every size that ran the claim, smallest first
     parts: tuple[PartVerdict, ...] = ()  # the statement's other parts; the outcome is the whole's
+    regime: Regime | None = None  # the language-model sizes it was measured at; None for a task's claim or not run
 
     @property
     def interval(self) -> tuple[float, float] | None:
@@ -236,6 +241,7 @@ def _measure(claim: Claim, ladder: Ladder) -> Verdict:
             would_change=f"run the {claim.preset} preset{gpu}",
         )
     deciding = ran[-1]
+    regime = _regime(claim, ladder, ran)
     ladder_name = ladder_of(ladder.largest) if len(ladder.rungs) == 1 else None
     if claim.primary and claim.measure.task is None and ladder_name is not None:
         alone = deciding.describe() if deciding.judged else f"{deciding.outcome}: {deciding.reason}"
@@ -250,6 +256,7 @@ def _measure(claim: Claim, ladder: Ladder) -> Verdict:
             levels=deciding.levels,
             sizes=(deciding,),
             would_change="nothing at this rung: the ladder's report has the verdict",
+            regime=regime,
         )
     verdict = Verdict(
         claim,
@@ -260,6 +267,7 @@ def _measure(claim: Claim, ladder: Ladder) -> Verdict:
         conditions=deciding.conditions,
         levels=deciding.levels,
         sizes=tuple(ran),
+        regime=regime,
     )
     if not deciding.judged:  # not measurable, or inconclusive for want of seeds or spread, at the largest size
         return dataclasses.replace(verdict, would_change=_remedy(claim, deciding))
@@ -287,6 +295,20 @@ def _measure(claim: Claim, ladder: Ladder) -> Verdict:
             would_change="a larger size, to see which way the effect goes as the model grows",
         )
     return dataclasses.replace(verdict, outcome="inconclusive", reason="", p_raw=deciding.p_raw)
+
+
+def judge_largest(claim: Claim, ladder: Ladder) -> SizeVerdict | str:
+    """The claim at the ladder's largest size alone, decided there at the raw 5% level (a string: why it did not
+    run there)."""
+    return _at_size(claim, ladder, ladder.largest)
+
+
+def _regime(claim: Claim, ladder: Ladder, ran: list[SizeVerdict]) -> Regime | None:
+    """The sizes a language-model claim was measured at, read off their rungs."""
+    if claim.measure.task is not None:
+        return None
+    sizes = {size.parameters for size in ran}
+    return regime_of([rung for rung in ladder.rungs if parameters(rung) in sizes], [claim.variant, claim.baseline])
 
 
 def _at_size(claim: Claim, ladder: Ladder, rung: CompareResults) -> SizeVerdict | str:
@@ -767,6 +789,8 @@ def verdicts_record(results: CompareResults | Ladder, verdicts: list[Verdict]) -
                     for part in v.parts
                 ],
                 "conditions": v.conditions,
+                "regime": v.regime.record() if v.regime else None,
+                "paper_regime": v.claim.paper_regime or None,
                 "would_change": v.would_change,
             }
         )

@@ -1,0 +1,107 @@
+"""Where a verdict was measured, read from the stored runs, so that no verdict reads as a statement about a mechanism
+at every scale: its sizes, depth, heads × head size, corpus and tokenizer, tokens per parameter and learning-rate rule.
+
+A paper's own regime is its claim's record (:attr:`attnzoo.claims.claim.Claim.paper_regime`). Where head size and
+model size change together across a ladder's sizes, a trend over the sizes cannot tell the two apart: the regime
+says they are confounded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from attnzoo.results import CompareResults
+from attnzoo.results.ladder import head_dim, parameters
+from attnzoo.variants import Variant
+
+
+@dataclass(frozen=True)
+class Regime:
+    """The baseline's model and training at each size a claim was measured at, smallest first."""
+
+    parameters: tuple[int, ...]
+    layers: tuple[int, ...]
+    heads: tuple[int, ...]
+    head_dims: tuple[int, ...]
+    corpus: str
+    tokenizer: str
+    tokens_per_parameter: tuple[float, ...]
+    lr_rule: str
+
+    @property
+    def confounded(self) -> bool:
+        """Head size and model size change together across the sizes: their effects cannot be told apart."""
+        return len(set(self.head_dims)) > 1 and len(set(self.parameters)) > 1
+
+    @property
+    def scope(self) -> str:
+        """The sizes and head sizes in a few words: "0.12–0.25M parameters, heads ≤ 24"."""
+        return f"{_span([p / 1e6 for p in self.parameters], '.2f')}M parameters, heads ≤ {max(self.head_dims)}"
+
+    def describe(self) -> str:
+        heads = f"{_span(self.heads, 'd')} heads × {_span(self.head_dims, 'd')}"
+        text = (
+            f"{_span([p / 1e6 for p in self.parameters], '.2f')}M parameters ({_span(self.layers, 'd')} layers, "
+            f"{heads}), {self.corpus} ({self.tokenizer} tokens), {_span(self.tokens_per_parameter, '.0f')} tokens per "
+            f"parameter, {self.lr_rule}"
+        )
+        if self.confounded:
+            text += (
+                f"; head size and model size change together across the sizes ({' → '.join(map(str, self.head_dims))}"
+                "), so their effects are confounded"
+            )
+        return text
+
+    def brief(self) -> str:
+        """:meth:`describe` in a table cell's words."""
+        text = (
+            f"{_span([p / 1e6 for p in self.parameters], '.2f')}M params, {_span(self.layers, 'd')} layers, "
+            f"{_span(self.heads, 'd')} heads × {_span(self.head_dims, 'd')}, {self.corpus} ({self.tokenizer}), "
+            f"{_span(self.tokens_per_parameter, '.0f')} tokens/param, {self.lr_rule.split(' (')[0]}"
+        )
+        return text + ("; head size confounded with size" if self.confounded else "")
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "parameters": list(self.parameters),
+            "layers": list(self.layers),
+            "heads": list(self.heads),
+            "head_dims": list(self.head_dims),
+            "corpus": self.corpus,
+            "tokenizer": self.tokenizer,
+            "tokens_per_parameter": list(self.tokens_per_parameter),
+            "lr_rule": self.lr_rule,
+            "confounded": self.confounded,
+            "text": self.describe(),
+        }
+
+
+def regime_of(rungs: Sequence[CompareResults], labels: Sequence[str] = ()) -> Regime:
+    """The regime of ``rungs`` (one comparison per size, smallest first), read off each one's baseline; ``labels``
+    (the claim's models) say whether any trained at a learning rate of its own (``+lrF``)."""
+    if not rungs:
+        raise ValueError("a regime needs at least one comparison")
+    configs = [rung.variants[rung.baseline].config for rung in rungs]
+    first = rungs[0]
+    budget = first.budget
+    own = [f"{label} at {budget.lr * Variant.parse(label).lr:g}" for label in labels if Variant.parse(label).lr != 1]
+    rule = f"peak learning rate {budget.lr:g} for every model" if not own else f"peak {budget.lr:g}, {', '.join(own)}"
+    warmup = budget.warmup_steps / budget.steps
+    return Regime(
+        parameters=tuple(parameters(rung) for rung in rungs),
+        layers=tuple(config["n_layers"] for config in configs),
+        heads=tuple(config["n_heads"] for config in configs),
+        head_dims=tuple(head_dim(rung) for rung in rungs),
+        corpus=first.corpus.name,
+        tokenizer=first.corpus.tokenizer,
+        tokens_per_parameter=tuple(rung.budget.tokens_per_run / parameters(rung) for rung in rungs),
+        lr_rule=f"{rule} ({warmup:.0%} warmup, cosine to {budget.min_lr / budget.lr:g}× the peak)",
+    )
+
+
+def _span(values: Sequence[float], spec: str) -> str:
+    """One value, or the smallest–largest: "16–24", "0.12–0.25"."""
+    low, high = format(min(values), spec), format(max(values), spec)
+    return low if low == high else f"{low}–{high}"

@@ -1,0 +1,231 @@
+"""Issue 53: each model at its own learning rate (LR-sensitive), the regime in every verdict, the spike rule, and the
+variant spellings they need (+lrF, +unmatched), on constructed records and on the stored ladder."""
+
+import copy
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import pytest
+from test_protocol import records
+
+from attnzoo.claims.claim import CLAIMS
+from attnzoo.claims.learning_rate import best_learning_rates, check_learning_rates, merged, own_lr_claim
+from attnzoo.claims.measures import SpikeRule, loss_spikes
+from attnzoo.claims.report import brief_table, scoped_answer
+from attnzoo.claims.verdicts import judge, judge_all, verdicts_record
+from attnzoo.compare import CompareResults
+from attnzoo.compare.spec import LADDERS, PRESETS, own_lr_rung
+from attnzoo.results.ladder import Ladder, load_ladder
+from attnzoo.variants import Variant, count_parameters, matched_configs
+
+DOCS = Path(__file__).parent.parent / "docs"
+# δ = 0.02, claimed lower, made a primary: contradicted where diff+rope is 0.05 behind, supported where 0.05 ahead.
+PRIMARY = dataclasses.replace(CLAIMS["dcmha.lm_loss"], id="test.primary", variant="diff+rope", primary=True)
+
+
+def _relabelled(data: dict, renames: dict[str, str]) -> dict:
+    """``data`` with its variants renamed (``diff+rope`` → ``diff+rope+lr2``): the same runs, trained elsewhere."""
+    data = copy.deepcopy(data)
+    for old, new in renames.items():
+        variant = data["variants"].pop(old)
+        for run in variant["runs"]:
+            run["variant"] = new
+        data["variants"][new] = variant
+    return data
+
+
+def _ladder(gap: float, renames: dict[str, str] | None = None) -> Ladder:
+    """Two sizes 2× apart with diff+rope ``gap`` nats from mha+rope at 50, 75 and 100% of training."""
+    sizes = [records(gaps=(gap,) * 3, parameters=p) for p in (1000, 2000)]
+    return Ladder.of([CompareResults.from_dict(_relabelled(data, renames or {})) for data in sizes])
+
+
+def test_a_primary_whose_verdict_changes_at_each_models_own_learning_rate_is_lr_sensitive():
+    shared = _ladder(+0.05)
+    verdict = judge(PRIMARY, shared)
+    assert verdict.outcome == "contradicted"
+    best = {"mha+rope": 1.0, "diff+rope": 2.0}
+    at_own = own_lr_claim(PRIMARY, best)
+    assert not isinstance(at_own, str) and (at_own.variant, at_own.baseline) == ("diff+rope+lr2", "mha+rope")
+
+    flipped = _ladder(-0.05, {"diff+rope": "diff+rope+lr2"})  # ahead at its own rate
+    [checked] = check_learning_rates([verdict], shared, flipped, best)
+    assert checked.outcome == "LR-sensitive"
+    assert "contradicted" in checked.reason and "supported" in checked.reason and "diff+rope ×2" in checked.reason
+    assert checked.p_raw == verdict.p_raw  # the shared rate's test is kept, its outcome withheld
+
+    held = _ladder(+0.05, {"diff+rope": "diff+rope+lr2"})  # as far behind at its own rate
+    [same] = check_learning_rates([verdict], shared, held, best)
+    assert same.outcome == "contradicted" and "the same at each model's own best learning rate" in same.reason
+
+    exploratory = dataclasses.replace(verdict, claim=dataclasses.replace(PRIMARY, primary=False))
+    assert check_learning_rates([exploratory], shared, flipped, best) == [exploratory]
+
+
+def test_an_uptrained_model_is_not_rejudged_when_its_sources_best_rate_moved():
+    claim = CLAIMS["gqa.uptrained_close_to_mha"]
+    reason = own_lr_claim(claim, {"mha+rope": 2.0})
+    assert isinstance(reason, str) and "uptrained at its source's pre-training rate" in reason
+    assert own_lr_claim(claim, {"mha+rope": 1.0}).variant == claim.variant  # type: ignore[union-attr]
+    assert "no learning-rate sweep ran diff+rope" in own_lr_claim(CLAIMS["diff.lm_loss"], {"mha+rope": 1.0})
+    # A compute multiple is read off the baseline at its own rate.
+    at_own = own_lr_claim(CLAIMS["diff.lm_loss"], {"mha+rope": 0.5, "diff+rope": 1.0})
+    assert at_own.baseline == "mha+rope+lr0.5" and at_own.measure.needs.startswith("mha+rope+lr0.5")  # type: ignore[union-attr]
+
+
+def _sweep(losses: dict[str, list[float]]) -> CompareResults:
+    """One size's comparison whose variants ran seeds 0–2 with these validation losses."""
+    data = records()
+    template = data["variants"]["mha+rope"]
+    data["variants"] = {}
+    for label, values in losses.items():
+        variant = copy.deepcopy(template)
+        for run, loss in zip(variant["runs"], values, strict=True):
+            run["variant"], run["val"]["loss"] = label, loss
+        data["variants"][label] = variant
+    data["baseline"] = next(iter(losses))
+    return CompareResults.from_dict(data)
+
+
+def test_each_models_best_learning_rate_is_its_lowest_mean_validation_loss_over_the_seeds_every_rate_ran():
+    sweep = _sweep(
+        {
+            "mha+rope": [2.00, 2.02, 2.01],
+            "mha+rope+lr0.5": [2.10, 2.12, 2.11],
+            "mha+rope+lr2": [1.99, 2.05, 2.02],  # 2.02 on average: ×1 wins
+            "diff+rope+lr0.5": [2.30, 2.30, 2.30],
+            "diff+rope+lr2": [2.00, 2.00, math.nan],  # one diverged seed: never the best
+            "dcmha+rope+lr0.5": [2.40, 2.40, 2.40],
+            "dcmha+rope+lr2": [1.90, 1.91, 1.92],
+        }
+    )
+    stored = _sweep({"mha+rope": [2.0, 2.0, 2.0], "diff+rope": [2.2, 2.2, 2.2], "dcmha+rope": [2.0, 2.0, 2.0]})
+    best = best_learning_rates([sweep, stored], ["mha+rope", "diff+rope", "dcmha+rope"])
+    assert best == {"mha+rope": 1.0, "diff+rope": 1.0, "dcmha+rope": 2.0}
+    tied = _sweep({"mha+rope": [2.0] * 3, "mha+rope+lr0.5": [2.0] * 3, "mha+rope+lr2": [2.0] * 3})
+    assert best_learning_rates([tied], ["mha+rope"]) == {"mha+rope": 1.0}  # a tie keeps the shared rate
+    with pytest.raises(ValueError, match=r"no run of selective\+rope\+lr0\.5"):
+        best_learning_rates([sweep], ["selective+rope"])
+    larger = CompareResults.from_dict(records(parameters=2000))
+    with pytest.raises(ValueError, match="at one model size"):
+        best_learning_rates([sweep, larger], ["mha+rope"])
+    assert set(merged([stored, sweep]).variants) == set(stored.variants) | set(sweep.variants)
+
+
+def test_the_sweep_and_the_own_rate_rung_train_what_the_check_reads():
+    sweep = PRESETS["claims-lr"]
+    small = LADDERS["claims"].rungs[0]
+    assert sweep.model == small.model and sweep.train == small.train and len(sweep.seeds) >= 2
+    assert {v.lr for v in sweep.variants} == {0.5, 1.0, 2.0}
+    assert sweep.train_for(Variant.parse("dcmha+rope+lr2")).lr == 2 * small.train.lr
+    assert own_lr_rung({"mha+rope": 1.0, "dcmha+rope": 1.0}) is None
+    rung = own_lr_rung({"mha+rope": 1.0, "dcmha+rope": 2.0})
+    assert (
+        rung is not None
+        and rung.variant_labels == ["dcmha+rope+lr2"]
+        and rung.model == LADDERS["claims"].rungs[1].model
+    )
+    assert "minutes" in sweep.description
+
+
+def test_the_floor_a_run_at_its_own_learning_rate_is_gated_at_is_its_own():
+    data = _relabelled(records(), {"diff+rope": "diff+rope+lr2"})
+    floor = data["budget"]["min_lr"]
+    for label, variant in data["variants"].items():
+        for run in variant["runs"]:
+            run["final_lr"] = floor * Variant.parse(label).lr
+    claim = dataclasses.replace(PRIMARY, primary=False, variant="diff+rope+lr2")
+    assert judge(claim, CompareResults.from_dict(data)).gate.passed
+    data["variants"]["diff+rope+lr2"]["runs"][0]["final_lr"] = floor  # the shared rate's floor: not its schedule's
+    gate = judge(claim, CompareResults.from_dict(data)).gate
+    assert not gate.passed and "not its schedule's floor 0.0004" in gate.reason
+
+
+def test_a_verdict_names_the_regime_read_off_its_stored_runs_and_the_papers_own():
+    ladder, _ = load_ladder(DOCS / "claims")
+    verdicts = {v.claim.id: v for v in judge_all(ladder)}
+    diff = verdicts["diff.lm_loss"]
+    assert diff.regime is not None and diff.regime.confounded
+    assert diff.regime.describe() == (
+        "0.12–0.25M parameters (2 layers, 4 heads × 16–24), shakespeare (byte tokens), 21 tokens per parameter, peak "
+        "learning rate 0.003 for every model (5% warmup, cosine to 0.1× the peak); head size and model size change "
+        "together across the sizes (16 → 24), so their effects are confounded"
+    )
+    assert scoped_answer(diff) == (
+        "not reproduced at 0.12–0.25M parameters, heads ≤ 24: the effect goes the other way (head size grows with "
+        "model size there: the two confounded)"
+    )
+    assert scoped_answer(verdicts["selective.lm_loss"]).startswith("no effect beyond the smallest of interest at 0.12")
+    row = next(r for r in verdicts_record(ladder, list(verdicts.values()))["claims"] if r["id"] == "diff.lm_loss")
+    assert row["regime"]["head_dims"] == [16, 24] and row["regime"]["confounded"]
+    assert "head dim 128" in row["paper_regime"]
+    assert verdicts["selective.value_temperature_denoising"].regime is None  # a task's claim: its own scale
+    table = brief_table(list(verdicts.values())).to_markdown()
+    assert "| measured at |" in table and "head size confounded with size" in table
+    one = {v.claim.id: v for v in judge_all(CompareResults.load(DOCS / "claims-one-size" / "results.json"))}
+    assert not one["diff.lm_loss"].regime.confounded  # type: ignore[union-attr]
+    assert all(c.paper_regime for c in CLAIMS.values() if c.primary)
+
+
+@pytest.mark.parametrize(
+    ("losses", "spikes"),
+    [
+        ([3.0 - 0.05 * i for i in range(20)], 0),  # a falling curve
+        ([2.0] * 6 + [2.15] + [2.0] * 6, 1),  # one step 0.15 nats above the median of the five before
+        ([2.0] * 6 + [2.08] + [2.0] * 6, 0),  # 0.08: noise
+        ([2.0] * 6 + [2.3] * 4 + [2.0] * 3, 3),  # a plateau: counted until it is the median (3 of its 4 steps)
+        ([9.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0], 0),  # the first window only sets the median
+        ([2.0] * 6 + [math.nan], 1),  # a non-finite loss is a spike
+    ],
+)
+def test_the_spike_rule_counts_steps_above_the_running_median_by_its_margin(losses, spikes):
+    assert SpikeRule(window=5, nats=0.1).count(losses) == spikes
+
+
+def test_mqa_less_stable_is_read_from_each_runs_logged_training_losses():
+    claim = CLAIMS["gqa.mqa_less_stable"]
+    assert claim.is_run and claim.preset == "claims-stability" and "median of the 5" in claim.measure.label
+    data = _relabelled(records(), {"mha+rope": "mha+rope+kv2", "diff+rope": "mha+rope+kv1"})
+    data["baseline"], data["preset"] = "mha+rope+kv2", "claims-stability"
+    for seed, run in enumerate(data["variants"]["mha+rope+kv1"]["runs"]):
+        run["train_curve"] = [[20 * i, 2.0 + (0.5 if i in (8, 12)[: seed + 1] else 0.0)] for i in range(16)]
+    measure = loss_spikes(SpikeRule(), "claims-stability")
+    assert measure.read(CompareResults.from_dict(data), "mha+rope+kv1") == {0: 1.0, 1: 2.0, 2: 2.0}
+    data["preset"] = "claims"  # the same models at another comparison's learning rate: not the claim's experiment
+    assert measure.read(CompareResults.from_dict(data), "mha+rope+kv1") is None
+    assert PRESETS["claims-stability"].variant_labels == ["mha+rope+kv2", "mha+rope+kv1"]
+
+
+def test_an_unmatched_variant_keeps_the_baselines_mlp_and_adds_its_mechanisms_parameters():
+    variant = Variant.parse("dcmha+rope+unmatched")
+    assert not variant.matched and variant.label == "dcmha+rope+unmatched" and variant.training_parts == ()
+    rung = LADDERS["claims"].rungs[-1]
+    baseline = rung.baseline_config(256)
+    configs = matched_configs(Variant.parse_all(["dcmha+rope", "dcmha+rope+unmatched"]), baseline)
+    assert configs["dcmha+rope+unmatched"].mlp_hidden_dim == baseline.mlp_hidden_dim
+    assert configs["dcmha+rope"].mlp_hidden_dim < baseline.mlp_hidden_dim  # today's: paid for by the MLP
+    added = count_parameters(configs["dcmha+rope+unmatched"]) / count_parameters(baseline)
+    assert 1.05 < added < 1.1 and "dcmha+rope+unmatched" in rung.variant_labels
+    judged = CLAIMS["dcmha.compute_equivalence_unmatched"]
+    tokens = rung.train.steps * rung.train.tokens_per_step
+    assert tokens / count_parameters(configs[judged.variant]) >= judged.gate.min_tokens_per_parameter
+    labels = {v.label: v for v in Variant.parse_all(["diff+rope+lr2", "mha+rope+kv2+x1.5+lr0.5"])}
+    assert labels["diff+rope+lr2"].training_parts == ("+lr2",) and labels["mha+rope+kv2+x1.5+lr0.5"].lr == 0.5
+    with pytest.raises(ValueError, match=r"drop \+lrF"):
+        Variant.parse("mha+rope+kv2+up0.05+lr2")
+    with pytest.raises(ValueError, match="bad learning-rate multiple"):
+        Variant.parse("mha+rope+lr0")
+
+
+def test_dynamic_beats_static_waits_for_the_static_only_option_by_its_name():
+    claim = CLAIMS["dcmha.dynamic_beats_static"]
+    assert claim.baseline == "dcmha[static_only=true]+rope" and claim.measure.label.startswith("validation loss")
+    try:
+        Variant.parse(claim.baseline)
+        built = True
+    except ValueError:
+        built = False
+    assert claim.is_run == built and (claim.baseline in LADDERS["claims"].rungs[0].variant_labels) == built
+    assert json.dumps(dataclasses.asdict(PRESETS["claims-stability"].train))  # a preset as a config writes it
