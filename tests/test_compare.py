@@ -395,6 +395,22 @@ def test_a_variant_with_more_compute_trains_the_same_model_longer(micro, copy_of
     assert longer.config == base.config and {m.variant for m in results.bench.measurements} == set(VARIANTS)
 
 
+def test_a_variant_at_its_own_learning_rate_or_unmatched_trains_as_its_label_says(micro, copy_of):
+    """``+lr2``: the same model at twice the peak rate, its schedule's floor twice as high too, as its log records;
+    ``+unmatched``: the mechanism's parameters on top of the baseline's MLP width, not paid for by a narrower one."""
+    labels = ["diff+rope+lr2", "selective+rope+unmatched"]
+    spec = resolve_spec("micro", variants=[*VARIANTS, *labels], corpus=str(micro["text"]), tasks=[])
+    results = _compare_again(copy_of, spec)
+    fast, base = results.variants["diff+rope+lr2"], results.variants["diff+rope"]
+    assert fast.config == base.config
+    for record in fast.runs:
+        trained = read_checkpoint(copy_of / record.run_dir).train_config
+        assert trained.lr == 2 * spec.train.lr and record.final_lr == pytest.approx(2 * results.budget.min_lr)
+    unmatched, baseline = results.variants["selective+rope+unmatched"], results.variants["mha+rope"]
+    assert unmatched.config["mlp_hidden_dim"] == baseline.config["mlp_hidden_dim"]
+    assert unmatched.parameters > baseline.parameters
+
+
 def test_a_variant_at_twice_the_length_trains_on_the_same_tokens_and_is_scored_on_the_same_ones(micro, copy_of):
     """``+len2``: sequences twice as long, half as many a step; every run is scored at multiples of the comparison's
     length on the same tokens, which alibi.short_matches_long reads at 2L (ALiBi at L against sinusoidal at 2L)."""
