@@ -176,6 +176,15 @@ def test_a_merged_run_of_another_comparison_is_refused_by_name(spec, source, tmp
     assert not (tmp_path / "out" / "runs").exists()
 
 
+def test_a_merged_task_run_of_a_task_this_comparison_does_not_train_is_refused(spec, source, tmp_path):
+    task_run = source / "tasks/mqar/mha+rope/seed0"
+    task_run.mkdir(parents=True)
+    (task_run / "result.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"tasks/mqar/mha\+rope/seed0 is not a task run of this comparison \(its tas"):
+        run_compare(spec, tmp_path / "out", progress=False, merge_from=[source])
+    assert not (tmp_path / "out" / "runs").exists()
+
+
 def test_a_merged_run_short_of_its_last_step_is_refused(spec, source, tmp_path):
     last = sorted((source / RUN / "checkpoints").iterdir())[-1]
     shutil.rmtree(last)
