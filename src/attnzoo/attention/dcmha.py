@@ -54,6 +54,9 @@ class DCMHAOptions:
     post_compose: bool = True  # compose the probabilities, after the softmax
     query_wise: bool = False  # query-wise composition only (no key-wise terms), as the official `query_wise`
     static_proj: bool = False  # add the static talking-heads matrix W_b; the official default is off
+    # W_b alone, no dynamic weights: the paper's static composition (its Table 9's branch 1), Talking-Heads Attention
+    # (Shazeer et al., 2020) with DCFormer's identity residual, A' = (I + W_b)ᵀ·A; static_proj stays false.
+    static_only: bool = False
     num_groups: int = 1  # G: heads compose only within their group (tensor parallelism)
     rank: int = 2  # R: rank of the dynamic low-rank projections
     dynamic_w_hidden_dim: int | None = None  # K; None → 2·R·N/G (= 4N), as the official code
@@ -68,18 +71,66 @@ class DCMHAOptions:
     compile_composition: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("pre_compose", "post_compose", "query_wise", "static_proj", "qk_norm", "compile_composition"):
+        flags = ("pre_compose", "post_compose", "query_wise", "static_proj", "static_only", "qk_norm")
+        for name in (*flags, "compile_composition"):
             require(isinstance(getattr(self, name), bool), name, getattr(self, name), "must be true or false")
         for name in ("num_groups", "rank", "window_size", "q_chunk_size"):
             require_count(name, getattr(self, name))
         if self.dynamic_w_hidden_dim is not None:  # null: derived from the model's size
             require_count("dynamic_w_hidden_dim", self.dynamic_w_hidden_dim)
+        if self.static_only:
+            self._check_static_only()
         require(
             isinstance(self.window_type, str) and len(self.window_type) > 0 and set(self.window_type) <= {"L", "G"},
             "window_type",
             self.window_type,
             'must be a non-empty string of "L" (local) and "G" (global), one per layer, repeated over depth',
         )
+
+    def _check_static_only(self) -> None:
+        """Refuse every option that contradicts static-only composition, which has no dynamic weights."""
+        no_dynamic = "static_only has no dynamic weights"
+        require(
+            not self.query_wise,
+            "query_wise",
+            self.query_wise,
+            f"must be false with static_only: it drops the dynamic key-side weights, and {no_dynamic}",
+        )
+        require(
+            not self.static_proj,
+            "static_proj",
+            self.static_proj,
+            "must be false with static_only, which composes with W_b alone (static_proj adds W_b beside the "
+            "dynamic weights)",
+        )
+        require(
+            self.rank == 2,
+            "rank",
+            self.rank,
+            f"must stay 2 (the default) with static_only: it sizes the dynamic weights, and {no_dynamic}",
+        )
+        require(
+            self.dynamic_w_hidden_dim is None,
+            "dynamic_w_hidden_dim",
+            self.dynamic_w_hidden_dim,
+            f"must be null with static_only: it sizes the dynamic weights, and {no_dynamic}",
+        )
+        require(
+            self.pre_compose or self.post_compose,
+            "pre_compose, post_compose",
+            (self.pre_compose, self.post_compose),
+            "one must be true with static_only, which would otherwise compose nothing",
+        )
+
+    @property
+    def has_static_w(self) -> bool:
+        """Whether the layer has the static matrix W_b: beside the dynamic weights (static_proj) or alone."""
+        return self.static_proj or self.static_only
+
+    @property
+    def key_wise(self) -> bool:
+        """Whether the composition has key-side matrices KW[s], which the cache keeps: dynamic and not query-wise."""
+        return not (self.query_wise or self.static_only)
 
     def window(self, layer_idx: int) -> int | None:
         """How many keys a query of layer ``layer_idx`` sees: ``window_size`` if local, None (all) if global."""
@@ -204,7 +255,7 @@ class Composed(NamedTuple):
     """What DCMHA's kernels read of a call beside q, k and v: the composition weights and matrices, and the call's own
     keys and values where the layer attends over a cache's."""
 
-    mixings: tuple[Mixing | None, Mixing | None]  # pre, post (None: off, or formed by one fused call on a step)
+    mixings: tuple[Mixing | None, Mixing | None]  # pre, post (None: off, static-only, or formed by one fused call)
     query_w: dict[int, Tensor]  # {composition: QW (B, G, T, M, M)}
     new_kw: dict[int, Tensor]  # {composition: KW (B, G, M, M, T)} of this call's tokens
     key_w: dict[int, Tensor]  # {composition: KW (B, G, M, M, S)} of every key the queries see
@@ -228,6 +279,11 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
     whose mask is shared, so they stay 0: the JAX code's re-zeroing after post-compose would be a no-op.
     Local layers (``window_type``) see ``window_size`` keys including the query itself, the JAX training
     semantics. Projections are MHA's (q/k/v/o_proj, grouped kv heads), inherited.
+
+    ``static_only`` keeps the static matrix W_b alone, the paper's branch 1 (Talking-Heads Attention, Shazeer et
+    al., 2020, with the identity residual): A'[m,t,s] = A[m,t,s] + Σ_n A[n,t,s]·W_b[n,m], the same matrix for every
+    (t, s). QW[t] = I + W_b, there is no KW (nothing extra is cached) and no ``dyn_w_proj``; W_b keeps
+    ``static_proj``'s name and shape, so every kernel computes it as a query-side-only composition.
     """
 
     map_note = "the post-composition map that actually mixes the values; composing heads can make it signed"
@@ -247,13 +303,15 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
         if opts.qk_norm:
             self.q_norm = nn.RMSNorm(cfg.head_dim, eps=1e-6)
             self.k_norm = nn.RMSNorm(cfg.head_dim, eps=1e-6)
-        hidden = opts.dynamic_w_hidden_dim or 2 * opts.rank * cfg.n_heads // opts.num_groups
-        self.dyn_w_proj = DynamicWeightProjection(cfg.dim, cfg.n_heads, opts.num_groups, opts.rank, hidden)
+        self.dyn_w_proj: DynamicWeightProjection | None = None  # static-only composition has no dynamic weights
+        if not opts.static_only:
+            hidden = opts.dynamic_w_hidden_dim or 2 * opts.rank * cfg.n_heads // opts.num_groups
+            self.dyn_w_proj = DynamicWeightProjection(cfg.dim, cfg.n_heads, opts.num_groups, opts.rank, hidden)
         # W_b of the pre and post composition, (2, G, M, M) indexed [input head, output head].
         heads_per_group = cfg.n_heads // opts.num_groups
         self.static_w = (
             nn.Parameter(torch.zeros(2, opts.num_groups, heads_per_group, heads_per_group))
-            if opts.static_proj
+            if opts.has_static_w
             else None
         )
 
@@ -272,7 +330,8 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
         return cfg.attention_opts.window(layer_idx)
 
     def reset_mechanism_parameters(self) -> None:
-        self.dyn_w_proj.reset_parameters()
+        if self.dyn_w_proj is not None:
+            self.dyn_w_proj.reset_parameters()
         if self.static_w is not None:
             heads_per_group = self.static_w.shape[-1]
             nn.init.normal_(self.static_w, std=math.sqrt(2 / (2 * heads_per_group)) * 0.1)
@@ -280,7 +339,8 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
     def init_added_parameters_as_identity(self, added: Set[str], source: ModelConfig) -> list[str]:
         """Zero qkw, dd and W_b: every dynamic weight is then 0 (w1 = RMSNorm(0) = 0, dd = tanh(0)) and both
         compositions are the identity, A' = A, whatever dw1 is. dw1 keeps its random init, so that qkw gets a
-        gradient (with dw1 = 0 too, h = GELU(0) = 0 would leave both stuck)."""
+        gradient (with dw1 = 0 too, h = GELU(0) = 0 would leave both stuck). Static-only, W_b = 0 alone makes
+        QW = I + W_b = I."""
         for name in ("dyn_w_proj.qkw", "dyn_w_proj.dd", "static_w"):
             if name in added:
                 nn.init.zeros_(self.get_parameter(name))
@@ -306,7 +366,9 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = ctx.rotate(q), ctx.rotate(k)
         pre = post = None
-        if cache is not None and (step := dcmha_fused.step_weights(x, ctx, self)) is not None:
+        if self.options.static_only:
+            query_w, new_kw = self._static_query_matrices(batch, seq_len), {}
+        elif cache is not None and (step := dcmha_fused.step_weights(x, ctx, self)) is not None:
             query_w, new_kw = step  # one token on the CPU: its matrices from one fused call
         else:
             pre, post = self._mixings(x)
@@ -405,6 +467,14 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
                 matrices[which] = query_matrices(mixing, static_w)
         return matrices
 
+    def _static_query_matrices(self, batch: int, seq_len: int) -> dict[int, Tensor]:
+        """{composition: QW (B, G, T, M, M)} of static-only composition: I + W_b at every token, a broadcast view
+        (autograd sums its gradient over batch and tokens into W_b)."""
+        static_w = self.static_w.to(compute_dtype(self.static_w.dtype))
+        eye = torch.eye(static_w.shape[-1], dtype=static_w.dtype, device=static_w.device)
+        composed = (which for which, on in enumerate((self.options.pre_compose, self.options.post_compose)) if on)
+        return {which: (eye + static_w[which])[None, :, None].expand(batch, -1, seq_len, -1, -1) for which in composed}
+
     @staticmethod
     def _key_matrices(pre: Mixing | None, post: Mixing | None) -> dict[int, Tensor]:
         """{composition: KW (B, G, M, M, T)} of this call's tokens, formed once for the attention and the cache;
@@ -431,12 +501,12 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
 
     @classmethod
     def cache_layout(cls, cfg: ModelConfig) -> list[CacheBuffer]:
-        """MHA's keys and values, plus unless query-wise the merged key-side matrices KW[s] of each of the C
-        compositions, G blocks of (N/G)², i.e. C·N²/G numbers per token."""
+        """MHA's keys and values, plus unless query-wise or static-only the merged key-side matrices KW[s] of each of
+        the C compositions, G blocks of (N/G)², i.e. C·N²/G numbers per token."""
         layout = super().cache_layout(cfg)
         opts = cfg.attention_opts
         composed = int(opts.pre_compose) + int(opts.post_compose)
-        if composed and not opts.query_wise:
+        if composed and opts.key_wise:
             n, g = cfg.n_heads, opts.num_groups
             layout.append(CacheBuffer("kw", composed * n * n // g, f"C·N²/G = {composed}·{n}²/{g}"))
         return layout
@@ -444,11 +514,12 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
     def new_layer_cache(
         self, batch_size: int, max_len: int, *, device: torch.device, dtype: torch.dtype
     ) -> WindowCache:
-        """Keys, values and, unless query-wise, the merged KW of each composition: (B, C·G·M·M, L), keys last."""
+        """Keys, values and, unless query-wise or static-only, the merged KW of each composition: (B, C·G·M·M, L),
+        keys last."""
         capacity = max_len if self.window is None else min(self.window, max_len)
         shapes = {"k": (self.n_kv_heads, self.head_dim), "v": (self.n_kv_heads, self.head_dim)}
         n_composed = int(self.options.pre_compose) + int(self.options.post_compose)
-        if n_composed and not self.options.query_wise:
+        if n_composed and self.options.key_wise:
             shapes["kw"] = (n_composed * self.n_heads * self.n_heads // self.num_groups,)
         buffers = LayerCache.allocate(batch_size, capacity, device=device, dtype=dtype, **shapes).buffers
         return WindowCache(self.window, **buffers)

@@ -186,6 +186,9 @@ def projection_weights(layer: DynamicallyComposableAttention) -> list[Tensor]:
 def step_reasons(x: Tensor, ctx: AttentionContext, layer: DynamicallyComposableAttention) -> Iterator[str]:
     """Why ``dcmha_step_weights`` cannot form this call's matrices, as a record's per-call reasons: asked lazily and
     in order, so the extension is built only where every cheaper reason passed."""
+    if layer.dyn_w_proj is None:
+        yield "static_only: the matrices are I + W_b, with no projection to run"
+        return
     weights = projection_weights(layer)
     if not composed(layer):
         yield "no composition is on"

@@ -36,6 +36,8 @@ def static_reasons(cfg: ModelConfig) -> Iterator[str]:
         yield "the model is bidirectional"
     if opts.static_proj:
         yield "static_proj adds the static matrix W_b"
+    if opts.static_only:
+        yield "static_only composes with the static matrix W_b alone; the kernel composes with dynamic weights only"
     heads_per_group = cfg.n_heads // opts.num_groups
     if heads_per_group > MAX_HEADS_PER_GROUP:
         yield f"{heads_per_group} heads per group exceed {MAX_HEADS_PER_GROUP}"
