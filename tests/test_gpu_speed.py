@@ -7,7 +7,9 @@ import time
 import pytest
 from benchmark_scripts import load_benchmark
 
-gpu_speed = load_benchmark("gpu_speed")
+load_benchmark("gpu_speed")  # puts benchmarks/ on sys.path, as running the script does
+from gpu import measure, pytest_stage  # noqa: E402
+from gpu import speed as gpu_speed  # noqa: E402
 
 PEAK_TFLOPS = 0.05  # a stated peak, so that the dry run computes MFU as a GPU run does
 
@@ -95,7 +97,7 @@ def test_a_case_is_skipped_before_it_starts_only_when_a_finished_case_of_its_kin
 
 
 def test_a_training_case_that_cannot_fit_one_timed_round_is_skipped_after_its_first_steps():
-    record = gpu_speed.run_training(case_named("gpu-lm mha eager"), gpu_speed.DRY_RUN_SETTINGS, time.perf_counter())
+    record = measure.run_training(case_named("gpu-lm mha eager"), gpu_speed.DRY_RUN_SETTINGS, time.perf_counter())
     assert record["status"] == "skipped" and record["reason"].startswith("would overrun the budget")
     assert record["first_step_s"] > 0 and "tokens_per_s" not in record
 
@@ -130,7 +132,7 @@ JUNIT = """<?xml version="1.0" encoding="utf-8"?>
 def test_the_tests_counts_come_from_pytests_junit_file_with_every_failed_test_named(tmp_path):
     junit = tmp_path / "junit.xml"
     junit.write_text(JUNIT)
-    assert gpu_speed.gpu_kit.junit_counts(junit) == {
+    assert pytest_stage.gpu_kit.junit_counts(junit) == {
         "passed": 3,
         "failed": 2,
         "skipped": 2,
@@ -140,9 +142,9 @@ def test_the_tests_counts_come_from_pytests_junit_file_with_every_failed_test_na
 
 def test_the_tests_are_skipped_with_too_little_budget_and_stopped_when_it_runs_out(tmp_path, monkeypatch):
     settings = gpu_speed.DRY_RUN_SETTINGS
-    skipped = gpu_speed.run_tests(tmp_path, settings, gpu_speed.MIN_TESTS_S - 1)
+    skipped = gpu_speed.run_tests(tmp_path, settings, pytest_stage.MIN_TESTS_S - 1)
     assert skipped["status"] == "skipped" and "under 30" in skipped["reason"]
-    monkeypatch.setattr(gpu_speed, "MIN_TESTS_S", 0.0)
+    monkeypatch.setattr(pytest_stage, "MIN_TESTS_S", 0.0)
     stopped = gpu_speed.run_tests(tmp_path, settings, 0.01)  # no interpreter starts in 10 ms
     assert stopped["status"] == "cut off" and "ran out" in stopped["reason"]
 
@@ -152,7 +154,7 @@ def test_the_kernels_tuning_and_resources_are_logged_and_rendered(monkeypatch):
     median time (do_bench's first quantile), and the report prints it under each compiled variant's registers, spills
     and shared memory (bench_dcmha_triton, which both benchmarks use)."""
     triton = pytest.importorskip("triton")
-    bench = gpu_speed.bench_dcmha_triton
+    bench = measure.bench_dcmha_triton
     monkeypatch.setattr(bench, "TUNING_LOG", [])
     fast = triton.Config({"BT": 32, "BS": 32}, num_warps=4, num_stages=1)
     slow = triton.Config({"BT": 16, "BS": 16}, num_warps=8, num_stages=3)

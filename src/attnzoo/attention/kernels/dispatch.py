@@ -1,7 +1,8 @@
 """The one place a kernel is chosen: a layer's kernels are fixed once from its config (:func:`kernel_chain`), and each
 call runs the first of them that serves it (:func:`choose`, :func:`attend`). The kernels come from the mechanism
 (``Attention.kernels``) and from the positional scheme (``PositionalEncoding.kernels``), whose kernels are tried just
-before the kernel each specialises (ALiBi's ``alibi-flash`` before ``sdpa``).
+before the kernel each specialises (ALiBi's ``alibi-flash`` before ``sdpa``). On CUDA, a route a GPU lease decided
+(``routes.py``: ``cuda_routes.json``) is tried first for the calls it was timed on.
 
 A kernel the user named (``attn_backend``) is never swapped silently for the eager reference: a run it cannot serve
 is refused before it starts (:func:`planned_backend_refusal`), and where only a call can tell, the fallback is said
@@ -10,6 +11,7 @@ once per layer, kernel and reason.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 import weakref
 from collections.abc import Iterable, Iterator
@@ -20,6 +22,7 @@ from torch import Tensor
 from attnzoo.attention.base import ATTENTION
 from attnzoo.attention.kernels.eager import EAGER
 from attnzoo.attention.kernels.kernel import KERNELS, Call, Kernel
+from attnzoo.attention.kernels.routes import CANDIDATES, MODES, ROUTES_FILE, cuda_routes
 
 if TYPE_CHECKING:
     from attnzoo.attention.base import Attention, AttentionContext
@@ -45,7 +48,8 @@ def kernel_chain(cfg: ModelConfig, position_kernels: tuple[str, ...] = ()) -> tu
     (``Attention.kernels``) less those whose static reasons refuse ``cfg``, the eager reference last; with "eager"
     the reference alone; with a kernel's name that kernel alone, the reference running (and :func:`attend` telling)
     a call it cannot serve. Either way each of ``position_kernels`` (the positional scheme's) that serves ``cfg``
-    goes just before the kernel it specialises. The static reasons are asked here, once per layer."""
+    goes just before the kernel it specialises. With "auto", a CUDA route the lease decided against the mechanism's
+    own order (:func:`routed_kernels`) goes first. The static reasons are asked here, once per layer."""
     if cfg.attn_backend == EAGER.name:
         return (EAGER,)
     brought = [kernel for kernel in map(KERNELS.get, position_kernels) if kernel.static_refusal(cfg) is None]
@@ -57,8 +61,35 @@ def kernel_chain(cfg: ModelConfig, position_kernels: tuple[str, ...] = ()) -> tu
 
     if cfg.attn_backend != AUTO:
         return tuple(with_brought([KERNELS.get(cfg.attn_backend)]))
-    kernels = (KERNELS.get(name) for name in ATTENTION.get(cfg.attention).kernels)
+    kernels = (*routed_kernels(cfg), *(KERNELS.get(name) for name in ATTENTION.get(cfg.attention).kernels))
     return (*with_brought(kernel for kernel in kernels if kernel.static_refusal(cfg) is None), EAGER)
+
+
+def routed_kernels(cfg: ModelConfig) -> list[Kernel]:
+    """The kernels ``cuda_routes.json`` routes first for ``cfg``'s mechanism where they differ from its own order's
+    CUDA kernel, each one refusing every call but those it was timed on (:func:`routed_first`)."""
+    routes = cuda_routes()
+    default = CANDIDATES[cfg.attention].default if cfg.attention in CANDIDATES else None
+    modes: dict[str, tuple[str, ...]] = {}
+    for mode in MODES:
+        kernel = routes.get((cfg.attention, mode))
+        if kernel is not None and kernel != default:
+            modes[kernel] = (*modes.get(kernel, ()), mode)
+    return [routed_first(KERNELS.get(kernel), kernel_modes) for kernel, kernel_modes in modes.items()]
+
+
+def routed_first(kernel: Kernel, modes: tuple[str, ...]) -> Kernel:
+    """``kernel`` as the first of a chain for what the lease timed, CUDA calls over a fresh sequence in ``modes``
+    (eager, compiled): for every other call it refuses, and the kernel's place in the rest of the chain, if any,
+    is where it runs."""
+    told = f"routed first for CUDA calls over a fresh sequence, {' and '.join(modes)} ({ROUTES_FILE.name})"
+
+    def call_reasons(layer: Attention, call: Call) -> Iterator[str]:
+        if call.device_type != "cuda" or call.cached or MODES[call.compiling] not in modes:
+            yield told
+        yield from kernel.call_reasons(layer, call)
+
+    return dataclasses.replace(kernel, call_reasons=call_reasons)
 
 
 def choose(layer: Attention, call: Call) -> Kernel:
