@@ -546,11 +546,11 @@ LADDERS: dict[str, LadderSpec] = {
         description=(
             "the papers' claims by their own protocol, the primaries at two sizes 2× apart (0.12M and 0.25M "
             "parameters, 21 tokens per parameter): MHA, Diff, selective, DCMHA, GQA uptrained with 5, 10 and 20% of "
-            "the steps and, at the larger size, MQA with 5% and DCMHA unmatched (its composition on top of MHA's "
-            "MLP, as DCFormer pairs them) × 5 seeds, evaluated at 50, 75 and 100% of training on 1,024 windows, and "
-            "selective attention's denoising and graph tasks; meant for 90 minutes on 2 cores with --executor local "
-            "--jobs 2: 81 minutes measured without DCMHA unmatched, about 98 estimated with it (the times measured "
-            "by machine: docs/jobs/compare.md)"
+            "the steps, at the smaller size DCMHA's static composition alone and at the larger MQA with 5% and DCMHA "
+            "unmatched (its composition on top of MHA's MLP, as DCFormer pairs them) × 5 seeds, evaluated at 50, 75 "
+            "and 100% of training on 1,024 windows, and selective attention's denoising and graph tasks; meant for "
+            "90 minutes on 2 cores with --executor local --jobs 2: 81 minutes measured without the two DCMHA "
+            "ablations, about 103 estimated with them (the times measured by machine: docs/jobs/compare.md)"
         ),
         rungs=(
             _rung(
