@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from attnzoo.compare import CompareSpec, run_compare
-from attnzoo.compare.runner import source_commit
+from attnzoo.compare.provenance import source_commit
 from attnzoo.compare.spec import LADDERS, PRESETS
 from attnzoo.io import atomic_write_text
 from attnzoo.results import CompareResults
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, records = [], []
     for (rung, layout, spec), results in zip(planned, done, strict=True):
         (run,) = results.variants[spec.variant_labels[0]].runs
-        assert results.corpus.ngram is not None  # a comparison counts its corpus's level (runner.assemble)
+        assert results.corpus.ngram is not None  # a comparison counts its corpus's level (attnzoo.compare.assemble)
         trigram = results.corpus.ngram.val_loss
         record = {
             "rung": rung,

@@ -328,7 +328,7 @@ def test_the_probes_of_a_model_with_local_layers_summarise_every_layer():
     import torch
 
     from attnzoo import ModelConfig, Transformer
-    from attnzoo.compare.runner import lm_probes
+    from attnzoo.compare.lm_run import lm_probes
     from attnzoo.evals.probes import probe_model
 
     options = {"window_size": 8, "window_type": "LG"}  # layer 0 sees at most 8 keys of the 64-token window

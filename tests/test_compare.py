@@ -35,6 +35,7 @@ from attnzoo.compare import (
     resolve_spec,
     run_compare,
     runner,
+    throughput,
 )
 from attnzoo.compare.progress import Schedule
 from attnzoo.compare.report import write_report
@@ -43,12 +44,15 @@ from attnzoo.compare.tasks import task_configs
 from attnzoo.evals import TASKS, Task, TaskBatch, greedy_predictions, register_task, scored_accuracy
 from attnzoo.evals.base import as_generator
 from attnzoo.interrupts import Interrupted
+from attnzoo.results.comparison import BenchRecord
 from attnzoo.stats import Summary
 from attnzoo.training import CheckpointError, read_checkpoint
 from attnzoo.training.optim import learning_rate
+from attnzoo.training.trainer import load_corpus
 from attnzoo.variants import Variant, count_parameters, matched_configs
 
 VARIANTS = ["mha+rope", "diff+rope"]
+CPU = torch.device("cpu")
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
@@ -327,8 +331,8 @@ def test_without_a_train_bench_the_estimate_comes_from_steps_timed_here(micro, c
     """A ladder benches nothing: each variant with a run left is timed for a few steps, not estimated at 0 s."""
     spec = resolve_spec("micro", variants=VARIANTS, corpus=str(micro["text"]), tasks=[])
     comparison = runner.Comparison(spec, copy_of, progress=False)
-    corpus = runner.load_corpus(spec.train.data, comparison.env)
-    configs, no_bench = comparison.configs(corpus), runner.BenchRecord({}, "", [])
+    corpus = load_corpus(spec.train.data, comparison.env)
+    configs, no_bench = comparison.lm.configs(corpus), BenchRecord({}, "", [])
     assert comparison.lm_estimates(no_bench, configs, corpus) == {label: 0.0 for label in VARIANTS}  # all finished
     shutil.rmtree(copy_of / "runs" / "diff+rope" / "seed1")
     timed = []
@@ -457,7 +461,7 @@ def test_uptraining_rewarms_decays_to_the_floor_and_spends_its_fraction_of_the_s
     rung = LADDERS["claims"].rungs[-1]
     pretraining = rung.train
     for fraction in (0.05, 0.1, 0.2):
-        _, up, _ = runner.Comparison(rung, tmp_path, progress=False).run_plan(
+        _, up, _ = runner.Comparison(rung, tmp_path, progress=False).lm.plan(
             Variant.parse(f"mha+rope+kv2+up{fraction:g}"), 3
         )
         rates = [learning_rate(step, up) for step in range(up.steps)]
@@ -537,10 +541,10 @@ def test_the_bench_measures_the_cases_in_interleaved_rounds_and_pools_them(tmp_p
         return _bench_result(case, 100.0 * len(visits), repeats, load=0.5 * len(visits))
 
     stopped = []
-    monkeypatch.setattr(runner, "measure", measured)
+    monkeypatch.setattr(throughput, "measure", measured)
     with contextlib.redirect_stdout(io.StringIO()):
-        assert runner.Comparison(spec, tmp_path, progress=False).bench(configs) == (None, signal.SIGTERM)
-        bench, stop = runner.Comparison(spec, tmp_path, progress=False).bench(configs)
+        assert throughput.run_bench(spec, configs, tmp_path, CPU, print) == (None, signal.SIGTERM)
+        bench, stop = throughput.run_bench(spec, configs, tmp_path, CPU, print)
     assert stop is None and stopped == ["mha+rope"]
     # Round 1 over both variants, then round 2 over both, each round 2 of the 3 repeats (rounded up); the resumed
     # bench measured only what round 2 lacked.
@@ -563,9 +567,9 @@ def test_the_bench_times_each_case_in_the_dtype_the_runs_train_in(tmp_path, monk
         dtypes.append(case.dtype)
         return _bench_result(case, 100.0, repeats, load=0.5)
 
-    monkeypatch.setattr(runner, "measure", measured)
+    monkeypatch.setattr(throughput, "measure", measured)
     with contextlib.redirect_stdout(io.StringIO()):
-        bench, _ = runner.Comparison(spec, tmp_path, progress=False).bench(configs)
+        bench, _ = throughput.run_bench(spec, configs, tmp_path, CPU, print)
     assert dtypes == [benched] * len(VARIANTS) and bench.key["dtype"] == benched
 
 
@@ -580,7 +584,7 @@ def test_a_compare_stopped_during_the_bench_keeps_the_cases_measured(micro, copy
         measured.append(case.label)
         return _bench_result(case, 100.0)
 
-    monkeypatch.setattr(runner, "measure", stopped_at_the_second_case)
+    monkeypatch.setattr(throughput, "measure", stopped_at_the_second_case)
     result, stdout = _compare(copy_of, micro["text"])
     assert result.interrupted_by == signal.SIGINT and "compare interrupted; run the same command again" in stdout
     partial = json.loads((copy_of / "bench.partial.json").read_text())
@@ -590,7 +594,7 @@ def test_a_compare_stopped_during_the_bench_keeps_the_cases_measured(micro, copy
         measured.append(case.label)
         return _bench_result(case, 50.0)
 
-    monkeypatch.setattr(runner, "measure", the_rest)
+    monkeypatch.setattr(throughput, "measure", the_rest)
     result, stdout = _compare(copy_of, micro["text"])
     assert result.interrupted_by is None and measured == ["mha+rope", "diff+rope"]  # the first case not again
     assert "keeping the 1 of 2 cases measured before the interruption" in stdout

@@ -309,7 +309,7 @@ def _ladder_report_only(out: Path) -> int:
 def _with_ngram_level(results_file: Path):
     """The stored results, checked; a file written before the corpus's n-gram level was kept gains it, once, where
     the corpus can still be read (else the competent-model gate says the level is missing, and this says why)."""
-    from attnzoo.compare.runner import with_ngram_level
+    from attnzoo.compare.assemble import with_ngram_level
     from attnzoo.compare.stored import load_results
     from attnzoo.data.corpora import CorpusError
 

@@ -1,14 +1,41 @@
-"""A stored ``results.json`` read for a report: the file itself refused by name where it is no results file, its
-numbers checked on loading (:mod:`attnzoo.results.checks`)."""
+"""What a comparison stores, read back and written: each record of its directory (a run's, the bench's, a task
+run's), reused only when it reads whole, and a stored ``results.json`` read for a report, the file itself refused by
+name where it is no results file. Numbers are checked on reading (:mod:`attnzoo.results.checks`)."""
 
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
+from typing import Any, TypeVar
 
-from attnzoo.io import file_kind
+from attnzoo.io import atomic_write_text, file_kind
+from attnzoo.records import from_dict, to_dict
+from attnzoo.results.checks import check_record
 from attnzoo.results.comparison import CompareResults
+
+R = TypeVar("R")
+
+
+def read_record(cls: type[R], path: Path) -> R | None:
+    """The record stored at ``path``, or None if it is missing, damaged or of another schema: then the work
+    it records is redone. One that reads but holds a number that cannot be (edited by hand, or by a bug) is
+    refused by name (:func:`attnzoo.results.checks.check_record`): redoing it would hide what happened."""
+    try:
+        record = from_dict(cls, json.loads(path.read_text(encoding="utf-8")), str(path))
+    except (OSError, ValueError, TypeError):
+        return None
+    check_record(record, str(path))
+    return record
+
+
+def write_record(record: Any, path: Path) -> None:
+    atomic_write_text(path, json.dumps(to_dict(record), indent=2) + "\n")
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` as it reads back from JSON (tuples become lists), so stored and fresh values compare equal."""
+    return json.loads(json.dumps(value))
 
 
 def load_results(path: Path) -> CompareResults:
