@@ -39,8 +39,9 @@ def test_the_configs_compiled_are_the_autotuners():
     key = sm90.candidates("backward_key", spec, 64)
     tuning = sm90.tuning.TUNING
     assert {c["BT"] for c, _ in forward + key} == {16} and {o["num_stages"] for _, o in key} == {1}
-    assert len(forward) == sum(tile == 16 for tile, _, _ in tuning)
-    assert {o["num_warps"] for _, o in forward} == {warps for _, warps, _ in tuning}
+    assert len(forward) == sum(tile == 16 for tile, *_ in tuning)
+    assert {o["num_warps"] for _, o in forward} == {warps for _, warps, *_ in tuning}
+    assert {c["MC"] for c, _ in forward} == set(sm90.tuning.HEADS_PER_PROGRAM)
     assert all(o["maxnreg"] == sm90.tuning.register_cap(o["num_warps"]) for _, o in forward + key)
     assert sm90.candidates("forward", spec, 64, configs="untuned")[0] in forward
 

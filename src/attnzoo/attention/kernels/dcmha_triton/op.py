@@ -50,6 +50,8 @@ if TYPE_CHECKING:
     from attnzoo.attention.dcmha import Mixing
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+DEFAULT_HEADS_PER_PROGRAM = 4  # untuned; the largest of tuning.HEADS_PER_PROGRAM
+FEATURES_PER_STEP = 16
 
 
 def runs_on(device_type: str) -> bool:
@@ -68,11 +70,14 @@ def dcmha_attention(
     window: int | None,
     scale: float | None = None,
     block: int | None = None,
+    heads_per_program: int | None = None,
 ) -> Tensor:
     """Causal DCMHA attention of q (B, H, T, d) over k, v (B, H_kv, T, d) by the fused kernel, differentiable in
     q, k, v and every mixing weight. ``pre``/``post``: the compositions' weights (None: off); key-side fields
     None for query-wise composition. Query head h reads kv head h // (H / H_kv). ``block``: queries and keys
-    per tile, a power of 2 >= 16 (None: chosen from M and R)."""
+    per tile, a power of 2 >= 16 (None: chosen from M and R). ``heads_per_program``: the heads of a group whose
+    output (and gradients) one program accumulates, a power of 2 (None: chosen from M; see
+    :meth:`KernelSpec.constants`)."""
     require_triton()
     require(
         block is None or (is_int(block) and block >= 16 and block & (block - 1) == 0),
@@ -93,6 +98,13 @@ def dcmha_attention(
     require(is_int(num_groups) and num_groups >= 1 and n_heads % num_groups == 0, "num_groups", num_groups,
             f"must divide n_heads={n_heads}")  # fmt: skip
     heads_per_group = n_heads // num_groups
+    require(
+        heads_per_program is None
+        or (is_int(heads_per_program) and heads_per_program >= 1 and heads_per_program & (heads_per_program - 1) == 0),
+        "heads_per_program",
+        heads_per_program,
+        "must be a power of 2, or None",
+    )
     mixings = [m for m in (pre, post) if m is not None]
     key_wise = bool(mixings) and mixings[0].kw1 is not None
     rank = mixings[0].qw1.shape[-2] if mixings else 1
@@ -106,6 +118,7 @@ def dcmha_attention(
         window=window,
         scale=1.0 / math.sqrt(head_dim) if scale is None else scale,
         block=block,
+        heads_per_program=heads_per_program,
     )
     query_w = pack_weights([(m.qw1, m.qw2, m.qdd) for m in mixings], q)
     key_w = pack_weights([(m.kw1, m.kw2, m.kdd) for m in mixings] if key_wise else [], q)
@@ -129,31 +142,36 @@ class KernelSpec:
     window: int | None
     scale: float
     block: int | None = None
+    heads_per_program: int | None = None
 
     def as_args(self) -> tuple[int | bool | float, ...]:
-        """The fields as the custom ops take them: plain numbers, 0 for no window and for the default tile."""
+        """The fields as the custom ops take them: plain numbers, 0 for no window and for the default tiles."""
         return (self.num_groups, self.heads_per_group, self.rank, self.pre, self.post, self.key_wise,
-                self.window or 0, self.scale, self.block or 0)  # fmt: skip
+                self.window or 0, self.scale, self.block or 0, self.heads_per_program or 0)  # fmt: skip
 
     @classmethod
     def from_args(cls, *args: int | bool | float) -> KernelSpec:
-        *fields, window, scale, block = args
-        return cls(*fields, window=window or None, scale=scale, block=block or None)
+        *fields, window, scale, block, heads_per_program = args
+        return cls(*fields, window=window or None, scale=scale, block=block or None,
+                   heads_per_program=heads_per_program or None)  # fmt: skip
 
     def constants(self, head_dim: int) -> dict[str, Any]:
         """The kernels' compile-time arguments and launch options. Tiles shrink and warps grow with M, since a
         tile holds R·M·BT·BS mixing products: the tiles the interpreter runs and a block named runs; on a GPU the
         autotuner times them among others (:data:`TUNING`)."""
         heads_p2 = triton.next_power_of_2(self.heads_per_group)
+        head_p2 = max(16, triton.next_power_of_2(head_dim))  # tl.dot needs every dimension >= 16
         tile = self.block or (32 if heads_p2 * triton.next_power_of_2(self.rank) <= 8 else 16)
         return dict(
             num_warps=4 if heads_p2 <= 4 else 8,
             M=self.heads_per_group,
             MP=heads_p2,
+            MC=min(heads_p2, self.heads_per_program or DEFAULT_HEADS_PER_PROGRAM),
             R=self.rank,
             RP=triton.next_power_of_2(self.rank),
             D=head_dim,
-            DP=max(16, triton.next_power_of_2(head_dim)),  # tl.dot needs every dimension >= 16
+            DP=head_p2,
+            DF=min(head_p2, FEATURES_PER_STEP),
             BT=tile,
             BS=tile,
             PRE=self.pre,
@@ -241,10 +259,12 @@ def launch_backward(
 @torch.library.custom_op("attnzoo::dcmha_triton_forward", mutates_args=())
 def dcmha_forward(
     q: Tensor, k: Tensor, v: Tensor, query_w: Tensor, key_w: Tensor, num_groups: int, heads_per_group: int,
-    rank: int, pre: bool, post: bool, key_wise: bool, window: int, scale: float, block: int,
+    rank: int, pre: bool, post: bool, key_wise: bool, window: int, scale: float, block: int, heads_per_program: int,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """:func:`launch_forward` as an operator: (output, log-sum-exp)."""
-    spec = KernelSpec.from_args(num_groups, heads_per_group, rank, pre, post, key_wise, window, scale, block)
+    spec = KernelSpec.from_args(
+        num_groups, heads_per_group, rank, pre, post, key_wise, window, scale, block, heads_per_program
+    )
     return launch_forward(q, k, v, query_w, key_w, spec)
 
 
@@ -259,10 +279,12 @@ def _(
 def dcmha_backward(
     grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, query_w: Tensor, key_w: Tensor, out: Tensor, lse: Tensor,
     num_groups: int, heads_per_group: int, rank: int, pre: bool, post: bool, key_wise: bool, window: int,
-    scale: float, block: int,
+    scale: float, block: int, heads_per_program: int,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
     """:func:`launch_backward` as an operator."""
-    spec = KernelSpec.from_args(num_groups, heads_per_group, rank, pre, post, key_wise, window, scale, block)
+    spec = KernelSpec.from_args(
+        num_groups, heads_per_group, rank, pre, post, key_wise, window, scale, block, heads_per_program
+    )
     return launch_backward(grad_out, q, k, v, query_w, key_w, out, lse, spec)
 
 

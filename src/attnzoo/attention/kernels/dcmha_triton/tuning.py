@@ -18,10 +18,19 @@ if TYPE_CHECKING:
 # (benchmarks/results/gpu-2026-11-25). One stage keeps it inside.
 KERNEL_GRID = {"forward": ("BT", None), "backward_query": ("BT", None), "backward_key": ("BS", 1)}
 # What the autotuner times on a GPU at the first call of each shape (TUNING_KEY): square tiles of BT = BS queries and
-# keys, warps, and pipelining stages (1, or Triton's default 3) up to the kernel's limit, each at its register cap
-# (register_cap). KernelSpec.constants' own choice is among them, so tuning keeps it or finds a faster one. Tiles
-# whose rank-R mixing products (RP·MP·BT·BS) exceed MAX_MIX_PRODUCTS are not timed: they cannot stay in registers.
-TUNING = tuple((tile, warps, stages) for tile in (16, 32) for warps in (4, 8) for stages in (1, 3))
+# keys, warps, pipelining stages (1, or Triton's default 3) up to the kernel's limit, and the heads whose output one
+# program accumulates (MC: every program recomputes the whole group's scores, so fewer heads a program trade that
+# recomputation for registers), each at its register cap (register_cap). KernelSpec.constants' own choice is among
+# them, so tuning keeps it or finds a faster one. Tiles whose rank-R mixing products (RP·MP·BT·BS) exceed
+# MAX_MIX_PRODUCTS are not timed: they cannot stay in registers.
+HEADS_PER_PROGRAM = (1, 4)  # at most: a group of fewer heads runs them all in one program (prune_tiles)
+TUNING = tuple(
+    (tile, warps, stages, heads)
+    for tile in (16, 32)
+    for warps in (4, 8)
+    for stages in (1, 3)
+    for heads in HEADS_PER_PROGRAM
+)
 TUNING_KEY = ["T", "M", "R", "D", "PRE", "POST", "KEY_WISE", "LOCAL"]
 MAX_MIX_PRODUCTS = 16384
 UNTUNABLE: set[str] = set()  # the kernels whose tuning raised in this process: they run untuned (see launch)
@@ -43,18 +52,28 @@ def register_cap(num_warps: int) -> int:
 
 def tuning_configs(max_stages: int | None) -> list[Any]:
     return [
-        triton.Config({"BT": tile, "BS": tile}, num_warps=warps, num_stages=stages, maxnreg=register_cap(warps))
-        for tile, warps, stages in TUNING
+        triton.Config(
+            {"BT": tile, "BS": tile, "MC": heads}, num_warps=warps, num_stages=stages, maxnreg=register_cap(warps)
+        )
+        for tile, warps, stages, heads in TUNING
         if max_stages is None or stages <= max_stages
     ]
 
 
 def prune_tiles(configs: list[Any], named_args: dict[str, Any], **constants: Any) -> list[Any]:
-    """The configs whose tiles' mixing products fit :data:`MAX_MIX_PRODUCTS`; the smallest tiles if none do."""
-    mixes = constants["MP"] * constants["RP"]
+    """The configs whose tiles' mixing products fit :data:`MAX_MIX_PRODUCTS` (the smallest tiles if none do), each
+    with at most the group's (padded) heads a program, once."""
+    heads = constants["MP"]
+    mixes = heads * constants["RP"]
     kept = [c for c in configs if mixes * c.kwargs["BT"] * c.kwargs["BS"] <= MAX_MIX_PRODUCTS]
     smallest = min(c.kwargs["BT"] for c in configs)
-    return kept or [c for c in configs if c.kwargs["BT"] == smallest]
+    distinct = {}
+    for c in kept or [c for c in configs if c.kwargs["BT"] == smallest]:
+        kwargs = c.kwargs | {"MC": min(c.kwargs["MC"], heads)}
+        key = (*kwargs.values(), c.num_warps, c.num_stages)
+        distinct.setdefault(key, triton.Config(kwargs, num_warps=c.num_warps, num_stages=c.num_stages,
+                                               maxnreg=c.maxnreg))  # fmt: skip
+    return list(distinct.values())
 
 
 def launch(
@@ -71,9 +90,10 @@ def launch(
     tile = KERNEL_GRID[kernel][0]
     const, untuned = untuned_launch(kernel, spec, head_dim)
     if spec.block is None and not jit.INTERPRETED and kernel not in UNTUNABLE:
-        fixed = {name: value for name, value in const.items() if name not in ("BT", "BS")}
+        fixed = {name: value for name, value in const.items() if name not in ("BT", "BS", "MC")}
         try:
-            TUNED[kernel][lambda meta: (triton.cdiv(seq_len, meta[tile]), programs)](*args, **options, **fixed)
+            grid = lambda meta: (triton.cdiv(seq_len, meta[tile]), programs * meta["MP"] // meta["MC"])  # noqa: E731
+            TUNED[kernel][grid](*args, **options, **fixed)
             return
         except Exception as err:
             UNTUNABLE.add(kernel)
@@ -83,7 +103,8 @@ def launch(
                 RuntimeWarning,
                 stacklevel=2,
             )
-    jit.KERNELS_BY_NAME[kernel][(triton.cdiv(seq_len, const[tile]), programs)](*args, **options, **const, **untuned)
+    grid = (triton.cdiv(seq_len, const[tile]), programs * const["MP"] // const["MC"])
+    jit.KERNELS_BY_NAME[kernel][grid](*args, **options, **const, **untuned)
 
 
 def untuned_launch(kernel: str, spec: KernelSpec, head_dim: int) -> tuple[dict[str, Any], dict[str, int]]:
