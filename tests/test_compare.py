@@ -62,11 +62,12 @@ def _parse(*flags):
     return parser.parse_args(list(flags))
 
 
-def _compare(out, text, **changes):
-    """The micro compare of VARIANTS, its terminal output captured."""
+def _compare(out, text, **overrides):
+    """The micro compare of VARIANTS, with ``overrides`` (resolve_spec's), its terminal output captured."""
+    spec = resolve_spec("micro", **{"variants": VARIANTS, "corpus": str(text), **overrides})
     captured = io.StringIO()
     with contextlib.redirect_stdout(captured):
-        result = run_compare("micro", out, **{"variants": VARIANTS, "corpus": str(text), "progress": False, **changes})
+        result = run_compare(spec, out, progress=False)
     return result, captured.getvalue()
 
 
@@ -183,7 +184,8 @@ def test_a_corpus_too_short_for_the_extrapolation_is_refused_before_any_training
     text = write_text_corpus(tmp_path / "text.txt", n_words=1200)  # ~5,500 bytes: ~550 validation tokens
     long_evals = replace(PRESETS["micro"].evals, extrapolation_multiples=(1, 64))
     with pytest.raises(ValueError, match=r"has \d+ tokens; length extrapolation needs 4,097 \(2 blocks of 2048\)"):
-        run_compare(replace(PRESETS["micro"], evals=long_evals), tmp_path / "out", corpus=str(text), progress=False)
+        spec = resolve_spec(replace(PRESETS["micro"], evals=long_evals), corpus=str(text))
+        run_compare(spec, tmp_path / "out", progress=False)
     assert not (tmp_path / "out" / "runs").exists()
 
 

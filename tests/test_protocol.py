@@ -339,12 +339,13 @@ def test_a_short_cpu_run_whose_sinusoidal_model_never_learned_its_context_leaves
     level, and the verdict names the model and both levels instead of ranking ALiBi against it."""
     from training_helpers import write_text_corpus
 
-    from attnzoo.compare.runner import run_compare
+    from attnzoo.compare import resolve_spec, run_compare
 
     monkeypatch.setenv("ATTNZOO_CACHE_DIR", str(tmp_path / "cache"))
     text = write_text_corpus(tmp_path / "text.txt")
     variants = ["mha+rope", "mha+alibi", "mha+sinusoidal"]
-    results = run_compare("micro", tmp_path / "out", variants, corpus=str(text), tasks=[], progress=False).results
+    spec = resolve_spec("micro", variants=variants, corpus=str(text), tasks=[])
+    results = run_compare(spec, tmp_path / "out", progress=False).results
     assert results is not None
     verdict = judge(CLAIMS["alibi.in_distribution_vs_sinusoidal"], results)
     trigram = results.corpus.ngram.val_loss

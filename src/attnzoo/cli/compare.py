@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from attnzoo.cli.command import check_out_dir, path_argument
-from attnzoo.compare import DEFAULT_VARIANTS, PRESETS, run_compare
+from attnzoo.compare import DEFAULT_VARIANTS, PRESETS, resolve_spec, run_compare
 from attnzoo.compare.executors import EXECUTORS, ExecutorConfig
 from attnzoo.compare.spec import LADDERS
 from attnzoo.evals import TASKS
@@ -226,18 +226,21 @@ def run(args: argparse.Namespace) -> int:
     for key in ("seeds", "steps"):
         if getattr(args, key) is not None:
             check_count(f"--{key}=", getattr(args, key), key)
-    result = run_compare(
+    spec = resolve_spec(
         args.preset,
-        args.out or default_out(args),
-        executor=_executor(args),
-        pool_commits=args.pool_commits,
-        merge_from=args.merge_from or (),
         variants=_variant_list(args.variants) if args.variants else None,
         seeds=range(args.seeds) if args.seeds is not None else None,
         steps=args.steps,
         corpus=args.data,
         tasks=args.tasks,
         device=args.device,
+    )
+    result = run_compare(
+        spec,
+        args.out or default_out(args),
+        executor=_executor(args),
+        pool_commits=args.pool_commits,
+        merge_from=args.merge_from or (),
         progress=not args.no_progress,
         claims_table=args.claims,
     )

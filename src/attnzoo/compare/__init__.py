@@ -1,9 +1,9 @@
 """``attnzoo compare``: attention variants trained side by side under one budget, with the evidence.
 
->>> from attnzoo.compare import run_compare, run_task
->>> run_compare("quick", "runs/compare-quick")                       # doctest: +SKIP
->>> run_compare("micro", "out", variants=["mha+rope", "diff+alibi"])  # doctest: +SKIP
->>> run_task("mqar", "diff+rope", steps=500)                          # doctest: +SKIP
+>>> from attnzoo.compare import resolve_spec, run_compare, run_task
+>>> run_compare("quick", "runs/compare-quick")                                    # doctest: +SKIP
+>>> run_compare(resolve_spec("micro", variants=["mha+rope", "diff+alibi"]), "out")  # doctest: +SKIP
+>>> run_task("mqar", "diff+rope", steps=500)                                       # doctest: +SKIP
 
 See :mod:`attnzoo.compare.spec` for the presets and :mod:`attnzoo.compare.runner` for the output directory and
 how a compare resumes. What a compare writes is :mod:`attnzoo.results`; the papers' claims, and how each is judged

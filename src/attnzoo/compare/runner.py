@@ -76,22 +76,17 @@ class CompareResult:
 
 
 def run_compare(
-    preset_or_spec: str | CompareSpec,
+    spec: str | CompareSpec,
     out_dir: str | os.PathLike,
-    variants: Sequence[str] | None = None,
     *,
-    seeds: Sequence[int] | None = None,
-    steps: int | None = None,
-    corpus: str | None = None,
-    tasks: Sequence[str] | None = None,
-    device: str | None = None,
     progress: bool = True,
     claims_table: bool = False,
     executor: ExecutorConfig = INLINE,
     pool_commits: bool = False,
     merge_from: Sequence[str | os.PathLike] = (),
 ) -> CompareResult:
-    """Compare ``variants`` (default: the preset's) under one budget and write the report into ``out_dir``.
+    """Compare the variants of ``spec`` under one budget and write the report into ``out_dir``: a preset's name, or a
+    spec, e.g. a preset with its variants, seeds, steps, corpus, tasks or device replaced by :func:`resolve_spec`.
 
     Running it again with the same arguments reuses every finished run and resumes an interrupted one.
     SIGINT/SIGTERM during training stop after the current step with a checkpoint, during the bench after the
@@ -102,10 +97,10 @@ def run_compare(
     ``merge_from`` names compare directories of the same comparison made elsewhere whose finished runs are first
     copied in (:mod:`attnzoo.compare.merge`), once every check has passed and the directory is locked.
     """
-    spec = resolve_spec(
-        preset_or_spec, variants=variants, seeds=seeds, steps=steps, corpus=corpus, tasks=tasks, device=device
+    resolved = resolve_spec(spec)  # a spec passed whole is checked for its device here
+    comparison = Comparison(
+        resolved, Path(out_dir), progress, claims_table, executor, pool_commits, merge_from=merge_from
     )
-    comparison = Comparison(spec, Path(out_dir), progress, claims_table, executor, pool_commits, merge_from=merge_from)
     return comparison.run()
 
 
