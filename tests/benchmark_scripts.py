@@ -13,7 +13,7 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 def load_benchmark(name: str) -> ModuleType:
     """``benchmarks/<name>.py`` imported once as module ``name``: registered in ``sys.modules`` before it runs, as
     its dataclasses need, and reused by later calls. benchmarks/ goes on ``sys.path`` as running the script puts it
-    there, for the modules beside it (gpu_checks)."""
+    there, for the package beside it (gpu)."""
     if str(BENCHMARKS) not in sys.path:
         sys.path.insert(0, str(BENCHMARKS))
     if name not in sys.modules:

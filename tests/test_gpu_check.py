@@ -13,9 +13,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from attnzoo import ModelConfig, Transformer
 from attnzoo.attention.kernels import build, dcmha_fused
 
-gpu_check = load_benchmark("gpu_check")
-from gpu_checks import dispatch, numerics, report  # noqa: E402  (importable once the script is loaded)
-from gpu_checks import plan as plans  # noqa: E402
+load_benchmark("gpu_check")  # puts benchmarks/ on sys.path, as running the script does
+from gpu.check import command as gpu_check  # noqa: E402
+from gpu.check import dispatch, numerics, report  # noqa: E402
+from gpu.check import plan as plans  # noqa: E402
 
 DRY_RUN_PLAN = plans.make_plan("dry run")
 

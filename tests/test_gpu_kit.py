@@ -9,9 +9,11 @@ import pytest
 from benchmark_scripts import load_benchmark
 
 from attnzoo.compare import PRESETS
-from attnzoo.compare.spec import LADDERS
+from attnzoo.compare.presets import LADDERS
 
-gpu_kit = load_benchmark("gpu_kit")
+load_benchmark("gpu_kit")  # puts benchmarks/ on sys.path, as running the script does
+from gpu import kit as gpu_kit  # noqa: E402
+
 STAGE_NAMES = [stage.name for stage in gpu_kit.STAGES]
 
 

@@ -132,7 +132,7 @@ JUNIT = """<?xml version="1.0" encoding="utf-8"?>
 def test_the_tests_counts_come_from_pytests_junit_file_with_every_failed_test_named(tmp_path):
     junit = tmp_path / "junit.xml"
     junit.write_text(JUNIT)
-    assert pytest_stage.gpu_kit.junit_counts(junit) == {
+    assert pytest_stage.kit.junit_counts(junit) == {
         "passed": 3,
         "failed": 2,
         "skipped": 2,

@@ -66,8 +66,8 @@ import torch
 import attnzoo
 from attnzoo.claims.claim import LanguageModelGate
 from attnzoo.compare import PRESETS, CompareSpec, run_compare
+from attnzoo.compare.presets import LADDERS
 from attnzoo.compare.report_ladder import write_ladder_report
-from attnzoo.compare.spec import LADDERS
 from attnzoo.data.corpora import prepare_corpus
 from attnzoo.distributed import Distributed, resolve_device
 from attnzoo.io import atomic_write_text, describe_os_error, file_kind, locked_directory
@@ -78,7 +78,7 @@ from attnzoo.training.trainer import load_corpus
 from attnzoo.validation import MAX_COUNT, is_count
 from attnzoo.variants import Variant, count_parameters, matched_configs
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 STATE, SUMMARY = "kit_state.json", "summary.md"
 STATE_VERSION = 3  # 3: the plan identity holds the steps and bench cases
 # The kit's own files in its folder (the comparison's folder keeps its own rules). A folder the kit has not taken
@@ -847,7 +847,3 @@ def main(argv: list[str] | None = None) -> int:
         write_summary(kit, STAGES)
     say(f"\nGPU kit: {'done' if code == 0 else f'exit {code}'}; summary in {kit_dir / SUMMARY}")
     return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -8,10 +8,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import bench_dcmha_triton
-import gpu_kit
 
 from attnzoo import ModelConfig
 from attnzoo.variants import Variant, matched_configs
+
+from gpu import kit
 
 MEASURED, SKIPPED, ERROR, CUT_OFF, NOT_RUN = "measured", "skipped", "error", "cut off", "not run"
 # Issue 36's priority: the mechanisms' training, the DCMHA layer against flash attention, decoding, the nanoGPT anchor
@@ -69,7 +70,7 @@ class Settings:
     decode_context: int
     decode_new_tokens: int
     decode_repeats: int
-    test_args: tuple[str, ...]  # narrows the tests' pytest (gpu_kit.gpu_tests_command)
+    test_args: tuple[str, ...]  # narrows the tests' pytest (kit.gpu_tests_command)
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,7 @@ class Case:
 
 
 GPU_SETTINGS = Settings("cuda", "bfloat16", "inductor", 3, 5, 5, 512, 64, 3, ())
-DRY_RUN_SETTINGS = Settings("cpu", "float32", "eager", 2, 2, 1, 16, 8, 1, gpu_kit.DRY_RUN_TESTS)
+DRY_RUN_SETTINGS = Settings("cpu", "float32", "eager", 2, 2, 1, 16, 8, 1, kit.DRY_RUN_TESTS)
 GPU_SIZES = Sizes(
     lm=ModelConfig(vocab_size=256, dim=384, n_layers=6, n_heads=6, max_seq_len=1024),
     lm_batch=32,
@@ -125,7 +126,7 @@ GPU_SIZES = Sizes(
         max_seq_len=1024,
     ),
     anchor_batch=12,
-    # gpu_check's speed plan (benchmarks/gpu_checks/plan.py): MHA's MFU there was 22.7-24.4% eager.
+    # gpu_check's speed plan (benchmarks/gpu/check/plan.py): MHA's MFU there was 22.7-24.4% eager.
     large=ModelConfig(vocab_size=32768, dim=1024, n_layers=12, n_heads=16, max_seq_len=1024),
     large_batch=16,
     seq_len=1024,

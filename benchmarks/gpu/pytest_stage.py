@@ -7,8 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import gpu_kit
-
+from gpu import kit
 from gpu.plan import CUT_OFF, ERROR, MEASURED, SKIPPED, Settings
 
 TESTS_GROUP = 5  # pytest -m "cuda or triton": not a case, run after every case with the budget they left
@@ -25,17 +24,17 @@ def run_tests(out: Path, settings: Settings, seconds: float) -> dict[str, Any]:
             "reason": f"{max(seconds, 0):.0f} s of the budget were left, under {MIN_TESTS_S:.0f}",
         }
     junit = (out / "tests-junit.xml").resolve()
-    command = gpu_kit.gpu_tests_command(settings.test_args, junit)
+    command = kit.gpu_tests_command(settings.test_args, junit)
     start = time.perf_counter()
     try:
         completed = subprocess.run(command, cwd=REPOSITORY, capture_output=True, text=True, timeout=seconds)
     except subprocess.TimeoutExpired:
         return {"status": CUT_OFF, "reason": f"still running when the budget's {seconds:.0f} s left to it ran out"}
     record: dict[str, Any] = {"command": " ".join(command[1:]), "wall_s": time.perf_counter() - start}
-    if completed.returncode not in gpu_kit.PYTEST_FINISHED or not junit.is_file():
+    if completed.returncode not in kit.PYTEST_FINISHED or not junit.is_file():
         tail = (completed.stdout + completed.stderr)[-2000:]
         return {"status": ERROR, "reason": f"pytest exited {completed.returncode}", "output_tail": tail, **record}
-    return {"status": MEASURED, "reason": "", **gpu_kit.junit_counts(junit), **record}
+    return {"status": MEASURED, "reason": "", **kit.junit_counts(junit), **record}
 
 
 def tests_line(tests: dict[str, Any] | None) -> str:

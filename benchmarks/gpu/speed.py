@@ -23,7 +23,7 @@ The cases, in the order they run, which is the order issue 36 ranks them in (gro
    then the 185M size of gpu_check's speed plan (dim 1024, 12 layers, 16 heads, vocabulary 32,768, 16 × 1024 tokens):
    MHA compiled (issue 36's MFU target), DCMHA's chunked path compiled, then both eager, DCMHA on its kernel.
 5. Last, with the budget left (at least :data:`MIN_TESTS_S`): ``pytest -m "cuda or triton"``, as the GPU kit's tests
-   stage runs it (``gpu_kit.gpu_tests_command``), recorded with every failed test's id.
+   stage runs it (``kit.gpu_tests_command``), recorded with every failed test's id.
 
 MFU is ``attnzoo.model.training_flops_per_token`` × tok/s ÷ the device's dense bf16 peak (:data:`PEAK_BF16_TFLOPS`,
 from NVIDIA's datasheets; ``--peak-tflops`` for another device). The AdamW step is fused on CUDA, as attnzoo's trainer
@@ -48,7 +48,7 @@ with the row it came from: :func:`headline`), all rewritten atomically after eve
 what it measured and names the cases it did not reach; the tests add ``tests-junit.xml``. The dry run forces the
 CPU, toy sizes, fp32, and dynamo's "eager" compile backend (the compiled path traced, no code generated: inductor took
 41 s for one toy MHA on a 2-core CPU), so its numbers check the script, not a speed; the Triton cases are skipped
-there with the kernel's reason, and the tests narrowed to a few quick ones (``gpu_kit.DRY_RUN_TESTS``).
+there with the kernel's reason, and the tests narrowed to a few quick ones (``kit.DRY_RUN_TESTS``).
 
 Routes: ``summary.json`` holds every training row's speed against MHA's (``train_speed_vs_mha``), from which
 ``--routes-from SUMMARY`` decides the kernel each mechanism runs first on CUDA, per mode, and writes
@@ -72,13 +72,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from gpu_check import git_commit
 
 from attnzoo import ModelConfig, Transformer
 from attnzoo.attention.kernels.routes import ROUTES_FILE
 from attnzoo.bench import machine_description
 from attnzoo.cli.command import path_argument
 
+from gpu.check.command import git_commit
 from gpu.measure import add_mfu, device_peak
 from gpu.plan import (
     CUT_OFF,
@@ -273,7 +273,3 @@ def main(argv: list[str] | None = None) -> int:
     if meta["stopped"]:
         return 143
     return 1 if any(r["status"] == ERROR for r in records.values()) else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

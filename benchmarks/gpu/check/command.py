@@ -22,7 +22,8 @@ peak memory and model FLOPs utilisation against MHA, and decode tok/s at batch 1
 combination the config refuses is recorded as refused with the reason; an error in one is recorded and the rest
 run. Sections past the time budget (``--budget``) are recorded as skipped.
 
-This script runs the sections in turn; their parts live beside it in ``gpu_checks/``: ``plan`` (the combinations,
+This module runs the sections in turn (``benchmarks/gpu_check.py`` is its entry point); their parts live beside it
+in ``benchmarks/gpu/check/``: ``plan`` (the combinations,
 sizes, tolerances and the report's records), ``numerics`` (against the reference, cached decoding, compile),
 ``dispatch`` (which kernel ran), ``speed`` and ``report`` (the Markdown and JSON).
 """
@@ -41,8 +42,8 @@ import torch
 
 import attnzoo
 
-from gpu_checks.numerics import check_combo, check_compiled_decode, check_compiled_training
-from gpu_checks.plan import (
+from gpu.check.numerics import check_combo, check_compiled_decode, check_compiled_training
+from gpu.check.plan import (
     PASS,
     SKIPPED,
     Check,
@@ -53,17 +54,17 @@ from gpu_checks.plan import (
     free_memory,
     make_plan,
 )
-from gpu_checks.report import fmt, report_path, write_report
-from gpu_checks.speed import matmul_tflops, measure_compiled_decoding, measure_decoding, measure_training
+from gpu.check.report import fmt, report_path, write_report
+from gpu.check.speed import matmul_tflops, measure_compiled_decoding, measure_decoding, measure_training
 
-SCRIPT_DIR = Path(__file__).resolve().parent
-RESULTS_DIR = SCRIPT_DIR / "results"
+BENCHMARKS = Path(__file__).resolve().parents[2]
+RESULTS_DIR = BENCHMARKS / "results"
 
 
 def git_commit() -> str:
     """The checkout's commit, marked when tracked files differ from it: what the report verified."""
     try:
-        run = dict(capture_output=True, text=True, timeout=10, cwd=SCRIPT_DIR)
+        run = dict(capture_output=True, text=True, timeout=10, cwd=BENCHMARKS)
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], **run).stdout.strip()
         dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], **run).returncode == 1
     except (OSError, subprocess.SubprocessError):
@@ -204,7 +205,3 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--out={out} is invalid: cannot create the report's directory ({err.strerror})")
     report = run_check(plan, "cpu" if dry_run else "cuda", out, argv)
     return 1 if report.failures else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

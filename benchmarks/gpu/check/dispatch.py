@@ -18,7 +18,7 @@ from attnzoo.attention.kernels import dcmha_fused, dispatch
 from attnzoo.bench import fused_ops
 from attnzoo.config import ModelConfig
 
-from gpu_checks.plan import BACKENDS, FAIL, PASS
+from gpu.check.plan import BACKENDS, FAIL, PASS
 
 
 class _FusedKernels(TorchDispatchMode):

@@ -13,8 +13,8 @@ from torch import Tensor
 from attnzoo.config import ModelConfig
 from attnzoo.model import Transformer
 
-from gpu_checks.dispatch import attend_choices, dispatch_status, expected_dispatch, runnable_backends, sdpa_backends
-from gpu_checks.plan import (
+from gpu.check.dispatch import attend_choices, dispatch_status, expected_dispatch, runnable_backends, sdpa_backends
+from gpu.check.plan import (
     DTYPES,
     FAIL,
     PASS,
@@ -30,7 +30,7 @@ from gpu_checks.plan import (
     rel_error,
     within,
 )
-from gpu_checks.report import fmt
+from gpu.check.report import fmt
 
 
 def autocast(device: str, dtype: str) -> contextlib.AbstractContextManager:

@@ -11,7 +11,7 @@ from attnzoo.bench import ratio_table
 from attnzoo.io import atomic_write_text
 from attnzoo.tables import Table, ratio, speed_header
 
-from gpu_checks.plan import ERROR, FAIL, OUT_OF_MEMORY, PASS, SKIPPED, TOLERANCES, UNAVAILABLE, Check, Plan, Report
+from gpu.check.plan import ERROR, FAIL, OUT_OF_MEMORY, PASS, SKIPPED, TOLERANCES, UNAVAILABLE, Check, Plan, Report
 
 
 def device_slug(name: str) -> str:

@@ -14,8 +14,8 @@ from attnzoo.config import ModelConfig
 from attnzoo.model import Transformer
 from attnzoo.variants import Variant, matched_configs
 
-from gpu_checks.numerics import autocast, generate_compiles
-from gpu_checks.plan import (
+from gpu.check.numerics import autocast, generate_compiles
+from gpu.check.plan import (
     ERROR,
     OUT_OF_MEMORY,
     PASS,
