@@ -28,8 +28,8 @@ from pathlib import Path
 import torch
 
 from attnzoo.compare import CompareSpec, run_compare
+from attnzoo.compare.presets import LADDERS, PRESETS
 from attnzoo.compare.provenance import source_commit
-from attnzoo.compare.spec import LADDERS, PRESETS
 from attnzoo.io import atomic_write_text
 from attnzoo.results import CompareResults
 from attnzoo.tables import Table

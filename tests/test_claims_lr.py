@@ -16,7 +16,7 @@ from attnzoo.claims.measures import SpikeRule, loss_spikes
 from attnzoo.claims.report import brief_table, scoped_answer
 from attnzoo.claims.verdicts import judge, judge_all, verdicts_record
 from attnzoo.compare import CompareResults
-from attnzoo.compare.spec import LADDERS, PRESETS, own_lr_rung
+from attnzoo.compare.presets import LADDERS, PRESETS, own_lr_rung
 from attnzoo.results.ladder import Ladder, load_ladder
 from attnzoo.variants import Variant, count_parameters, matched_configs
 

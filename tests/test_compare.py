@@ -37,9 +37,9 @@ from attnzoo.compare import (
     runner,
     throughput,
 )
+from attnzoo.compare.presets import LADDERS
 from attnzoo.compare.progress import Schedule
 from attnzoo.compare.report import write_report
-from attnzoo.compare.spec import LADDERS
 from attnzoo.compare.tasks import task_configs
 from attnzoo.evals import TASKS, Task, TaskBatch, greedy_predictions, register_task, scored_accuracy
 from attnzoo.evals.base import as_generator

@@ -12,9 +12,10 @@ import pytest
 from record_helpers import assert_same_record
 from training_helpers import write_text_corpus
 
+from attnzoo.compare.presets import LADDERS, PRESETS
 from attnzoo.compare.report_ladder import write_ladder_report
 from attnzoo.compare.runner import run_compare, run_ladder
-from attnzoo.compare.spec import LADDERS, PRESETS, LadderSpec
+from attnzoo.compare.spec import LadderSpec
 from attnzoo.data.corpora import prepare_corpus
 from attnzoo.results.ladder import load_ladder
 from attnzoo.training.config import DataConfig

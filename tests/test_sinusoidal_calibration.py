@@ -5,7 +5,7 @@ import pytest
 from benchmark_scripts import load_benchmark
 
 from attnzoo.claims import CLAIMS
-from attnzoo.compare.spec import LADDERS
+from attnzoo.compare.presets import LADDERS
 from attnzoo.variants import count_parameters
 
 STORED = Path(__file__).parents[1] / "benchmarks" / "results" / "sinusoidal_calibration.json"

@@ -13,7 +13,7 @@ from typing import Any
 from attnzoo.cli.command import check_out_dir, path_argument
 from attnzoo.compare import DEFAULT_VARIANTS, PRESETS, resolve_spec, run_compare
 from attnzoo.compare.executors import EXECUTORS, ExecutorConfig
-from attnzoo.compare.spec import LADDERS
+from attnzoo.compare.presets import LADDERS
 from attnzoo.evals import TASKS
 from attnzoo.training.config import read_toml
 from attnzoo.validation import MAX_COUNT, is_count

@@ -5,7 +5,7 @@
 >>> run_compare(resolve_spec("micro", variants=["mha+rope", "diff+alibi"]), "out")  # doctest: +SKIP
 >>> run_task("mqar", "diff+rope", steps=500)                                       # doctest: +SKIP
 
-See :mod:`attnzoo.compare.spec` for the presets and :mod:`attnzoo.compare.runner` for the output directory and
+See :mod:`attnzoo.compare.presets` for the presets and :mod:`attnzoo.compare.runner` for the output directory and
 how a compare resumes. What a compare writes is :mod:`attnzoo.results`; the papers' claims, and how each is judged
 on it, are :mod:`attnzoo.claims`.
 """
@@ -14,8 +14,10 @@ import importlib
 import warnings
 from typing import Any
 
+from attnzoo.compare.presets import PRESETS
+from attnzoo.compare.resolve import resolve_spec
 from attnzoo.compare.runner import CompareResult, run_compare
-from attnzoo.compare.spec import DEFAULT_VARIANTS, PRESETS, CompareSpec, resolve_spec
+from attnzoo.compare.spec import DEFAULT_VARIANTS, CompareSpec
 from attnzoo.compare.tasks import run_task
 from attnzoo.evals.spec import EvalSpec
 from attnzoo.evals.task import TaskBudget, TaskSpec

@@ -27,7 +27,7 @@ from attnzoo.compare.plots import (
     plot_task,
     plot_throughput_memory,
 )
-from attnzoo.compare.spec import LADDERS
+from attnzoo.compare.presets import LADDERS
 from attnzoo.document import Bullets, Heading, Image, Paragraph, Report
 from attnzoo.io import atomic_write_text
 from attnzoo.results.comparison import ATTENTION_MAPS, BenchRecord, CompareResults, Provenance, TaskResult

@@ -45,10 +45,12 @@ from attnzoo.compare.executors import (
 )
 from attnzoo.compare.lm_run import LMRuns, evaluated_as_asked
 from attnzoo.compare.merge import FinishedRun, copy_runs, finished_runs, runs_to_copy
+from attnzoo.compare.presets import LADDERS
 from attnzoo.compare.progress import Schedule, duration, final_summary, ladder_summary, progress_table
 from attnzoo.compare.report import write_report
 from attnzoo.compare.report_ladder import write_ladder_report
-from attnzoo.compare.spec import LADDERS, CompareSpec, LadderSpec, resolve_spec
+from attnzoo.compare.resolve import resolve_spec
+from attnzoo.compare.spec import CompareSpec, LadderSpec
 from attnzoo.compare.stored import jsonable, read_record, write_record
 from attnzoo.compare.tasks import context_len, step_seconds, task_configs, train_task
 from attnzoo.compare.throughput import run_bench

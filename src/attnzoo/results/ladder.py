@@ -70,7 +70,7 @@ def head_dim(rung: CompareResults) -> int:
     return config.get("head_dim") or config["dim"] // config["n_heads"]
 
 
-# How a ladder describes each of its rungs' specs (attnzoo.compare.spec): "<ladder> rung <rung>".
+# How a ladder describes each of its rungs' specs (attnzoo.compare.presets): "<ladder> rung <rung>".
 _RUNG = re.compile(r"(?P<ladder>\S+) rung (?P<rung>\S+)")
 
 
