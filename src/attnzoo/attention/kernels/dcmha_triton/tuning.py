@@ -22,7 +22,8 @@ KERNEL_GRID = {"forward": ("BT", None), "backward_query": ("BT", None), "backwar
 # program accumulates (MC: every program recomputes the whole group's scores, so fewer heads a program trade that
 # recomputation for registers), each at its register cap (register_cap). KernelSpec.constants' own choice is among
 # them, so tuning keeps it or finds a faster one. Tiles whose rank-R mixing products (RP·MP·BT·BS) exceed
-# MAX_MIX_PRODUCTS are not timed: they cannot stay in registers.
+# MAX_MIX_PRODUCTS are not timed: compiled for sm_90a at 6 heads a group and rank 2, every 32-wide tile spilled
+# (benchmarks/results/dcmha-triton-sm90.md at 5fab4c4) and every 16-wide forward tile did not.
 HEADS_PER_PROGRAM = (1, 4)  # at most: a group of fewer heads runs them all in one program (prune_tiles)
 TUNING = tuple(
     (tile, warps, stages, heads)
@@ -32,7 +33,7 @@ TUNING = tuple(
     for heads in HEADS_PER_PROGRAM
 )
 TUNING_KEY = ["T", "M", "R", "D", "PRE", "POST", "KEY_WISE", "LOCAL"]
-MAX_MIX_PRODUCTS = 16384
+MAX_MIX_PRODUCTS = 8192
 UNTUNABLE: set[str] = set()  # the kernels whose tuning raised in this process: they run untuned (see launch)
 
 
