@@ -22,13 +22,11 @@ from attnzoo.claims.claim import (
     LOWER,
     NONINFERIOR,
     Claim,
-    Gate,
-    LanguageModelGate,
     Measure,
     Part,
-    TaskLearned,
 )
 from attnzoo.claims.experiments import claim_tasks, claim_variants
+from attnzoo.claims.gates import Gate, LanguageModelGate, TaskLearned
 from attnzoo.claims.verdicts import judge, judge_all, verdicts_record
 from attnzoo.compare import PRESETS, CompareResults
 from attnzoo.compare.report import write_report

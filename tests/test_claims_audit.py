@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attnzoo.claims.claim import CLAIMS, GatePart, LanguageModelGate, _mean_gap
+from attnzoo.claims.claim import CLAIMS
+from attnzoo.claims.gates import GatePart, LanguageModelGate, _mean_gap
 from attnzoo.claims.measures import _flops_per_token
 from attnzoo.claims.protocol import LM_EFFECT, LM_EFFECT_SOURCE, LM_PROTOCOL
 from attnzoo.claims.report import HOW_A_VERDICT_IS_REACHED, brief_table, verdict_table

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from attnzoo.claims.claim import CLAIMS, LOWER, Claim, Gate, Measure
+from attnzoo.claims.claim import CLAIMS, LOWER, Claim, Measure
+from attnzoo.claims.gates import Gate
 from attnzoo.claims.measures import _flops_per_token, loss_rise
 from attnzoo.claims.verdicts import judge, judge_all
 from attnzoo.compare import CompareResults

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 
-from attnzoo.claims.claim import HIGHER, LOWER, NONINFERIOR, BenchPart, Claim, LanguageModelGate, register_claim
+from attnzoo.claims.claim import HIGHER, LOWER, NONINFERIOR, BenchPart, Claim, register_claim
+from attnzoo.claims.gates import LanguageModelGate
 from attnzoo.claims.measures import loss_at, loss_rise
 from attnzoo.claims.protocol import (
     ALIBI_LADDER,

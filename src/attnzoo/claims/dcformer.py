@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 
-from attnzoo.claims.claim import HIGHER, LOWER, Claim, LanguageModelGate, register_claim
+from attnzoo.claims.claim import HIGHER, LOWER, Claim, register_claim
+from attnzoo.claims.gates import LanguageModelGate
 from attnzoo.claims.measures import compute_multiple, task_metric
 from attnzoo.claims.protocol import (
     ABLATIONS,

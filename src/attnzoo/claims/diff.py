@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 
-from attnzoo.claims.claim import HIGHER, LOWER, Claim, TaskLearned, register_claim
+from attnzoo.claims.claim import HIGHER, LOWER, Claim, register_claim
+from attnzoo.claims.gates import TaskLearned
 from attnzoo.claims.measures import compute_multiple, lm_probe, task_metric, task_probe
 from attnzoo.claims.protocol import ACCURACY_EFFECT_SOURCE, BASELINE, LEARNED, LM_PROTOCOL, SETUP_CHECKS
 

@@ -4,7 +4,8 @@ checkpoint.
 
 from __future__ import annotations
 
-from attnzoo.claims.claim import HIGHER, NONINFERIOR, Claim, LanguageModelGate, register_claim
+from attnzoo.claims.claim import HIGHER, NONINFERIOR, Claim, register_claim
+from attnzoo.claims.gates import LanguageModelGate
 from attnzoo.claims.measures import SpikeRule, loss_spikes
 from attnzoo.claims.protocol import BASELINE, LM_EFFECT, LM_EFFECT_SOURCE, LM_PROTOCOL, SETUP_CHECKS, VAL_LOSS
 

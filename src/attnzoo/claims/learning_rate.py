@@ -19,7 +19,9 @@ import numpy as np
 
 from attnzoo.claims.claim import Claim
 from attnzoo.claims.measures import compute_multiple
-from attnzoo.claims.verdicts import DECIDED, Verdict, judge_largest
+from attnzoo.claims.rules import DECIDED
+from attnzoo.claims.sizes import judge_largest
+from attnzoo.claims.verdict import Verdict
 from attnzoo.results import CompareResults, Ladder
 from attnzoo.variants import Variant
 

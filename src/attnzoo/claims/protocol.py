@@ -7,7 +7,7 @@ paper's own text at its address; where neither gives a number the statement says
 
 from __future__ import annotations
 
-from attnzoo.claims.claim import LanguageModelGate, TaskLearned
+from attnzoo.claims.gates import LanguageModelGate, TaskLearned
 from attnzoo.claims.measures import lm_metric
 
 BASELINE = "mha+rope"

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from attnzoo.records import to_dict
 from attnzoo.results import CompareResults
 from attnzoo.results.ladder import head_dim, parameters
 from attnzoo.variants import Variant
@@ -64,18 +65,8 @@ class Regime:
         return text + ("; head size confounded with size" if self.confounded else "")
 
     def record(self) -> dict[str, Any]:
-        return {
-            "parameters": list(self.parameters),
-            "layers": list(self.layers),
-            "heads": list(self.heads),
-            "head_dims": list(self.head_dims),
-            "corpus": self.corpus,
-            "tokenizer": self.tokenizer,
-            "tokens_per_parameter": list(self.tokens_per_parameter),
-            "lr_rule": self.lr_rule,
-            "confounded": self.confounded,
-            "text": self.describe(),
-        }
+        """Its fields as JSON-ready values, with what they imply in words beside them."""
+        return {**to_dict(self), "confounded": self.confounded, "text": self.describe()}
 
 
 def regime_of(rungs: Sequence[CompareResults], labels: Sequence[str] = ()) -> Regime:

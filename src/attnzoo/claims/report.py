@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from attnzoo.claims.checks import run_checks
 from attnzoo.claims.claim import NONINFERIOR, Claim
-from attnzoo.claims.verdicts import MIN_SEEDS, OUTCOMES, Verdict, counts, format_p
+from attnzoo.claims.rules import MIN_SEEDS, OUTCOMES
+from attnzoo.claims.verdict import Verdict
+from attnzoo.claims.verdicts import counts, format_p
 from attnzoo.document import Bullets, Heading, Paragraph
 from attnzoo.results.comparison import CompareResults
 from attnzoo.stats import SEEDS_AND_BLOCKS, SEEDS_ONLY

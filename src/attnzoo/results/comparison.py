@@ -316,7 +316,7 @@ class CorpusInfo:
     train_tokens: int
     val_tokens: int
     # A trigram count model fitted on the training split and scored on the validation split: the level every
-    # language model of a judged comparison must beat (attnzoo.claims.claim.LanguageModelGate, part d).
+    # language model of a judged comparison must beat (attnzoo.claims.gates.LanguageModelGate, part d).
     ngram: NGramLevel | None = None
 
 
