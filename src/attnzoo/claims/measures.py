@@ -12,6 +12,7 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -155,11 +156,11 @@ def compute_multiple(baseline: str) -> Measure:
             found = size.variants.get(baseline)
             if found is None:
                 continue
-            per_token = _flops_per_token(json.dumps(found.config, sort_keys=True), size.budget.seq_len)
+            per_token = flops_per_token(found.config, size.budget.seq_len)
             for run in found.runs:
                 curve.setdefault(run.seed, []).append((math.log(per_token * run.tokens), math.log(run.val.loss)))
         found = rung.variants[label]
-        per_token = _flops_per_token(json.dumps(found.config, sort_keys=True), rung.budget.seq_len)
+        per_token = flops_per_token(found.config, rung.budget.seq_len)
         values = {}
         for run in found.runs:
             points = curve.get(run.seed, [])
@@ -179,6 +180,12 @@ def compute_multiple(baseline: str) -> Measure:
         across=across,
         loss_sign=-1,
     )
+
+
+def flops_per_token(config: dict[str, Any], seq_len: int) -> float:
+    """:func:`training_flops_per_token` of a stored variant's config (``results.json``'s), counted once per
+    process."""
+    return _flops_per_token(json.dumps(config, sort_keys=True), seq_len)
 
 
 @functools.cache

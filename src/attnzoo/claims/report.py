@@ -150,6 +150,50 @@ def scoped_answer(verdict: Verdict) -> str:
     return answer + (confound if verdict.regime.confounded else "")
 
 
+def primaries(verdicts: list[Verdict]) -> list[Verdict]:
+    return [v for v in verdicts if v.claim.primary]
+
+
+def answer_table(verdicts: list[Verdict]) -> Table:
+    """The primaries, one per paper: the verdict, the effect with the 90% interval it was decided on, the answer in
+    words that carry their scope, and the regime it was measured in."""
+    rows = [
+        [
+            v.claim.paper,
+            f"`{v.claim.id}`: `{v.claim.variant}` − `{v.claim.baseline}`, {v.claim.measure.label}",
+            f"**{v.outcome}**",
+            _effect(v),
+            _in_words(v),
+            measured_at(v, brief=True),
+        ]
+        for v in primaries(verdicts)
+    ]
+    header = ["paper", "primary claim: what was measured", "verdict", "effect [90% interval]", "in words"]
+    return Table([*header, "measured at"], rows)
+
+
+def _in_words(verdict: Verdict) -> str:
+    """The scoped answer, and for a claim this run could not decide what would."""
+    words = scoped_answer(verdict)
+    if verdict.outcome in ("not measurable", "not run") and verdict.would_change:
+        return f"{words}: it would take {verdict.would_change}"
+    return words
+
+
+def answer_section(verdicts: list[Verdict]) -> list:
+    """The report's opening: the answer before anything it rests on."""
+    return [
+        Heading(2, "The answer"),
+        Paragraph(
+            f"Each paper's primary claim ({len(primaries(verdicts))}, corrected together for multiplicity by Holm's "
+            "procedure): what this run found, and where. A verdict holds at the sizes it was measured at (its last "
+            "column), never at the paper's scale; the claims section below gives every claim in full and how a "
+            "verdict is reached."
+        ),
+        answer_table(verdicts),
+    ]
+
+
 def shared_checks(verdicts: list[Verdict]) -> tuple[str, ...]:
     """The checks every claim that lists any shares: stated once, above the table."""
     lists = [v.claim.checks for v in verdicts if v.claim.checks]

@@ -1,4 +1,5 @@
-"""The report's figures: loss curves, extrapolation, throughput and memory, attention maps, and each task.
+"""The report's figures: loss curves, extrapolation, throughput and memory, attention maps, each task, and a ladder's
+loss against compute.
 
 Each function draws one PNG from a :class:`~attnzoo.results.comparison.CompareResults` (and, for the maps, the arrays
 stored beside the runs). Matplotlib is imported only here, and only when a figure is drawn.
@@ -13,8 +14,10 @@ from typing import Any
 
 import numpy as np
 
+from attnzoo.claims.measures import flops_per_token
 from attnzoo.io import atomic_write
 from attnzoo.results.comparison import ATTENTION_MAPS, BenchRatio, CompareResults, TaskResult
+from attnzoo.variants import Variant
 
 
 def _figure(n_panels: int, width: float = 5.2, height: float = 3.8):
@@ -196,3 +199,67 @@ def plot_task(task: TaskResult, path: Path) -> None:
             axes.set_ylim(-0.05, 1.05)
             axes.grid(alpha=0.3)
     _save(figure, path)
+
+
+def training_compute(rung: CompareResults, label: str) -> list[tuple[float, float]]:
+    """``(training FLOPs, validation loss)`` of each seed of ``label`` at one size; an uptrained model counts its
+    source's pre-training, as the budget gate does."""
+    found = rung.variants[label]
+    variant = Variant.parse(label)
+    source = rung.variants.get(variant.source.label) if variant.uptrain is not None else None
+    points = []
+    for run in found.runs:
+        flops = flops_per_token(found.config, rung.budget.seq_len) * run.tokens
+        if source is not None:
+            before = next(r for r in source.runs if r.seed == run.seed)
+            flops += flops_per_token(source.config, rung.budget.seq_len) * before.tokens
+        points.append((flops, run.val.loss))
+    return points
+
+
+def plot_loss_against_compute(rungs: Sequence[CompareResults], variant: str, baseline: str, path: Path) -> None:
+    """``baseline``'s validation loss against training compute at every size, the power law ``ln L = a + b·ln C``
+    fitted through every seed, and ``variant``'s points beside it, each labelled with the compute multiple read off
+    the line: the compute the baseline would need for the variant's loss, over the variant's own."""
+    from matplotlib.ticker import FormatStrFormatter
+
+    figure, (axes,) = _figure(1, width=6.4, height=4.4)
+    colors = _colors([baseline, variant])
+    fit = _power_law([p for rung in rungs if baseline in rung.variants for p in training_compute(rung, baseline)])
+    for label in (baseline, variant):
+        sizes = [(rung, training_compute(rung, label)) for rung in rungs if label in rung.variants]
+        for _, seeds in sizes:
+            axes.scatter(*zip(*seeds, strict=True), s=10, color=colors[label], alpha=0.35, linewidths=0)
+        means = [(float(np.mean([c for c, _ in seeds])), float(np.mean([v for _, v in seeds]))) for _, seeds in sizes]
+        axes.plot(*zip(*means, strict=True), "o", color=colors[label], label=label, markersize=6)
+        for (rung, _), (compute, loss) in zip(sizes, means, strict=True):
+            size = f"{rung.variants[label].parameters / 1e6:.2f}M"
+            note = size if label == baseline or fit is None else f"{size}: ×{_multiple(fit, compute, loss):.2g}"
+            axes.annotate(note, (compute, loss), textcoords="offset points", xytext=(6, 4), fontsize=8)
+    if fit is not None:
+        low, high = axes.get_xlim()
+        line = np.geomspace(low, high, 50)
+        axes.plot(line, np.exp(fit[0] + fit[1] * np.log(line)), "--", color=colors[baseline], linewidth=1)
+    axes.set_xscale("log")
+    axes.set_yscale("log")
+    axes.yaxis.set_major_formatter(FormatStrFormatter("%.2f"))
+    axes.yaxis.set_minor_formatter(FormatStrFormatter("%.2f"))
+    axes.set(xlabel="training compute (FLOPs)", ylabel="validation loss (nats / token)")
+    axes.set_title(f"{variant} against {baseline}'s loss-compute line", fontsize=10)
+    axes.grid(alpha=0.3, which="both")
+    axes.legend(fontsize=8)
+    _save(figure, path)
+
+
+def _power_law(points: Sequence[tuple[float, float]]) -> tuple[float, float] | None:
+    """``(a, b)`` of ``ln L = a + b·ln C`` by least squares; None without two distinct computes to fit."""
+    if len({c for c, _ in points}) < 2:
+        return None
+    slope, intercept = np.polyfit(np.log([c for c, _ in points]), np.log([v for _, v in points]), 1)
+    return float(intercept), float(slope)
+
+
+def _multiple(fit: tuple[float, float], compute: float, loss: float) -> float:
+    """The compute at which the fitted line reaches ``loss``, over ``compute``."""
+    intercept, slope = fit
+    return math.exp((math.log(loss) - intercept) / slope) / compute

@@ -7,8 +7,9 @@ map note come from their records.
 
 The report is a list of blocks (:mod:`attnzoo.document`) rendered as markdown and HTML; the figures are
 drawn by :mod:`attnzoo.compare.plots` and the verdicts section by :mod:`attnzoo.claims.report`. Beside the
-report, ``verdicts.json`` holds the same verdicts as data. A run that can judge claims opens with them; one that
-cannot (too few seeds, or none of the claims' experiments) opens with what it measured side by side.
+report, ``verdicts.json`` holds the same verdicts as data. A run that can judge claims opens with them, each paper's
+primary claim first; one that cannot (too few seeds, or none of the claims' experiments) opens with what it
+measured side by side.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from attnzoo.claims.report import claims_section
+from attnzoo.claims.report import answer_section, claims_section
 from attnzoo.claims.verdicts import MIN_SEEDS, Verdict, judge_all, verdicts_record
 from attnzoo.compare.plots import (
     plot_attention_heads,
@@ -265,7 +266,7 @@ def build_report(results: CompareResults, plots: dict[str, str]) -> Report:
     ]
     claims = claims_section(results, verdicts)
     if _judges_claims(results, verdicts):
-        report.add(*claims, *summary)
+        report.add(*answer_section(verdicts), *claims, *summary)
     else:
         report.add(*summary, Paragraph(_verdicts_elsewhere(results)), *claims)
     report.add(

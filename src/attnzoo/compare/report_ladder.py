@@ -1,8 +1,9 @@
 """The report of a ladder: one comparison per model size, judged together.
 
 Each rung keeps its own full report in its directory (the side-by-side tables, the curves, the maps); the ladder's
-``report.md``, ``report.html`` and ``verdicts.json`` beside them hold what only the sizes together can say: every
-claim's verdict with each size's effect, and the sizes themselves.
+``report.md``, ``report.html`` and ``verdicts.json`` beside them hold what only the sizes together can say: the answer
+first (each paper's primary claim, and its variant against the baseline's loss against compute across the sizes),
+then the sizes themselves and every claim's verdict with each size's effect.
 """
 
 from __future__ import annotations
@@ -11,14 +12,17 @@ import json
 import os
 from pathlib import Path
 
-from attnzoo.claims.report import claims_section
+from attnzoo.claims.report import answer_section, claims_section, primaries
+from attnzoo.claims.verdict import Verdict
 from attnzoo.claims.verdicts import judge_all, verdicts_record
-from attnzoo.document import Heading, Paragraph, Report
+from attnzoo.compare.plots import plot_loss_against_compute
+from attnzoo.document import Heading, Image, Paragraph, Report
 from attnzoo.io import atomic_write_text
 from attnzoo.results.ladder import Ladder, head_dim, parameters
 from attnzoo.tables import Table
 from attnzoo.variants import Variant
 
+PLOTS = "plots"
 VERDICTS = "verdicts.json"
 
 
@@ -62,12 +66,39 @@ def uptraining_table(ladder: Ladder) -> Table | None:
     return Table(header, rows) if rows else None
 
 
+def compute_figures(ladder: Ladder, verdicts: list[Verdict], out_dir: Path) -> list:
+    """One picture per paper whose primary's models trained here, drawn into ``out_dir``'s plots: the baseline's
+    loss against training compute across the sizes, the paper's variant beside it; a sentence for the others."""
+    blocks: list = []
+    missing = []
+    for verdict in primaries(verdicts):
+        claim = verdict.claim
+        if not any(claim.variant in rung.variants for rung in ladder.rungs):
+            missing.append(f"{claim.paper} ({claim.variant})")
+            continue
+        path = f"{PLOTS}/compute_{claim.id}.png"
+        (out_dir / PLOTS).mkdir(parents=True, exist_ok=True)
+        plot_loss_against_compute(ladder.rungs, claim.variant, claim.baseline, out_dir / path)
+        blocks.append(
+            Image(
+                path,
+                f"{claim.paper}: validation loss against training compute, {claim.variant} beside {claim.baseline} "
+                f"at each size (faint: each seed; dashed: {claim.baseline}'s power law through every seed); ×k: the "
+                f"compute {claim.baseline} needs for that loss, over the variant's own",
+            )
+        )
+    if missing:
+        blocks.append(Paragraph(f"No picture for {', '.join(missing)}: its variant trained at no size here."))
+    return blocks
+
+
 def write_ladder_report(ladder: Ladder, rung_dirs: list[Path], out_dir: Path) -> dict[str, Path]:
     """report.md, report.html and verdicts.json of the ladder, in ``out_dir``; ``rung_dirs`` hold the rungs' own
     reports, in the ladder's order (smallest first)."""
     verdicts = judge_all(ladder)
     largest = ladder.largest
     report = Report(f"attnzoo ladder: {len(ladder.rungs)} sizes on {largest.corpus.name}")
+    report.add(*answer_section(verdicts), *compute_figures(ladder, verdicts, out_dir))
     report.add(
         Heading(2, "The sizes"),
         Paragraph(
