@@ -306,9 +306,13 @@ def test_micro_compare_writes_results_report_and_plots(micro):
     stdout = micro["stdout"]
     assert stdout.count("Δ loss vs baseline") == 4  # the table after each of the 4 runs, as they finish
     # The answer closes the terminal output: the side-by-side table, the claims counted in one line (each claim and
-    # its reason is the report's), and where the report is.
+    # its reason is the report's), what the stored claims ladder decided (this run decides no primary), and where
+    # the report is.
     assert not re.search(r"diff\.lm_loss\s+not measurable", stdout)
-    *_, table_end, _, _, claims, report = stdout.rstrip("\n").splitlines()
+    lines = stdout.rstrip("\n").splitlines()
+    at = max(i for i, line in enumerate(lines) if line.startswith("claims: "))
+    table_end, claims, report = lines[at - 3], lines[at], lines[-1]
+    assert lines[at + 2].startswith("This micro run decides none of the papers' primary claims, by design")
     assert table_end.startswith(VARIANTS[-1]) and report.startswith(f"report: {out / 'report.md'}")
     found = counts(judge_all(CompareResults.load(out / "results.json")))
     tally = ", ".join(f"{n} {outcome}" for outcome, n in found.items() if n)
@@ -813,7 +817,8 @@ def test_the_last_screen_counts_the_claims_in_one_line_and_lists_them_only_with_
     verdicts = judge_all(CompareResults.load(out / "results.json"))
     rows = [v for v in verdicts if re.search(rf"^{re.escape(v.claim.id)} +{v.outcome}  ", printed, re.M)]
     assert len(rows) == (len(verdicts) if flag else 0)
-    *_, claims, report = printed.rstrip("\n").splitlines()
+    lines = printed.rstrip("\n").splitlines()
+    claims, report = next(line for line in lines if line.startswith("claims: ")), lines[-1]
     tally = ", ".join(f"{n} {outcome}" for outcome, n in counts(verdicts).items() if n)
     assert claims == f"claims: {tally} — every claim with its reason in {out / 'report.md'}"
     assert report.startswith(f"report: {out / 'report.md'}")

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from attnzoo.records import to_dict
+from attnzoo.records import from_dict, to_dict
 from attnzoo.results import CompareResults
 from attnzoo.results.ladder import head_dim, parameters
 from attnzoo.variants import Variant
@@ -67,6 +67,11 @@ class Regime:
     def record(self) -> dict[str, Any]:
         """Its fields as JSON-ready values, with what they imply in words beside them."""
         return {**to_dict(self), "confounded": self.confounded, "text": self.describe()}
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> Regime:
+        """:meth:`record` read back (what it adds in words is derived again, not read)."""
+        return from_dict(cls, {key: value for key, value in record.items() if key not in ("confounded", "text")})
 
 
 def regime_of(rungs: Sequence[CompareResults], labels: Sequence[str] = ()) -> Regime:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from attnzoo.claims.checks import run_checks
 from attnzoo.claims.claim import NONINFERIOR, Claim
+from attnzoo.claims.regime import Regime
 from attnzoo.claims.rules import MIN_SEEDS, OUTCOMES
 from attnzoo.claims.verdict import Verdict
 from attnzoo.claims.verdicts import counts, format_p
@@ -71,9 +72,7 @@ def _effect(verdict: Verdict) -> str:
     d = verdict.difference
     if d is None:
         return "—"
-    interval = verdict.interval
-    text = f"{d.mean:+.4g}" + (f" [{interval[0]:+.4g}, {interval[1]:+.4g}]" if interval else " (no interval)")
-    return text + (" (seeds × blocks)" if d.blocks > 1 else "")
+    return effect_words(d.mean, verdict.interval) + (" (seeds × blocks)" if d.blocks > 1 else "")
 
 
 def _levels(verdict: Verdict) -> str:
@@ -140,14 +139,32 @@ _SCOPED = {
 def scoped_answer(verdict: Verdict) -> str:
     """A verdict in scoped words for a README or a summary ("not reproduced at 0.12–0.25M parameters, heads ≤ 24"
     rather than "contradicted"), naming a confound of head size with model size where the sizes carry one."""
-    template = _SCOPED.get(verdict.outcome)
-    if template is None or verdict.regime is None:
-        return {"decided in the ladder": "decided across the ladder's sizes, in its report"}.get(
-            verdict.outcome, f"{verdict.outcome} here"
-        )
-    answer = template.format(scope=verdict.regime.scope)
+    return scoped_words(verdict.outcome, verdict.regime)
+
+
+def scoped_words(outcome: str, regime: Regime | None) -> str:
+    """:func:`scoped_answer` of an outcome measured in ``regime`` (a stored verdict's, read back)."""
+    template = _SCOPED.get(outcome)
+    if template is None or regime is None:
+        ladder = "decided across the ladder's sizes, in its report"
+        return ladder if outcome == "decided in the ladder" else f"{outcome} here"
+    answer = template.format(scope=regime.scope)
     confound = " (head size grows with model size there: the two confounded)"
-    return answer + (confound if verdict.regime.confounded else "")
+    return answer + (confound if regime.confounded else "")
+
+
+def answer_words(outcome: str, regime: Regime | None, would_change: str) -> str:
+    """The scoped answer, and for a claim that was not decided for want of its runs or its protocol, what would."""
+    words = scoped_words(outcome, regime)
+    undecided = outcome in ("not measurable", "not run") and would_change
+    return f"{words}: it would take {would_change}" if undecided else words
+
+
+def effect_words(effect: float | None, interval: tuple[float, float] | None) -> str:
+    """The effect with the 90% interval it was decided on: ``-0.5422 [-0.6586, -0.4258]``."""
+    if effect is None:
+        return "—"
+    return f"{effect:+.4g}" + (f" [{interval[0]:+.4g}, {interval[1]:+.4g}]" if interval else " (no interval)")
 
 
 def primaries(verdicts: list[Verdict]) -> list[Verdict]:
@@ -163,21 +180,13 @@ def answer_table(verdicts: list[Verdict]) -> Table:
             f"`{v.claim.id}`: `{v.claim.variant}` − `{v.claim.baseline}`, {v.claim.measure.label}",
             f"**{v.outcome}**",
             _effect(v),
-            _in_words(v),
+            answer_words(v.outcome, v.regime, v.would_change),
             measured_at(v, brief=True),
         ]
         for v in primaries(verdicts)
     ]
     header = ["paper", "primary claim: what was measured", "verdict", "effect [90% interval]", "in words"]
     return Table([*header, "measured at"], rows)
-
-
-def _in_words(verdict: Verdict) -> str:
-    """The scoped answer, and for a claim this run could not decide what would."""
-    words = scoped_answer(verdict)
-    if verdict.outcome in ("not measurable", "not run") and verdict.would_change:
-        return f"{words}: it would take {verdict.would_change}"
-    return words
 
 
 def answer_section(verdicts: list[Verdict]) -> list:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from attnzoo.claims.verdicts import Verdict, counts, judge_all
 from attnzoo.compare.report import summary_table
+from attnzoo.compare.stored_answer import stored_answer
 from attnzoo.results.comparison import CompareResults, LMRun
 from attnzoo.results.ladder import Ladder
 from attnzoo.stats import Summary, paired_over_seeds
@@ -66,9 +67,10 @@ def progress_table(lm_runs: dict[str, dict[int, LMRun]], baseline: str) -> str:
 
 
 def final_summary(results: CompareResults, paths: dict[str, Path], claims_table: bool = False) -> str:
-    """The side-by-side table, the claims in one line of counts, and where the report is: the answer a run gives,
-    last on the screen. Each claim's verdict and reason (most of them "not run" in a quick compare) is the report's,
-    and on the screen only with ``claims_table`` (``compare --claims``)."""
+    """The side-by-side table, the claims in one line of counts, what the stored claims ladder answered where this run
+    decides no primary claim (:mod:`attnzoo.compare.stored_answer`), and where the report is: the answer a run
+    gives, last on the screen. Each claim's verdict and reason (most of them "not run" in a quick compare) is the
+    report's, and on the screen only with ``claims_table`` (``compare --claims``)."""
     budget = results.budget
     verdicts = judge_all(results)
     lines = ["", summary_table(results).to_text(), ""]
@@ -80,8 +82,10 @@ def final_summary(results: CompareResults, paths: dict[str, Path], claims_table:
         f"training {duration(budget.train_seconds_total)} in all, "
         f"this invocation {duration(budget.wall_seconds_this_invocation)}",
         claims_line(verdicts, paths["markdown"]),
-        "report: " + ", ".join(str(p) for p in paths.values()),
     ]
+    if all(v.outcome in ("not measurable", "not run") for v in verdicts if v.claim.primary):
+        lines += ["", *stored_answer(results.preset), ""]
+    lines.append("report: " + ", ".join(str(p) for p in paths.values()))
     return "\n".join(lines)
 
 
