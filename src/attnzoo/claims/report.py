@@ -10,7 +10,7 @@ from __future__ import annotations
 from attnzoo.claims.checks import run_checks
 from attnzoo.claims.claim import NONINFERIOR, Claim
 from attnzoo.claims.regime import Regime
-from attnzoo.claims.rules import MIN_SEEDS, OUTCOMES
+from attnzoo.claims.rules import MIN_SEEDS, MIN_SIZE_RATIO, MIN_SIZES, OUTCOMES
 from attnzoo.claims.verdict import Verdict
 from attnzoo.claims.verdicts import counts, format_p
 from attnzoo.document import Bullets, Heading, Paragraph
@@ -191,6 +191,7 @@ def answer_table(verdicts: list[Verdict]) -> Table:
 
 def answer_section(verdicts: list[Verdict]) -> list:
     """The report's opening: the answer before anything it rests on."""
+    undecided = all(v.outcome in ("not measurable", "not run") for v in primaries(verdicts))
     return [
         Heading(2, "The answer"),
         Paragraph(
@@ -198,6 +199,12 @@ def answer_section(verdicts: list[Verdict]) -> list:
             "procedure): what this run found, and where. A verdict holds at the sizes it was measured at (its last "
             "column), never at the paper's scale; the claims section below gives every claim in full and how a "
             "verdict is reached."
+            + (
+                f" This run decides none of them: a primary is judged across at least {MIN_SIZES} model sizes "
+                f"{MIN_SIZE_RATIO:g}× apart, as the claims ladder (`attnzoo compare --preset claims`) trains them."
+                if undecided
+                else ""
+            )
         ),
         answer_table(verdicts),
     ]
