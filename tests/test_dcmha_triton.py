@@ -10,6 +10,7 @@ tensor's largest entry: fp32 2e-5 (the kernel's fp32 rounding; about 1e-6 is see
 rounds P' and dS to the input dtype before its matmuls, as flash attention does; about 5e-4 and 7e-3 are seen).
 """
 
+import dataclasses
 import runpy
 import warnings
 from functools import partial
@@ -41,10 +42,14 @@ def device() -> str:
     return "cuda"
 
 
-def assert_kernel_matches_reference(case: Case, dtype: torch.dtype, device: str) -> None:
+def assert_kernel_matches_reference(
+    case: Case, dtype: torch.dtype, device: str, heads_per_program: int | None = None
+) -> None:
     leaves = make_inputs(case, dtype, device)
     q, k, v, pre, post = split(leaves, case)
-    out = op.dcmha_attention(q, k, v, pre, post, num_groups=case.groups, window=case.window, block=16)
+    out = op.dcmha_attention(
+        q, k, v, pre, post, num_groups=case.groups, window=case.window, block=16, heads_per_program=heads_per_program
+    )
     assert out.dtype == dtype and out.shape == q.shape and out.device == q.device
     grad_out = torch.randn(out.shape).to(dtype)
     grads = torch.autograd.grad(out, leaves, grad_out.to(device))
@@ -68,6 +73,40 @@ def test_kernel_matches_eager_reference_fp32(device, name):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_kernel_matches_eager_reference_half_precision(device, dtype):
     assert_kernel_matches_reference(CASES["local"], dtype, device)
+
+
+# Programs that each accumulate some of a group's heads (the grid over head chunks), while every one of them forms all
+# the group's scores: (case, heads a program). The cases above run a group in one program (4 heads a program).
+HEAD_CHUNKS = {
+    "local-2": (CASES["local"], 2),
+    "local-pre-only-2": (CASES["local-pre-only"], 2),
+    "global-query-wise-2": (CASES["global-query-wise"], 2),
+    # head_dim 40: q·kᵀ and dO·vᵀ in three steps of 16 features (FEATURES_PER_STEP), the last one partial
+    "global-40-features-2": (dataclasses.replace(CASES["global"], head_dim=40), 2),
+}
+SLOW_HEAD_CHUNKS = {
+    "local-1": (CASES["local"], 1),
+    "local-post-only-1": (CASES["local-post-only"], 1),
+    "groups-padded-1": (CASES["groups-padded"], 1),  # M = 3 padded to 4: the last program's head is padding
+}
+
+
+@pytest.mark.parametrize("name", HEAD_CHUNKS)
+def test_programs_of_a_head_chunk_match_eager_reference(device, name):
+    case, heads_per_program = HEAD_CHUNKS[name]
+    assert_kernel_matches_reference(case, torch.float32, device, heads_per_program)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SLOW_HEAD_CHUNKS)
+def test_programs_of_one_head_match_eager_reference(device, name):
+    case, heads_per_program = SLOW_HEAD_CHUNKS[name]
+    assert_kernel_matches_reference(case, torch.float32, device, heads_per_program)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_programs_of_a_head_chunk_in_half_precision(device, dtype):
+    assert_kernel_matches_reference(CASES["local"], dtype, device, heads_per_program=2)
 
 
 def test_the_comparison_can_fail(device):
@@ -141,7 +180,7 @@ def test_the_operators_registrations_pass_torchs_own_checks(device):
     registration of the forward operator, on the smallest case."""
     case = CASES["local"]
     q, k, v, pre, post = split(make_inputs(case, torch.float32, device), case)
-    spec = op.KernelSpec(1, case.n_heads, case.rank, True, True, True, case.window, 0.25, 16)
+    spec = op.KernelSpec(1, case.n_heads, case.rank, True, True, True, case.window, 0.25, 16, heads_per_program=2)
     query_w = op.pack_weights([(m.qw1, m.qw2, m.qdd) for m in (pre, post)], q)
     key_w = op.pack_weights([(m.kw1, m.kw2, m.kdd) for m in (pre, post)], q)
     args = (q, k, v, query_w.detach().requires_grad_(), key_w.detach().requires_grad_(), *spec.as_args())
@@ -161,10 +200,12 @@ def test_the_autotuner_always_times_the_kernels_own_tiles(kernel):
             spec = op.KernelSpec(1, heads_per_group, rank, True, True, True, None, 0.125)
             own = spec.constants(64)
             kept = tuning.prune_tiles(configs, {}, **own)
-            chosen = [(c.kwargs["BT"], c.kwargs["BS"], c.num_warps, c.num_stages) for c in kept]
-            assert (own["BT"], own["BS"], own["num_warps"], max_stages or 3) in chosen, (heads_per_group, rank)
+            chosen = [(c.kwargs["BT"], c.kwargs["BS"], c.kwargs["MC"], c.num_warps, c.num_stages) for c in kept]
+            untuned = (own["BT"], own["BS"], own["MC"], own["num_warps"], max_stages or 3)
+            assert untuned in chosen, (heads_per_group, rank)
+            assert all(mc <= own["MP"] for _, _, mc, _, _ in chosen) and len(set(chosen)) == len(chosen)
             assert all(own["MP"] * own["RP"] * bt * bs <= tuning.MAX_MIX_PRODUCTS or bt == 16
-                       for bt, bs, _, _ in chosen)  # fmt: skip
+                       for bt, bs, _, _, _ in chosen)  # fmt: skip
 
 
 def test_every_launch_caps_registers_at_a_programs_share_of_the_register_file(monkeypatch):
@@ -367,6 +408,8 @@ def test_bad_input_is_refused():
         attention(q, q[:, :, :5], q[:, :, :5], num_groups=1)  # keys at other positions: a cached call
     with pytest.raises(ValueError, match="num_groups=3 is invalid: must divide n_heads=4"):
         attention(q, q, q, num_groups=3)
+    with pytest.raises(ValueError, match=r"heads_per_program=3 .*power of 2"):
+        attention(q, q, q, num_groups=1, heads_per_program=3)
 
 
 def test_benchmark_refuses_without_cuda(capsys):

@@ -22,8 +22,8 @@ KERNEL_GRID = {"forward": ("BT", None), "backward_query": ("BT", None), "backwar
 # program accumulates (MC: every program recomputes the whole group's scores, so fewer heads a program trade that
 # recomputation for registers), each at its register cap (register_cap). KernelSpec.constants' own choice is among
 # them, so tuning keeps it or finds a faster one. Tiles whose rank-R mixing products (RP·MP·BT·BS) exceed
-# MAX_MIX_PRODUCTS are not timed: compiled for sm_90a at 6 heads a group and rank 2, every 32-wide tile spilled
-# (benchmarks/results/dcmha-triton-sm90.md at 5fab4c4) and every 16-wide forward tile did not.
+# MAX_MIX_PRODUCTS are not timed: compiled for sm_90a and sm_80 at 6 heads a group and rank 2 (commit 5fab4c4), every
+# 32-wide forward tile spilled (28 B to 2.3 KB a thread) and no 16-wide one did.
 HEADS_PER_PROGRAM = (1, 4)  # at most: a group of fewer heads runs them all in one program (prune_tiles)
 TUNING = tuple(
     (tile, warps, stages, heads)
