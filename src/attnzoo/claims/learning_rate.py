@@ -4,7 +4,7 @@ The claims ladder trains every model at one peak learning rate, the one chosen f
 could flip is a verdict on the rate, not on the mechanism. So a sweep (the ``claims-lr`` preset: each ladder model
 at ×0.5 and ×2 the shared rate at the small rung, ``+lrF``, beside the ladder's own ×1 runs) picks each model's best
 multiple by its mean validation loss (:func:`best_learning_rates`), the large rung trains each model at it
-(:func:`attnzoo.compare.spec.own_lr_rung`), and :func:`check_learning_rates` re-judges every primary there, each
+(:func:`attnzoo.compare.presets.own_lr_rung`), and :func:`check_learning_rates` re-judges every primary there, each
 model at its own best rate, beside the shared rate on the same seeds. A primary whose verdict at that size differs
 between the two is **LR-sensitive**: not decided.
 """

@@ -31,7 +31,7 @@ SELECTIVE_CHECKS = (
     *SETUP_CHECKS,
     "with the token and position temperatures off, selective attention is exactly MHA (tests/test_selective.py)",
 )
-# ‖p‖₂/‖p‖₁ of the rows that see at least half the window, where dilution would show (attnzoo.compare.runner.lm_probes)
+# ‖p‖₂/‖p‖₁ of the rows that see at least half the window, where dilution would show (attnzoo.compare.lm_run.lm_probes)
 LONG_ROW_SPIKINESS = lm_probe("spikiness_long", "spikiness of long-context rows")
 
 
