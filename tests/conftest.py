@@ -1,7 +1,13 @@
+from __future__ import annotations
+
 import os
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
+
+if TYPE_CHECKING:  # imported where used: Triton reads TRITON_INTERPRET (below) when attnzoo is first imported
+    from attnzoo import ModelConfig, Transformer
 
 # Two OpenMP threads collapse when the two CI cores are shared with anything else; one is steady.
 torch.set_num_threads(1)
@@ -12,6 +18,30 @@ torch.set_num_threads(1)
 # any test module is imported; never with CUDA, where Triton compiles (inductor's kernels too).
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+# The tests' model: two layers of width 32 and four heads of 8, a prime vocabulary (a vocabulary-sized axis confused
+# with another shows) and room for the sequences the tests feed it. Tests import the builders from here
+# (``from conftest import tiny_model``) and override what they test.
+TINY_MODEL: dict[str, Any] = {"vocab_size": 61, "dim": 32, "n_layers": 2, "n_heads": 4, "max_seq_len": 64}
+
+
+def tiny_config(**overrides: Any) -> ModelConfig:
+    """The tests' small ModelConfig, ``overrides`` replacing any field (validated as any ModelConfig is)."""
+    from attnzoo import ModelConfig
+
+    return ModelConfig(**{**TINY_MODEL, **overrides})
+
+
+def tiny_model(*, seed: int | None = 0, **overrides: Any) -> Transformer:
+    """``tiny_config(**overrides)``'s Transformer in eval mode, its weights drawn after ``torch.manual_seed(seed)``
+    (the same weights whatever the test drew before; ``seed=None`` draws them from the RNG as it stands, for a second
+    model that must differ from the first)."""
+    from attnzoo import Transformer
+
+    if seed is not None:
+        torch.manual_seed(seed)
+    return Transformer(tiny_config(**overrides)).eval()
 
 
 @pytest.fixture(autouse=True)

@@ -12,14 +12,15 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import TINY_MODEL, tiny_config, tiny_model
 from safetensors.torch import load_file, save_file
 
-from attnzoo import ModelConfig, Transformer
+from attnzoo import ModelConfig
 
 transformers = pytest.importorskip("transformers")
 hf = pytest.importorskip("attnzoo.hf")
 
-VOCAB = 64
+VOCAB = TINY_MODEL["vocab_size"]
 # Every mechanism, and across them every positional scheme, MHA/GQA/MQA and a DCMHA window narrower than the
 # generations below, so that its ring cache wraps.
 CASES = {
@@ -31,15 +32,6 @@ CASES = {
     "diff-sinusoidal": {"attention": "diff", "position": "sinusoidal"},
     "diff_v2-none-untied": {"attention": "diff_v2", "position": "none", "tie_embeddings": False},
 }
-
-
-def _config(**changes) -> ModelConfig:
-    return ModelConfig(**{"vocab_size": VOCAB, "dim": 32, "n_layers": 2, "n_heads": 4, "max_seq_len": 64, **changes})
-
-
-def _model(**changes) -> Transformer:
-    torch.manual_seed(0)
-    return Transformer(_config(**changes)).eval()
 
 
 def _tokens(batch: int = 2, length: int = 7, seed: int = 1) -> torch.Tensor:
@@ -64,7 +56,7 @@ def test_the_config_has_every_model_config_field_with_its_default():
 
 @pytest.mark.parametrize("changes", CASES.values(), ids=CASES.keys())
 def test_the_config_round_trips_through_config_json(changes, tmp_path):
-    config = _config(**changes, norm_eps=1e-6, init_std=0.05)
+    config = tiny_config(**changes, norm_eps=1e-6, init_std=0.05)
     hf.AttnzooConfig.from_model_config(config).save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())
     assert saved["model_type"] == "attnzoo"
@@ -84,19 +76,19 @@ def test_a_bad_config_is_refused_as_model_config_refuses_it():
 
 
 def test_from_attnzoo_wraps_the_model_itself():
-    model = _model(attention="dcmha")
+    model = tiny_model(attention="dcmha")
     wrapped = hf.AttnzooForCausalLM.from_attnzoo(model)
     assert wrapped.to_attnzoo() is model and wrapped.config.to_model_config() == model.config
     tokens = _tokens()
     with torch.no_grad():
         assert torch.equal(wrapped(tokens).logits, model(tokens))
     with pytest.raises(ValueError, match="is not ModelConfig"):
-        hf.AttnzooForCausalLM(hf.AttnzooConfig.from_model_config(_config(dim=64)), model)
+        hf.AttnzooForCausalLM(hf.AttnzooConfig.from_model_config(tiny_config(dim=64)), model)
 
 
 @pytest.mark.parametrize("changes", CASES.values(), ids=CASES.keys())
 def test_save_and_auto_from_pretrained_give_the_same_model(changes, tmp_path):
-    model = _model(**changes)
+    model = tiny_model(**changes)
     hf.AttnzooForCausalLM.from_attnzoo(model).save_pretrained(tmp_path)
     stored = load_file(tmp_path / "model.safetensors")
     expected = {f"model.{name}" for name in model.state_dict()}
@@ -113,7 +105,7 @@ def test_save_and_auto_from_pretrained_give_the_same_model(changes, tmp_path):
 
 
 def test_weights_a_checkpoint_lacks_get_attnzoos_init_and_the_rest_load(tmp_path):
-    model = _model(attention="selective")
+    model = tiny_model(attention="selective")
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.add_(1.0)  # away from any init
@@ -122,14 +114,14 @@ def test_weights_a_checkpoint_lacks_get_attnzoos_init_and_the_rest_load(tmp_path
     missing = {"model.layers.0.self_attn.q_temperature.weight", "model.layers.0.self_attn.q_temperature.alpha"}
     save_file({name: tensor for name, tensor in stored.items() if name not in missing}, tmp_path / "model.safetensors")
     loaded = hf.AttnzooForCausalLM.from_pretrained(tmp_path)
-    fresh = _model(attention="selective").state_dict()  # τ's init is deterministic: f's last layer 0, α constant
+    fresh = tiny_model(attention="selective").state_dict()  # τ's init is deterministic: f's last layer 0, α constant
     state = loaded.state_dict()
     for name, tensor in stored.items():
         assert torch.equal(state[name], fresh[name.removeprefix("model.")] if name in missing else tensor), name
 
 
 def test_the_loss_shifts_the_labels_as_transformers_does():
-    model = _model(attention="selective")
+    model = tiny_model(attention="selective")
     wrapped = hf.AttnzooForCausalLM.from_attnzoo(model)
     tokens = _tokens()
     labels = tokens.clone()
@@ -146,7 +138,7 @@ def test_the_loss_shifts_the_labels_as_transformers_does():
 
 
 def test_return_dict_false_gives_the_tuple():
-    wrapped = hf.AttnzooForCausalLM.from_attnzoo(_model())
+    wrapped = hf.AttnzooForCausalLM.from_attnzoo(tiny_model())
     tokens = _tokens()
     loss, logits = wrapped(tokens, labels=tokens, return_dict=False)
     assert loss.dim() == 0 and logits.shape == (2, 7, VOCAB)
@@ -154,7 +146,7 @@ def test_return_dict_false_gives_the_tuple():
 
 @pytest.mark.parametrize("changes", CASES.values(), ids=CASES.keys())
 def test_greedy_generate_gives_attnzoos_tokens_with_and_without_the_cache(changes):
-    model = _model(**changes)
+    model = tiny_model(**changes)
     wrapped = hf.AttnzooForCausalLM.from_attnzoo(model)
     prompt = _tokens(length=5)
     cached = wrapped.generate(prompt, max_new_tokens=9, do_sample=False, return_dict_in_generate=True)
@@ -168,7 +160,7 @@ def test_greedy_generate_gives_attnzoos_tokens_with_and_without_the_cache(change
 
 
 def test_beam_search_and_sampling_agree_with_and_without_the_cache():
-    wrapped = hf.AttnzooForCausalLM.from_attnzoo(_model(attention="dcmha", attention_options={"window_size": 4}))
+    wrapped = hf.AttnzooForCausalLM.from_attnzoo(tiny_model(attention="dcmha", attention_options={"window_size": 4}))
     prompt = _tokens(length=5)
     beams = {use: wrapped.generate(prompt, max_new_tokens=6, num_beams=3, use_cache=use) for use in (True, False)}
     assert torch.equal(beams[True], beams[False])
@@ -180,7 +172,7 @@ def test_beam_search_and_sampling_agree_with_and_without_the_cache():
 
 
 def test_a_cache_continues_a_sequence_by_hand():
-    model = _model(attention="dcmha")
+    model = tiny_model(attention="dcmha")
     wrapped = hf.AttnzooForCausalLM.from_attnzoo(model)
     tokens = _tokens(length=8)
     cache = hf.AttnzooCache(max_len=8)
@@ -206,7 +198,7 @@ def test_a_cache_continues_a_sequence_by_hand():
     ids=["left-padding", "mask-shape", "positions", "dynamic-cache", "attentions", "both-inputs", "cache-batch"],
 )
 def test_what_an_attnzoo_model_cannot_do_is_refused_with_the_reason(kwargs, message):
-    wrapped = hf.AttnzooForCausalLM.from_attnzoo(_model())
+    wrapped = hf.AttnzooForCausalLM.from_attnzoo(tiny_model())
     if "cache" in kwargs and isinstance(kwargs["cache"], hf.AttnzooCache):
         wrapped(torch.zeros(2, 2, dtype=torch.long), cache=kwargs["cache"])  # allocated for 2 sequences
     with pytest.raises(ValueError, match=message):
@@ -214,7 +206,7 @@ def test_what_an_attnzoo_model_cannot_do_is_refused_with_the_reason(kwargs, mess
 
 
 def test_right_padding_leaves_the_real_tokens_exact_and_a_cache_refuses_any():
-    model = _model(attention="dcmha")
+    model = tiny_model(attention="dcmha")
     wrapped = hf.AttnzooForCausalLM.from_attnzoo(model)
     tokens = _tokens(length=8)
     mask = torch.ones(2, 8, dtype=torch.long)
@@ -226,13 +218,13 @@ def test_right_padding_leaves_the_real_tokens_exact_and_a_cache_refuses_any():
         torch.testing.assert_close(logits[1, :5], model(tokens[1:, :5])[0], rtol=0, atol=1e-5)
         with pytest.raises(ValueError, match="padding with a cache"):
             wrapped(tokens, attention_mask=mask, cache=hf.AttnzooCache(max_len=8))
-    bidirectional = hf.AttnzooForCausalLM.from_attnzoo(_model(causal=False))
+    bidirectional = hf.AttnzooForCausalLM.from_attnzoo(tiny_model(causal=False))
     with pytest.raises(ValueError, match="masks tokens before real ones"):  # its real tokens would see the pads
         bidirectional(tokens, attention_mask=mask)
 
 
 def test_inputs_embeds_run_without_a_cache_and_are_refused_with_one():
-    model = _model()
+    model = tiny_model()
     wrapped = hf.AttnzooForCausalLM.from_attnzoo(model)
     tokens = _tokens()
     with torch.no_grad():
@@ -242,7 +234,7 @@ def test_inputs_embeds_run_without_a_cache_and_are_refused_with_one():
 
 
 def test_generate_refuses_a_transformers_cache_implementation():
-    wrapped = hf.AttnzooForCausalLM.from_attnzoo(_model())
+    wrapped = hf.AttnzooForCausalLM.from_attnzoo(tiny_model())
     with pytest.raises(ValueError, match="cache_implementation='static' is not available"):
         wrapped.generate(_tokens(), max_new_tokens=2, cache_implementation="static")
 
@@ -277,7 +269,7 @@ def _train_one_step(model, tmp_path) -> None:
 
 def test_one_trainer_step_trains_every_parameter(tmp_path):
     pytest.importorskip("accelerate", reason="transformers' Trainer needs accelerate (the dev extra installs it)")
-    wrapped = hf.AttnzooForCausalLM.from_attnzoo(_model(attention="dcmha"))
+    wrapped = hf.AttnzooForCausalLM.from_attnzoo(tiny_model(attention="dcmha"))
     before = {name: tensor.clone() for name, tensor in wrapped.state_dict().items()}
     _train_one_step(wrapped, tmp_path)
     unchanged = [name for name, tensor in wrapped.state_dict().items() if torch.equal(tensor, before[name])]
@@ -288,7 +280,7 @@ def test_one_trainer_step_trains_every_parameter(tmp_path):
 def test_a_lora_adapter_on_q_and_v_trains_and_changes_the_output(tmp_path):
     pytest.importorskip("accelerate", reason="transformers' Trainer needs accelerate (the dev extra installs it)")
     peft = pytest.importorskip("peft", reason="LoRA needs peft (the dev extra installs it)")
-    wrapped = hf.AttnzooForCausalLM.from_attnzoo(_model(attention="selective"))
+    wrapped = hf.AttnzooForCausalLM.from_attnzoo(tiny_model(attention="selective"))
     base = {name: tensor.clone() for name, tensor in wrapped.state_dict().items()}
     lora = peft.get_peft_model(
         wrapped, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
@@ -298,7 +290,7 @@ def test_a_lora_adapter_on_q_and_v_trains_and_changes_the_output(tmp_path):
     tokens = _tokens()
     with torch.no_grad():
         start = lora(input_ids=tokens).logits
-    assert torch.equal(start, _model(attention="selective")(tokens))  # LoRA's B starts at zero
+    assert torch.equal(start, tiny_model(attention="selective")(tokens))  # LoRA's B starts at zero
     _train_one_step(lora, tmp_path)
     with torch.no_grad():
         assert (lora(input_ids=tokens).logits - start).abs().max() > 1e-4
@@ -307,7 +299,7 @@ def test_a_lora_adapter_on_q_and_v_trains_and_changes_the_output(tmp_path):
 
 
 def test_save_hf_writes_a_directory_auto_loads(tmp_path):
-    model = _model(attention="dcmha", vocab_size=256)  # the byte tokenizer's
+    model = tiny_model(attention="dcmha", vocab_size=256)  # the byte tokenizer's
     model.save_pretrained(tmp_path / "attnzoo")
     (tmp_path / "attnzoo" / "tokenizer.json").write_text('{"kind": "byte"}')
     out = hf.save_hf(tmp_path / "attnzoo", tmp_path / "hf")

@@ -3,6 +3,7 @@ import math
 
 import pytest
 import torch
+from conftest import tiny_config, tiny_model
 from safetensors import safe_open
 
 from attnzoo import ModelConfig, Transformer
@@ -11,11 +12,6 @@ from attnzoo.positions import POSITIONS
 
 POSITION_NAMES = ["none", "learned", "sinusoidal", "rope", "alibi"]
 KV_HEADS = {"mha": 4, "gqa": 2, "mqa": 1}  # with 4 query heads
-
-
-def tiny(**overrides):
-    base = dict(vocab_size=61, dim=32, n_layers=2, n_heads=4, max_seq_len=48)
-    return ModelConfig(**{**base, **overrides})
 
 
 def cached_logits(model, idx, prefill, single_steps):
@@ -32,7 +28,7 @@ def cached_logits(model, idx, prefill, single_steps):
 @pytest.mark.parametrize("position", POSITION_NAMES)
 @pytest.mark.parametrize("heads", KV_HEADS)
 def test_eager_equals_sdpa(position, heads):
-    cfg = tiny(position=position, n_kv_heads=KV_HEADS[heads], attn_backend="eager")
+    cfg = tiny_config(position=position, n_kv_heads=KV_HEADS[heads], attn_backend="eager")
     eager = Transformer(cfg).eval()
     sdpa = Transformer(dataclasses.replace(cfg, attn_backend="sdpa")).eval()
     sdpa.load_state_dict(eager.state_dict())
@@ -45,7 +41,7 @@ def test_eager_equals_sdpa(position, heads):
 @pytest.mark.parametrize("position", POSITION_NAMES)
 @pytest.mark.parametrize("heads", KV_HEADS)
 def test_cached_decoding_equals_full_forward(position, heads, backend):
-    model = Transformer(tiny(position=position, n_kv_heads=KV_HEADS[heads], attn_backend=backend)).eval()
+    model = tiny_model(position=position, n_kv_heads=KV_HEADS[heads], attn_backend=backend)
     idx = torch.randint(0, 61, (2, 40))
     full = model(idx)
     for prefill, steps in ((1, 6), (13, 5)):
@@ -55,7 +51,7 @@ def test_cached_decoding_equals_full_forward(position, heads, backend):
 @pytest.mark.parametrize("rope_type", ["linear", "yarn", "llama3"])
 def test_cached_decoding_equals_full_forward_with_rope_scaling(rope_type):
     options = {"rope_type": rope_type, "factor": 4.0, "original_max_position_embeddings": 16}
-    model = Transformer(tiny(position_options={"partial_rotary_factor": 0.5, **options})).eval()
+    model = tiny_model(position_options={"partial_rotary_factor": 0.5, **options})
     idx = torch.randint(0, 61, (1, 40))
     assert (cached_logits(model, idx, 9, 4) - model(idx)).abs().max() <= 1e-5
 
@@ -64,7 +60,7 @@ def test_dynamic_ntk_cache_is_exact_within_the_original_context_only():
     # Dynamic NTK re-derives θ from the length so far (as HF does); cached keys keep the rotation they
     # were stored with, so past the original context a cache and a full forward differ by design.
     options = {"rope_type": "dynamic", "factor": 4.0, "original_max_position_embeddings": 24}
-    model = Transformer(tiny(position_options=options, init_std=0.3)).eval()
+    model = tiny_model(position_options=options, init_std=0.3)
     idx = torch.randint(0, 61, (1, 40))
     within = cached_logits(model, idx[:, :24], 8, 4)
     assert (within - model(idx[:, :24])).abs().max() <= 1e-5
@@ -99,7 +95,7 @@ def test_sdpa_training_saves_no_per_head_t_by_t_tensor():
     T = 64
 
     def saved_square_tensors(backend):
-        model = Transformer(tiny(attn_backend=backend, max_seq_len=T))
+        model = Transformer(tiny_config(attn_backend=backend, max_seq_len=T))
         squares = []
 
         def pack(tensor):
@@ -116,7 +112,7 @@ def test_sdpa_training_saves_no_per_head_t_by_t_tensor():
 
 
 def test_attention_maps_are_causal_distributions():
-    model = Transformer(tiny())
+    model = tiny_model()
     maps = model.attention_maps(torch.randint(0, 61, (2, 10)))
     assert len(maps) == 2 and maps[0].shape == (2, 4, 10, 10)
     torch.testing.assert_close(maps[1].sum(-1), torch.ones(2, 4, 10))
@@ -128,7 +124,7 @@ def test_attention_maps_are_causal_distributions():
 
 @pytest.mark.parametrize("position", POSITION_NAMES)
 def test_greedy_generation_with_and_without_cache_agree(position):
-    model = Transformer(tiny(position=position, n_kv_heads=2)).eval()
+    model = tiny_model(position=position, n_kv_heads=2)
     prompt = torch.randint(0, 61, (2, 5))
     cached = model.generate(prompt, 20, temperature=0)
     assert cached.shape == (2, 25) and torch.equal(cached[:, :5], prompt)
@@ -136,7 +132,7 @@ def test_greedy_generation_with_and_without_cache_agree(position):
 
 
 def test_sampling_is_reproducible_and_cache_independent():
-    model = Transformer(tiny()).eval()
+    model = tiny_model()
     prompt = torch.randint(0, 61, (3, 4))
 
     def sample(use_cache, seed=7):
@@ -150,7 +146,7 @@ def test_sampling_is_reproducible_and_cache_independent():
 
 
 def test_top_k_one_and_tiny_top_p_are_greedy():
-    model = Transformer(tiny()).eval()
+    model = tiny_model()
     prompt = torch.randint(0, 61, (2, 4))
     greedy = model.generate(prompt, 8, temperature=0)
     assert torch.equal(model.generate(prompt, 8, temperature=1.5, top_k=1), greedy)
@@ -166,7 +162,7 @@ def test_sampling_respects_top_k():
 
 
 def test_generation_stops_at_eos_and_pads_finished_rows():
-    model = Transformer(tiny()).eval()
+    model = tiny_model()
     prompt = torch.randint(0, 61, (2, 4))
     greedy = model.generate(prompt, 6, temperature=0)
     eos = int(greedy[0, 4])  # row 0's first new token
@@ -186,13 +182,13 @@ def test_generation_stops_at_eos_and_pads_finished_rows():
     ],
 )
 def test_generate_rejects_bad_arguments(kwargs, message):
-    model = Transformer(tiny())
+    model = tiny_model()
     with pytest.raises(ValueError, match=message.replace(".", r"\.")):
         model.generate(torch.zeros(1, 2, dtype=torch.long), **{"max_new_tokens": 3, **kwargs})
 
 
 def test_cache_rejects_a_different_batch_and_overflow():
-    model = Transformer(tiny())
+    model = tiny_model()
     cache = model.new_cache(2, 5)
     with pytest.raises(ValueError, match="batch size 1 differs from the cache's batch_size=2"):
         model(torch.zeros(1, 2, dtype=torch.long), cache=cache)
@@ -202,7 +198,7 @@ def test_cache_rejects_a_different_batch_and_overflow():
 
 
 def test_bad_inputs_are_clear_errors():
-    model = Transformer(tiny())
+    model = tiny_model()
     with pytest.raises(ValueError, match=r"\(batch, seq_len\)"):
         model(torch.zeros(5, dtype=torch.long))
     with pytest.raises(ValueError, match=r"\(batch, seq_len\)"):
@@ -221,7 +217,7 @@ def test_bad_inputs_are_clear_errors():
 
 def test_generation_can_fill_a_learned_table_exactly():
     # The last sampled token is never fed back, so a full max_seq_len prompt can still take one more token.
-    model = Transformer(tiny(position="learned", max_seq_len=16)).eval()
+    model = tiny_model(position="learned", max_seq_len=16)
     prompt = torch.randint(0, 61, (1, 16))
     cached = model.generate(prompt, 1, temperature=0)
     assert cached.shape == (1, 17) and torch.equal(cached, model.generate(prompt, 1, temperature=0, use_cache=False))
@@ -234,7 +230,7 @@ def test_generation_can_fill_a_learned_table_exactly():
 
 @pytest.mark.parametrize("tie", [True, False])
 def test_save_and_load_round_trip(tmp_path, tie):
-    model = Transformer(tiny(tie_embeddings=tie, position="learned", n_kv_heads=2)).eval()
+    model = tiny_model(tie_embeddings=tie, position="learned", n_kv_heads=2)
     model.save_pretrained(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
     loaded = Transformer.from_pretrained(tmp_path).eval()
@@ -248,8 +244,8 @@ def test_save_and_load_round_trip(tmp_path, tie):
 
 
 def test_loading_refuses_mismatched_or_missing_files(tmp_path):
-    Transformer(tiny()).save_pretrained(tmp_path)
-    tiny(dim=64, n_heads=4).to_json(tmp_path / "config.json")
+    Transformer(tiny_config()).save_pretrained(tmp_path)
+    tiny_config(dim=64, n_heads=4).to_json(tmp_path / "config.json")
     with pytest.raises(ValueError, match="cannot read weights"):
         Transformer.from_pretrained(tmp_path)
     (tmp_path / "model.safetensors").write_bytes(b"\x00" * 10)
@@ -264,7 +260,7 @@ def test_loading_refuses_mismatched_or_missing_files(tmp_path):
 
 def test_parallel_residual_block_formula():
     # GPT-NeoX: both branches read the block input: x + attn(norm1(x)) + mlp(norm2(x)).
-    model = Transformer(tiny(n_layers=1, parallel_residual=True, norm="layernorm", bias=True, mlp="gelu")).eval()
+    model = tiny_model(n_layers=1, parallel_residual=True, norm="layernorm", bias=True, mlp="gelu")
     idx = torch.randint(0, 61, (2, 9))
     block = model.layers[0]
     x = model.embed_tokens(idx)
@@ -274,7 +270,7 @@ def test_parallel_residual_block_formula():
 
 
 def test_embedding_norm_and_tanh_gelu():
-    model = Transformer(tiny(embedding_norm=True, mlp="gelu_tanh", norm="layernorm", bias=True)).eval()
+    model = tiny_model(embedding_norm=True, mlp="gelu_tanh", norm="layernorm", bias=True)
     assert model.embed_norm is not None
     h = torch.randn(3, 32)
     mlp = model.layers[0].mlp
@@ -292,7 +288,7 @@ def test_embedding_norm_and_tanh_gelu():
 def test_scaled_embeddings_are_the_fairseq_layout_and_decode_as_the_full_forward():
     # Vaswani et al. §3.4 / fairseq: x = √d·E[token] + PE with a unit sinusoidal table, E ~ N(0, 1/d), tied to the head.
     torch.manual_seed(0)
-    config = tiny(dim=64, position="sinusoidal", scale_embeddings=True)
+    config = tiny_config(dim=64, position="sinusoidal", scale_embeddings=True)
     model = Transformer(config).eval()
     assert model.embed_tokens.weight.std().item() == pytest.approx(1 / 8, rel=0.05)  # 1/√64, not init_std
     assert model.lm_head.weight is model.embed_tokens.weight
@@ -313,12 +309,11 @@ def test_scaled_embeddings_are_the_fairseq_layout_and_decode_as_the_full_forward
     assert unscaled.embed_tokens.weight.std().item() == pytest.approx(config.init_std, rel=0.05)
     assert unscaled.position.amplitude == pytest.approx(math.sqrt(2) * config.init_std)
     with pytest.raises(ValueError, match=r"scale_embeddings.*must be true or false"):
-        tiny(scale_embeddings="yes")
+        tiny_config(scale_embeddings="yes")
 
 
 def test_encode_takes_embeddings_in_place_of_tokens():
-    torch.manual_seed(0)
-    model = Transformer(ModelConfig(vocab_size=32, dim=16, n_heads=2, n_layers=2, position="sinusoidal")).eval()
+    model = tiny_model(vocab_size=32, dim=16, n_heads=2, position="sinusoidal")
     idx = torch.randint(0, 32, (2, 9))
     torch.testing.assert_close(model.lm_head(model.encode(model.embed_tokens(idx))), model(idx), rtol=0, atol=0)
     with pytest.raises(ValueError, match=r"embeddings must have shape \(batch >= 1, seq_len >= 1, dim=16\)"):
