@@ -5,20 +5,21 @@ import math
 
 import pytest
 import torch
+from conftest import TINY_MODEL, tiny_config
 from torch.profiler import profile
 
 from attnzoo import ModelConfig, Transformer
 from attnzoo.attention.kernels import build, sdpa
 
-VOCAB, DIM, HEADS = 50, 64, 4  # d = 64 / 4 / 2 = 8
+VOCAB = TINY_MODEL["vocab_size"]
+DIM, HEADS = 64, 4  # d = 64 / 4 / 2 = 8
 KV_SETTINGS = [pytest.param(4, id="mha"), pytest.param(2, id="gqa2:1"), pytest.param(1, id="mqa")]
 ALL_POSITIONS = ["none", "learned", "sinusoidal", "rope", "alibi"]
 
 
 def make_model(n_kv_heads=HEADS, position="rope", n_layers=2, backend="auto", **options):
     # init_std 0.1 makes the maps far from uniform, so layout or masking errors change the outputs.
-    cfg = ModelConfig(
-        vocab_size=VOCAB,
+    cfg = tiny_config(
         dim=DIM,
         n_layers=n_layers,
         n_heads=HEADS,
@@ -26,7 +27,6 @@ def make_model(n_kv_heads=HEADS, position="rope", n_layers=2, backend="auto", **
         attention="diff",
         attention_options=options,
         position=position,
-        max_seq_len=32,
         init_std=0.1,
         attn_backend=backend,
     )

@@ -5,25 +5,24 @@ import math
 
 import pytest
 import torch
+from conftest import TINY_MODEL, tiny_config
 
 from attnzoo import ModelConfig, Transformer
 
-VOCAB, DIM, HEADS, HEAD_DIM = 50, 64, 4, 16  # h = 4 differential heads, 2h = 8 query heads of size d = 16
+VOCAB = TINY_MODEL["vocab_size"]
+DIM, HEADS, HEAD_DIM = 64, 4, 16  # h = 4 differential heads, 2h = 8 query heads of size d = 16
 KV_SETTINGS = [pytest.param(4, id="mha"), pytest.param(2, id="gqa2:1"), pytest.param(1, id="mqa")]
 ALL_POSITIONS = ["none", "learned", "sinusoidal", "rope", "alibi"]
 
 
 def make_model(n_kv_heads=HEADS, position="rope", backend="auto"):
     # init_std 0.1 makes the maps far from uniform, so layout or masking errors change the outputs.
-    cfg = ModelConfig(
-        vocab_size=VOCAB,
+    cfg = tiny_config(
         dim=DIM,
-        n_layers=2,
         n_heads=HEADS,
         n_kv_heads=n_kv_heads,
         attention="diff_v2",
         position=position,
-        max_seq_len=32,
         init_std=0.1,
         attn_backend=backend,
     )

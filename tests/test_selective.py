@@ -6,12 +6,13 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import TINY_MODEL, tiny_config
 
 from attnzoo import ModelConfig, Transformer
 
 POSITIONS = ["none", "learned", "sinusoidal", "rope", "alibi"]
 KV_HEADS = [4, 2, 1]  # MHA, GQA 2:1, MQA for 4 query heads
-VOCAB, SEQ_LEN = 50, 12
+VOCAB, SEQ_LEN = TINY_MODEL["vocab_size"], 12
 TOL = 1e-5  # fp32: cached vs full and SDPA vs eager differ only by summation order
 PTS = {"value_temperature": False, "token_temperature": False, "position_coefficient": "pts"}
 # Beyond the default (weight-shared f, one α per layer): the separate MLP with per-head α, and the official PTS.
@@ -20,13 +21,9 @@ OTHER_FORMS = {"mlp-per-head": {"temperature_fn": "mlp", "per_head_coefficient":
 
 def make_config(attention="selective", position="rope", n_kv_heads=4, n_layers=2, backend="auto", **options):
     # init_std=0.1 makes attention far from uniform, so a wrong temperature visibly changes the output.
-    return ModelConfig(
-        vocab_size=VOCAB,
-        dim=32,
+    return tiny_config(
         n_layers=n_layers,
-        n_heads=4,
         n_kv_heads=n_kv_heads,
-        max_seq_len=32,
         attention=attention,
         attention_options=options,
         position=position,
