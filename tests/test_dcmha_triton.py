@@ -246,7 +246,11 @@ def test_the_tuned_launch_times_each_pruned_config_and_computes_what_the_untuned
     """The launch a GPU takes without a block, run on the interpreter: each kernel's autotuner runs every config left
     after pruning once (timed here by a stand-in that counts, making the first the fastest), keeps one per shape, and
     the output and every gradient equal the untuned tiles' (fp32 2e-5 of the largest entry: other tiles sum in
-    another order). On a GPU every call without a block takes this launch, so there the test is moot."""
+    another order). On a GPU every call without a block takes this launch, so there the test is moot.
+
+    The interpreter ignores warps and stages, so each tuner holds one config per distinct set of constants (tiles,
+    heads a program, ...) here: every program the tuned launch can run, once. The case is the smallest that prunes
+    none of them (2 heads, rank 1) and still shares a kv head (GQA): the interpreter's time is the test's."""
     if not INTERPRETED:
         pytest.skip("on a GPU every model-level test already launches through the autotuners")
     runs: dict[str, int] = {}
@@ -259,8 +263,14 @@ def test_the_tuned_launch_times_each_pruned_config_and_computes_what_the_untuned
 
         return count
 
+    def constants(configs: list[triton.Config]) -> set[tuple]:
+        return {tuple(sorted(c.kwargs.items())) for c in configs}
+
     time_tuning_with(monkeypatch, counter)
-    case = CASES["local"]
+    for tuner in tuning.TUNED.values():
+        distinct = {tuple(sorted(c.kwargs.items())): c for c in reversed(tuner.configs)}
+        monkeypatch.setattr(tuner, "configs", list(distinct.values()))
+    case = dataclasses.replace(CASES["local"], n_heads=2, n_kv_heads=1, rank=1, length=16)
     leaves = make_inputs(case, torch.float32, device)
     untuned = output_and_grads(case, leaves, 16)
     monkeypatch.setattr(jit, "INTERPRETED", False)
@@ -269,8 +279,10 @@ def test_the_tuned_launch_times_each_pruned_config_and_computes_what_the_untuned
         torch.testing.assert_close(got, want, rtol=0, atol=2e-5 * want.abs().max().item())
     spec = op.KernelSpec(1, case.n_heads, case.rank, True, True, True, case.window, 0.25).constants(16)
     for name, tuner in tuning.TUNED.items():
-        pruned = tuning.prune_tiles(tuning.tuning_configs(tuning.KERNEL_GRID[name][1]), {}, **spec)
-        assert runs[name] == len(pruned) > 1 and len(tuner.cache) == 1, name
+        every = tuning.prune_tiles(tuning.tuning_configs(tuning.KERNEL_GRID[name][1]), {}, **spec)
+        timed = tuning.prune_tiles(tuner.configs, {}, **spec)
+        assert constants(timed) == constants(every) and len(constants(every)) > 1, name
+        assert runs[name] == len(timed) and len(tuner.cache) == 1, name
 
 
 def test_a_tuning_that_fails_warns_once_and_the_kernel_runs_untuned(device, monkeypatch):
