@@ -9,6 +9,7 @@ from functools import cache
 
 import pytest
 import torch
+from conftest import TINY_MODEL, tiny_config
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnzoo import ModelConfig, Transformer
@@ -29,17 +30,14 @@ from attnzoo.attention.kernels.dcmha_compiled import compiled_compose, compose_s
 
 POSITIONS = ["none", "learned", "sinusoidal", "rope", "alibi"]
 KV_HEADS = {"mha": 4, "gqa": 2, "mqa": 1}
-VOCAB = 61
+VOCAB = TINY_MODEL["vocab_size"]
 
 
 def make_model(position="rope", n_kv_heads=4, backend="auto", n_layers=2, strong=True, **options) -> Transformer:
     """A tiny DCMHA model whose dynamic weights are large enough that composition changes the output."""
     options = {"window_size": 5, "q_chunk_size": 4, **options}
-    cfg = ModelConfig(
-        vocab_size=VOCAB,
-        dim=32,
+    cfg = tiny_config(
         n_layers=n_layers,
-        n_heads=4,
         n_kv_heads=n_kv_heads,
         max_seq_len=128,
         attention="dcmha",

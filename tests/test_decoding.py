@@ -15,6 +15,7 @@ import json
 
 import pytest
 import torch
+from conftest import TINY_MODEL, tiny_config
 from torch._dynamo.testing import CompileCounter
 from torch._dynamo.utils import counters
 
@@ -29,7 +30,7 @@ from attnzoo.positions import POSITIONS
 MECHANISMS = ATTENTION.names()  # plugins included: a mechanism or scheme added later is tested, not skipped
 POSITION_NAMES = POSITIONS.names()
 KV_HEADS = {"mha": 4, "gqa": 2, "mqa": 1}  # with 4 query heads
-VOCAB = 61
+VOCAB = TINY_MODEL["vocab_size"]
 TOL = 1e-5  # fp32 logits; measured worst case 2.4e-7
 SCALED = {"factor": 4.0, "original_max_position_embeddings": 8}  # RoPE scaling that acts within 14 tokens
 
@@ -40,9 +41,10 @@ def make_model(attention="mha", position="rope", n_kv_heads=2, **fields) -> Tran
     cache is a ring of 5, with a global one."""
     options = {"window_type": "LG", "window_size": 5, "q_chunk_size": 4} if attention == "dcmha" else {}
     options = {**options, **fields.pop("attention_options", {})}
-    base = dict(vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, max_seq_len=48)
-    cfg = ModelConfig(
-        **{**base, **fields}, n_kv_heads=n_kv_heads, attention=attention, position=position, attention_options=options
+    # max_seq_len 48: the compiled decoder rounds its cache up within it (test_compiled_generate_equals_eager_...).
+    fields = {"max_seq_len": 48, **fields}
+    cfg = tiny_config(
+        **fields, n_kv_heads=n_kv_heads, attention=attention, position=position, attention_options=options
     )
     model = Transformer(cfg).eval()
     with torch.no_grad():
