@@ -18,7 +18,7 @@ from types import ModuleType
 import pytest
 import torch
 import torch.nn.functional as F
-from kernel_checks import on_backend
+from kernel_checks import CallCounter, on_backend
 from training_helpers import TINY_FLAGS, write_text_corpus
 
 from attnzoo import ModelConfig, Transformer
@@ -32,10 +32,12 @@ from attnzoo.attention.kernels import (
     dcmha_compiled,
     dcmha_fused,
     diff_flash,
+    dispatch,
     eager,
     sdpa,
 )
 from attnzoo.cli import main
+from attnzoo.config import attn_backends
 from attnzoo.positions import POSITIONS as POSITIONS_REGISTRY
 from attnzoo.training import read_checkpoint
 
@@ -141,6 +143,8 @@ def cases():
         for position in POSITIONS:
             for backend in BACKENDS:
                 yield attention, position, backend, "plain"
+            if position == "alibi" and not ATTENTION.get(attention).needs_scores:  # ALiBi's kernel runs SDPA's calls
+                yield attention, position, "alibi-flash", "plain"
             for variant, _, _ in VARIANTS[1:]:
                 yield attention, position, "auto", variant
 
@@ -150,7 +154,9 @@ def kernel_table(monkeypatch) -> dict[tuple[str, str, str, str], dict[str, str]]
     for attention, position, backend, variant in cases():
         _, changes, dtype = next(v for v in VARIANTS if v[0] == variant)
         model = model_of(attention, backend, position, changes, dtype)
-        table[attention, position, backend, variant] = observe(monkeypatch, model)
+        with warnings.catch_warnings():  # a pinned kernel's fallback to the reference is said (tested below)
+            warnings.simplefilter("ignore", RuntimeWarning)
+            table[attention, position, backend, variant] = observe(monkeypatch, model)
     return table
 
 
@@ -172,6 +178,10 @@ EAGER = generic(E, E, E, E)
 ALIBI = generic("alibi-flash", "alibi-flash", "alibi-flash", S)
 # Dropout is on in training only: there SDPA takes the bias as one additive mask with the causal one.
 ALIBI_DROPOUT = generic(S, "alibi-flash", "alibi-flash", S)
+# attn_backend="sdpa" is SDPA alone: on a fresh sequence its CPU kernel takes the bias with the causal flag.
+SDPA_ALIBI = generic("sdpa-causal-bias", "sdpa-causal-bias", "sdpa-causal-bias", S)
+# attn_backend="alibi-flash" is ALiBi's kernel alone: a cached step, which it does not serve, runs on the reference.
+ALIBI_PINNED = generic("alibi-flash", "alibi-flash", "alibi-flash", E)
 DIFF = generic("diff-flash", "diff-flash", "diff-flash", S)
 DIFF_DROPOUT = generic(S, "diff-flash", "diff-flash", S)
 DCMHA = generic("dcmha-fused", "dcmha-fused", "dcmha-fused", "dcmha-decode+dcmha-step-weights")
@@ -191,7 +201,8 @@ for _mechanism in ("mha", "selective", "diff_v2"):
         (_mechanism, "rope", "auto", "bf16"): generic(),
         (_mechanism, "alibi", "auto", "plain"): ALIBI,
         (_mechanism, "alibi", "eager", "plain"): EAGER,
-        (_mechanism, "alibi", "sdpa", "plain"): ALIBI,
+        (_mechanism, "alibi", "sdpa", "plain"): SDPA_ALIBI,
+        (_mechanism, "alibi", "alibi-flash", "plain"): ALIBI_PINNED,
         (_mechanism, "alibi", "auto", "dropout"): ALIBI_DROPOUT,
         (_mechanism, "alibi", "auto", "bidirectional"): bidirectional(),
         (_mechanism, "alibi", "auto", "bf16"): ALIBI,
@@ -205,7 +216,8 @@ BUILT |= {
     ("diff", "rope", "auto", "bf16"): DIFF,
     ("diff", "alibi", "auto", "plain"): DIFF,
     ("diff", "alibi", "eager", "plain"): EAGER,
-    ("diff", "alibi", "sdpa", "plain"): ALIBI,
+    ("diff", "alibi", "sdpa", "plain"): SDPA_ALIBI,
+    ("diff", "alibi", "alibi-flash", "plain"): ALIBI_PINNED,
     ("diff", "alibi", "auto", "dropout"): DIFF_DROPOUT,
     ("diff", "alibi", "auto", "bidirectional"): bidirectional(),
     ("diff", "alibi", "auto", "bf16"): DIFF,
@@ -226,8 +238,8 @@ BUILT |= {
 
 def unbuilt(key: tuple[str, str, str, str], choice: dict[str, str]) -> dict[str, str]:
     """The choice where the fused C++ kernels cannot be built: DCMHA's chunked PyTorch path, and SDPA for the rest,
-    with a linear bias and the causal flag in one call of its CPU kernel."""
-    fallback = "sdpa-causal-bias" if key[1] == "alibi" else S
+    with a linear bias and the causal flag in one call of its CPU kernel; the reference where a C++ kernel is named."""
+    fallback = E if key[2] == "alibi-flash" else "sdpa-causal-bias" if key[1] == "alibi" else S
     return {
         scenario: kernel if kernel in (S, E, C) else (C if key[0] == "dcmha" else fallback)
         for scenario, kernel in choice.items()
@@ -337,12 +349,98 @@ def test_each_mechanism_declares_its_kernels_in_order_and_the_reference_follows(
             "compile_composition asks for the compiled PyTorch composition",
         ),
         (dict(attn_backend="dcmha-triton", attention="dcmha", attention_options={"static_proj": True}), "static_proj"),
-        (dict(attn_backend="flash"), "choose one of ['auto', 'chunked', 'dcmha-decode'"),
+        (dict(attn_backend="flash"), "choose one of ['auto', 'alibi-flash', 'chunked', 'dcmha-decode'"),
+        (
+            dict(attn_backend="alibi-flash"),
+            "the kernel cannot run mha here: it computes a positional scheme's bias, "
+            "and position='rope' does not bring it; use 'auto' or 'eager'",
+        ),
+        (
+            dict(attn_backend="alibi-flash", position="alibi", attention="dcmha"),
+            "it runs the calls of 'sdpa', which cannot: dcmha acts on the attention scores",
+        ),
+        (dict(attn_backend="alibi-flash", position="alibi", causal=False), "the model is bidirectional"),
     ],
 )
 def test_a_kernel_that_cannot_serve_the_config_is_refused_with_its_reason(changes, reason):
     with pytest.raises(ValueError, match=re.escape(reason)):
         ModelConfig(vocab_size=32, dim=32, n_layers=1, n_heads=4, **changes)
+
+
+def test_alibis_kernel_goes_before_sdpa_with_auto_and_runs_alone_where_named():
+    """With "auto" ALiBi's kernel is tried just before SDPA (after Diff's own); a kernel named runs alone: "sdpa" is
+    SDPA without ALiBi's kernel, and "alibi-flash", which ``attn_backend`` lists, ALiBi's kernel without SDPA."""
+    assert "alibi-flash" in attn_backends()
+    assert chain(position="alibi") == ["alibi-flash", "sdpa", "eager"]
+    diff = chain(position="alibi", attention="diff")
+    assert diff[0] == "diff-flash" and diff[-3:] == ["alibi-flash", "sdpa", "eager"]
+    assert chain(position="alibi", attention="dcmha") == chain(attention="dcmha")  # no SDPA: nothing to specialise
+    assert chain(position="alibi", attn_backend="sdpa") == ["sdpa"]
+    assert chain(position="alibi", attn_backend="alibi-flash") == ["alibi-flash"]
+    assert chain(position="alibi", attention="diff", attn_backend="alibi-flash") == ["alibi-flash"]
+
+
+@pytest.mark.parametrize("attention", ["mha", "diff"])
+def test_alibi_flash_sdpa_and_the_eager_reference_agree(monkeypatch, attention):
+    """The same weights on attn_backend "alibi-flash" (the fused kernel, the bias in its tiles), "sdpa" (the bias as a
+    tensor beside the causal flag, never ALiBi's kernel) and "eager": a training forward's logits, and every
+    parameter's gradient, within 1e-5 of the largest of the reference's (fp32, CPU, GQA; the kernels sum in other
+    orders)."""
+    if not build.available():
+        pytest.skip(f"the fused CPU kernels cannot be built here: {build.status()}")
+    cfg = ModelConfig(
+        vocab_size=32, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=48, attention=attention,
+        position="alibi", attn_backend="alibi-flash",
+    )  # fmt: skip
+    fused = Transformer(cfg).train()
+    idx = torch.randint(0, 32, (2, 40))
+    fused_calls = CallCounter(monkeypatch, alibi_flash, "alibi_flash_attention")
+
+    def logits_and_grads(model: Transformer) -> list[torch.Tensor]:
+        logits = model(idx)
+        logits.square().mean().backward()
+        return [logits.detach(), *(p.grad for p in model.parameters())]
+
+    results = {}
+    for backend in ("alibi-flash", "sdpa", "eager"):
+        model = fused if backend == "alibi-flash" else on_backend(fused, backend)
+        fused_calls.calls = 0
+        results[backend] = logits_and_grads(model)
+        assert (fused_calls.calls >= cfg.n_layers) if backend == "alibi-flash" else fused_calls.calls == 0
+        assert model.attention_kernels(idx) == [backend] * cfg.n_layers
+    for backend in ("alibi-flash", "sdpa"):
+        for actual, expected in zip(results[backend], results["eager"], strict=True):
+            torch.testing.assert_close(actual, expected, rtol=0, atol=1e-5 * max(1.0, expected.abs().max().item()))
+
+
+def test_alibi_flash_named_without_the_extension_is_refused_before_training(tmp_path, capsys, monkeypatch):
+    """Where the C++ kernels cannot be built, ALiBi's kernel serves no call: a run naming it is refused with that
+    reason before anything is written (with "auto" SDPA would run it)."""
+    monkeypatch.setattr(build, "_loaded", False)  # as after a failed build
+    monkeypatch.setattr(build, "_failure", "no compiler (simulated)")
+    run = tmp_path / "run"
+    text = write_text_corpus(tmp_path / "text.txt")
+    flags = ["--position", "alibi", "--attn-backend", "alibi-flash", "--steps", "1"]
+    assert main(["train", "--data", str(text), "--out", str(run), *TINY_FLAGS, *flags]) == 1
+    said = capsys.readouterr().err
+    assert "attn_backend='alibi-flash'" in said and "the fused CPU kernels are unavailable (no compiler" in said
+    assert not (run / "run.json").exists()
+
+
+def test_a_named_kernels_fallback_while_compiling_leaves_the_told_record_alone():
+    """While torch.compile traces, a pinned kernel's fallback is neither said nor recorded: the record of what was
+    told is not touched (a graph would break on it), and an eager call afterwards still says it once."""
+    model = Transformer(ModelConfig(vocab_size=32, dim=32, n_layers=1, n_heads=4, attn_backend="chunked"))
+    layer = model.layers[0].self_attn
+    maps = dataclasses.replace(Call.planned(model.config, model.position), records_scores=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dispatch._tell_fallback(layer, dataclasses.replace(maps, compiling=True))
+    assert layer not in dispatch._FALLBACKS_TOLD
+    with pytest.warns(RuntimeWarning, match="attn_backend='chunked' cannot serve a call of layer 0"):
+        dispatch._tell_fallback(layer, maps)
+    assert dispatch._FALLBACKS_TOLD[layer] == {("chunked", "attention maps or logits are recorded: only the eager "
+                                                           "reference returns them")}  # fmt: skip
 
 
 def test_auto_falls_back_in_the_declared_order(monkeypatch):

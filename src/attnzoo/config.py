@@ -66,9 +66,9 @@ class ModelConfig:
       (dcmha); a positional scheme's kernels just before the kernel each specialises (ALiBi's fused C++ kernel
       before SDPA);
     * ``"eager"``: the reference everywhere, explicit fp32 scores and softmax;
-    * a kernel's name (``"sdpa"``, ``"chunked"``, ``"diff-flash"``, ...): that kernel wherever it serves the call
-      (after the positional scheme's kernels that specialise it), the eager reference elsewhere; a kernel that can
-      never serve the mechanism is refused here, with the reason.
+    * a kernel's name (``"sdpa"``, ``"chunked"``, ``"diff-flash"``, ``"alibi-flash"``, ...): that kernel alone
+      wherever it serves the call (``"sdpa"`` with ALiBi is SDPA with the bias as a mask, without ALiBi's kernel),
+      the eager reference elsewhere; a kernel that can never serve the model is refused here, with the reason.
 
     Recording attention maps (``model.attention_maps``) always takes the eager reference, the one kernel that
     returns the probabilities.
@@ -186,7 +186,7 @@ class ModelConfig:
         attention_cls.validate_config(self)
         POSITIONS.get(self.position).validate_config(self, attention_cls.qk_head_dim(self))
         require_count("max_seq_len", self.max_seq_len)
-        refusal = backend_refusal(self)
+        refusal = backend_refusal(self, POSITIONS.get(self.position).kernels)
         require(refusal is None, "attn_backend", self.attn_backend, refusal or "")
 
     def _set(self, name: str, value: Any) -> None:

@@ -7,8 +7,10 @@ pass holds a (H, T, T) tensor: the forward pass keeps each query tile's online-s
 output and the row log-sum-exp; the backward pass recomputes the probabilities from them (FlashAttention-2).
 ``csrc/alibi_flash.cpp`` derives it.
 
-The record specialises ``sdpa``: it is tried just before SDPA, in training and inference, and where it refuses a call
-(a cached step, dropout, float64, no compiler) SDPA runs it with the bias as a (1, H, T, T) tensor (``sdpa.py``).
+The record specialises ``sdpa``: with "auto" it is tried just before SDPA, in training and inference, and where it
+refuses a call (a cached step, dropout, float64, no compiler) SDPA runs it with the bias as a (1, H, T, T) tensor
+(``sdpa.py``). ``attn_backend="alibi-flash"`` pins it (the eager reference running what it refuses, as for any kernel
+named), and ``attn_backend="sdpa"`` runs SDPA without it.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The one place a kernel is chosen: a layer's kernels are fixed once from its config (:func:`kernel_chain`), and each
 call runs the first of them that serves it (:func:`choose`, :func:`attend`). The kernels come from the mechanism
-(``Attention.kernels``) and from the positional scheme (``PositionalEncoding.kernels``), whose kernels are tried just
-before the kernel each specialises (ALiBi's ``alibi-flash`` before ``sdpa``). On CUDA, a route a GPU lease decided
-(``routes.py``: ``cuda_routes.json``) is tried first for the calls it was timed on.
+(``Attention.kernels``) and from the positional scheme (``PositionalEncoding.kernels``), whose kernels "auto" tries
+just before the kernel each specialises (ALiBi's ``alibi-flash`` before ``sdpa``). On CUDA, a route a GPU lease
+decided (``routes.py``: ``cuda_routes.json``) is tried first for the calls it was timed on.
 
 A kernel the user named (``attn_backend``) is never swapped silently for the eager reference: a run it cannot serve
 is refused before it starts (:func:`planned_backend_refusal`), and where only a call can tell, the fallback is said
@@ -32,26 +32,42 @@ if TYPE_CHECKING:
 AUTO = "auto"
 
 
-def backend_refusal(cfg: ModelConfig) -> str | None:
+def backend_refusal(cfg: ModelConfig, position_kernels: tuple[str, ...] = ()) -> str | None:
     """Why ``cfg.attn_backend``, a kernel's name, cannot serve ``cfg``'s layers, or None; "auto" and "eager" serve
-    every mechanism."""
+    every mechanism. A kernel that specialises another (a positional scheme's) serves a model whose scheme brings it
+    (``position_kernels``, the scheme's ``kernels``) and whose mechanism the kernel it specialises serves."""
     if cfg.attn_backend in (AUTO, EAGER.name):
         return None
-    reason = KERNELS.get(cfg.attn_backend).static_refusal(cfg)
+    kernel = KERNELS.get(cfg.attn_backend)
+    reason = kernel.static_refusal(cfg)
+    if reason is None and kernel.specialises is not None:
+        reason = brought_refusal(kernel, cfg, position_kernels)
     if reason is None:
         return None
     return f"the kernel cannot run {cfg.attention} here: {reason}; use 'auto' or 'eager'"
 
 
+def brought_refusal(kernel: Kernel, cfg: ModelConfig, position_kernels: tuple[str, ...]) -> str | None:
+    """Why ``kernel``, which specialises another, cannot serve ``cfg`` beyond its own static reasons: the positional
+    scheme does not bring it, or the kernel it specialises cannot serve the mechanism."""
+    if kernel.name not in position_kernels:
+        return f"it computes a positional scheme's bias, and position={cfg.position!r} does not bring it"
+    reason = KERNELS.get(kernel.specialises).static_refusal(cfg)
+    return None if reason is None else f"it runs the calls of {kernel.specialises!r}, which cannot: {reason}"
+
+
 def kernel_chain(cfg: ModelConfig, position_kernels: tuple[str, ...] = ()) -> tuple[Kernel, ...]:
     """The kernels a layer of ``cfg`` may run, in order: with "auto" those its mechanism names
-    (``Attention.kernels``) less those whose static reasons refuse ``cfg``, the eager reference last; with "eager"
-    the reference alone; with a kernel's name that kernel alone, the reference running (and :func:`attend` telling)
-    a call it cannot serve. Either way each of ``position_kernels`` (the positional scheme's) that serves ``cfg``
-    goes just before the kernel it specialises. With "auto", a CUDA route the lease decided against the mechanism's
-    own order (:func:`routed_kernels`) goes first. The static reasons are asked here, once per layer."""
+    (``Attention.kernels``) less those whose static reasons refuse ``cfg``, each of ``position_kernels`` (the
+    positional scheme's) that serves ``cfg`` just before the kernel it specialises, and the eager reference last; a
+    CUDA route the lease decided against the mechanism's own order (:func:`routed_kernels`) goes first. With "eager"
+    the reference alone; with a kernel's name that kernel alone (a scheme's kernel included: "sdpa" runs SDPA
+    without ALiBi's), the reference running (and :func:`attend` telling) a call it cannot serve. The static
+    reasons are asked here, once per layer."""
     if cfg.attn_backend == EAGER.name:
         return (EAGER,)
+    if cfg.attn_backend != AUTO:
+        return (KERNELS.get(cfg.attn_backend),)
     brought = [kernel for kernel in map(KERNELS.get, position_kernels) if kernel.static_refusal(cfg) is None]
 
     def with_brought(kernels: Iterable[Kernel]) -> Iterator[Kernel]:
@@ -59,8 +75,6 @@ def kernel_chain(cfg: ModelConfig, position_kernels: tuple[str, ...] = ()) -> tu
             yield from (extra for extra in brought if extra.specialises == kernel.name)
             yield kernel
 
-    if cfg.attn_backend != AUTO:
-        return tuple(with_brought([KERNELS.get(cfg.attn_backend)]))
     kernels = (*routed_kernels(cfg), *(KERNELS.get(name) for name in ATTENTION.get(cfg.attention).kernels))
     return (*with_brought(kernel for kernel in kernels if kernel.static_refusal(cfg) is None), EAGER)
 
@@ -99,9 +113,9 @@ def choose(layer: Attention, call: Call) -> Kernel:
 
 
 def named_kernel_refusal(layer: Attention, call: Call) -> str | None:
-    """Why the kernel named as the layer's ``attn_backend`` (the last of its chain, after any that specialise it)
-    cannot serve ``call``, which the eager reference would then run; None where it or one of those serves, or where no
-    kernel was named ("auto" and "eager" end in the reference)."""
+    """Why the kernel named as the layer's ``attn_backend`` (its chain's one kernel) cannot serve ``call``, which the
+    eager reference would then run; None where it serves, or where no kernel was named ("auto" and "eager" end in the
+    reference)."""
     if choose(layer, call) in layer.kernel_chain:
         return None
     return layer.kernel_chain[-1].call_refusal(layer, call)
@@ -128,9 +142,11 @@ _FALLBACKS_TOLD: weakref.WeakKeyDictionary[Attention, set[tuple[str, str]]] = we
 def _tell_fallback(layer: Attention, call: Call) -> None:
     """Warn, once per layer, kernel and reason, that the kernel named as ``attn_backend`` could not serve ``call``
     and the eager reference ran it. Not while torch.compile traces: a warning would break the graph."""
+    if call.compiling:
+        return
     kernel, reason = layer.kernel_chain[-1], named_kernel_refusal(layer, call)
     told = _FALLBACKS_TOLD.setdefault(layer, set())
-    if call.compiling or reason is None or (kernel.name, reason) in told:
+    if reason is None or (kernel.name, reason) in told:
         return
     told.add((kernel.name, reason))
     warnings.warn(

@@ -113,8 +113,9 @@ class Kernel:
     runs, with a build state where there is one (``attnzoo info``).
 
     A kernel a positional scheme brings names the kernel it ``specialises``: it computes what that one computes, for
-    the scheme's calls it serves, and is tried just before it wherever a layer's chain holds it ("auto", or that
-    kernel named as ``attn_backend``); it is not an ``attn_backend`` of its own.
+    the scheme's calls it serves, and "auto" tries it just before that kernel. Named as ``attn_backend`` it runs
+    alone, as any kernel named does, for a model whose scheme brings it and whose mechanism the kernel it specialises
+    serves (``dispatch.backend_refusal``); naming the kernel it specialises runs that one without it.
     """
 
     name: str
@@ -153,10 +154,9 @@ def register_kernel(kernel: Kernel) -> Kernel:
 
 
 def backend_names() -> list[str]:
-    """The kernels ``attn_backend`` may name: every one but those that specialise another (a positional scheme's, run
-    wherever the kernel they specialise is named). Plugins not yet loaded are listed, and loaded only when named."""
-    registered = KERNELS.registered()
-    return [name for name in KERNELS.names() if name not in registered or registered[name].specialises is None]
+    """The kernels ``attn_backend`` may name: every registered one, a positional scheme's included. Plugins not yet
+    loaded are listed, and loaded only when named."""
+    return KERNELS.names()
 
 
 def kernel_ops() -> dict[str, str]:

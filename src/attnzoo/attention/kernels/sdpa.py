@@ -1,6 +1,7 @@
 """``F.scaled_dot_product_attention`` with the semantics of the eager reference, for everything SDPA can express:
 GQA, a positional bias, a per-row logit scale (selective's τ_q), values wider than queries (Diff). A positional
-scheme's own kernel may run SDPA's calls instead, tried just before it (ALiBi's ``alibi-flash``: ``alibi_flash.py``)."""
+scheme's own kernel may run SDPA's calls instead, tried just before it by "auto" (ALiBi's ``alibi-flash``:
+``alibi_flash.py``); ``attn_backend="sdpa"`` runs SDPA alone."""
 
 from __future__ import annotations
 
