@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from attnzoo.attention.base import ATTENTION, AttentionContext, CacheBuffer
 from attnzoo.attention.kernels import BlockHooks, HookInputs, Hooks, ScoreHook, attend, dcmha_fused
-from attnzoo.attention.kernels.dcmha_compiled import compiled_compose
+from attnzoo.attention.kernels.dcmha_compiled import compiled_compose, runs_compiled
 from attnzoo.attention.mha import MultiHeadAttention
 from attnzoo.cache import LayerCache, WindowCache
 from attnzoo.precision import compute_dtype
@@ -66,8 +66,9 @@ class DCMHAOptions:
     q_chunk_size: int = 128  # queries per block on the training path
     # torch.compile the composition on the training path (fused loops: 1.5–2.7× faster training steps on CPU,
     # ``kernels/dcmha_compiled.py``); the first forward pass compiles it, which takes tens of seconds. A PyTorch-path
-    # option, not a kernel: the chunked and eager kernels run it through ``_block_hooks``, and the fused C++ kernels,
-    # which compose in their own loops, refuse the config (their static reasons).
+    # option, not a kernel, read in one place (``dcmha_compiled.runs_compiled``): the chunked and eager kernels run it
+    # through ``_block_hooks``, and the fused C++ kernels, which compose in their own loops, refuse the config (their
+    # static reasons, ``dcmha_compiled.static_reasons``).
     compile_composition: bool = False
 
     def __post_init__(self) -> None:
@@ -435,8 +436,7 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
         sliced per block, so neither is recomputed for each block; ``key_w`` holds KW of every key the queries see,
         the cache's on a ``cached`` call (empty when query-wise).
         """
-        # Compiled on fresh sequences only: a cached call's blocks are single tokens or short prompts.
-        compose = compiled_compose if self.options.compile_composition and not cached else compose_merged
+        compose = compiled_compose if runs_compiled(self.options, cached=cached) else compose_merged
         inputs = self.composition_matrices(query_w, key_w)
 
         def hooks(rows: slice, cols: slice, inputs: HookInputs) -> Hooks:

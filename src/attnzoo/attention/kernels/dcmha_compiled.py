@@ -18,11 +18,29 @@ composition to fp32 rounding, not bit for bit.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import cache
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from attnzoo.attention.dcmha import DCMHAOptions
+    from attnzoo.config import ModelConfig
+
+
+def runs_compiled(options: DCMHAOptions, *, cached: bool) -> bool:
+    """Whether a call's composition runs compiled: where ``compile_composition`` asks for it (the one place the option
+    is read), on fresh sequences only, since a cached call's blocks are single tokens or short prompts."""
+    return options.compile_composition and not cached
+
+
+def static_reasons(cfg: ModelConfig) -> Iterator[str]:
+    """Why a kernel that composes in its own loops (the fused C++ kernels) cannot serve ``cfg``: it asks for this
+    PyTorch composition."""
+    if runs_compiled(cfg.attention_opts, cached=False):
+        yield "compile_composition asks for the compiled PyTorch composition"
 
 
 def compose_sum(scores: Tensor, query_w: Tensor, key_w: Tensor | None) -> Tensor:

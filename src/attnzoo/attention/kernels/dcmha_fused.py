@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from attnzoo.attention.kernels import build, cpu
+from attnzoo.attention.kernels import build, cpu, dcmha_compiled
 from attnzoo.attention.kernels.cpu import register_cpu_kernel
 
 if TYPE_CHECKING:
@@ -214,8 +214,7 @@ def step_reasons(x: Tensor, ctx: AttentionContext, layer: DynamicallyComposableA
 
 def static_reasons(cfg: ModelConfig) -> Iterator[str]:
     opts = cfg.attention_opts
-    if opts.compile_composition:
-        yield "compile_composition asks for the compiled PyTorch composition"
+    yield from dcmha_compiled.static_reasons(cfg)
     if not cfg.causal:
         yield "the model is bidirectional"
     heads_per_group = cfg.n_heads // opts.num_groups
