@@ -4,8 +4,9 @@ training) is refused with the reason."""
 
 import pytest
 import torch
+from conftest import tiny_model
 
-from attnzoo import ModelConfig, Transformer
+from attnzoo import ModelConfig
 from attnzoo.attention import ATTENTION
 from attnzoo.attention.base import AttentionContext, visible
 from attnzoo.positions import POSITIONS
@@ -19,21 +20,8 @@ POSITIONS_TESTED = ("rope", "alibi", "learned", "none")
 
 def model_of(attention, position="rope", backend="auto", **changes):
     options = {"q_chunk_size": 3, "window_type": "LG", "window_size": 4} if attention == "dcmha" else {}
-    settings = {
-        "vocab_size": 40,
-        "dim": 32,
-        "n_layers": 2,
-        "n_heads": 4,
-        "n_kv_heads": 2,
-        "max_seq_len": 16,
-        "attention": attention,
-        "attention_options": options,
-        "position": position,
-        "attn_backend": backend,
-        **changes,
-    }
-    torch.manual_seed(0)
-    model = Transformer(ModelConfig(**settings)).eval()
+    settings = {"vocab_size": 40, "n_kv_heads": 2, "max_seq_len": 16, "attention_options": options, **changes}
+    model = tiny_model(attention=attention, position=position, attn_backend=backend, **settings)
     with torch.no_grad():  # mechanism parameters away from their (identity-like) init
         for name, param in model.named_parameters():
             if "temperature" in name or "dyn_w_proj" in name or "lambda" in name:

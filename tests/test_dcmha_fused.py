@@ -12,10 +12,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import tiny_config
 from dcmha_cases import CASES, Case, RecordShapes, make_inputs, reference, split
 from kernel_checks import CallCounter, assert_close, on_backend
 
-from attnzoo import ModelConfig, Transformer
+from attnzoo import Transformer
 from attnzoo.attention.dcmha import key_matrices, query_matrices
 from attnzoo.attention.kernels import alibi_flash, build, dcmha_fused
 from attnzoo.bench import sdpa_kernels
@@ -319,11 +320,7 @@ def kernel_spy(monkeypatch) -> CallCounter:
 
 
 def dcmha_model(**options) -> Transformer:
-    cfg = ModelConfig(
-        vocab_size=61,
-        dim=32,
-        n_layers=2,
-        n_heads=4,
+    cfg = tiny_config(
         n_kv_heads=2,
         max_seq_len=256,
         attention="dcmha",

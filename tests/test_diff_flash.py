@@ -12,10 +12,11 @@ import math
 
 import pytest
 import torch
+from conftest import tiny_model
 from kernel_checks import CallCounter, assert_close, on_backend
 from test_kernels import LargestTensor
 
-from attnzoo import ModelConfig, Transformer
+from attnzoo import Transformer
 from attnzoo.attention.kernels import build, cpu, diff_flash
 from attnzoo.bench import sdpa_kernels
 from attnzoo.cli import main
@@ -109,12 +110,8 @@ def fused_spy(monkeypatch) -> CallCounter:
 
 
 def diff_model(position: str = "rope", max_seq_len: int = 160, dtype: torch.dtype = torch.float32) -> Transformer:
-    cfg = ModelConfig(
-        vocab_size=32, dim=64, n_layers=2, n_heads=2, n_kv_heads=1, attention="diff", position=position,
-        max_seq_len=max_seq_len,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    return Transformer(cfg).to(dtype)
+    settings = {"attention": "diff", "position": position, "max_seq_len": max_seq_len}
+    return tiny_model(vocab_size=32, dim=64, n_heads=2, n_kv_heads=1, **settings).to(dtype)
 
 
 def loss_and_grads(model: Transformer, idx: torch.Tensor) -> list[torch.Tensor]:

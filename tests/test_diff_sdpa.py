@@ -10,6 +10,7 @@ import dataclasses
 
 import pytest
 import torch
+from conftest import tiny_model
 from kernel_checks import assert_close, on_backend
 
 from attnzoo import ModelConfig, Transformer
@@ -20,20 +21,8 @@ TOLERANCE = 1e-5
 
 
 def diff_model(position: str = "rope", n_kv_heads: int = 4, backend: str = "eager", **overrides) -> Transformer:
-    torch.manual_seed(0)
-    cfg = ModelConfig(
-        vocab_size=32,
-        dim=64,
-        n_layers=2,
-        n_heads=4,
-        n_kv_heads=n_kv_heads,
-        attention="diff",
-        position=position,
-        max_seq_len=48,
-        attn_backend=backend,
-        **overrides,
-    )
-    return Transformer(cfg)
+    settings = {"n_kv_heads": n_kv_heads, "attention": "diff", "position": position, "attn_backend": backend}
+    return tiny_model(vocab_size=32, dim=64, max_seq_len=48, **settings, **overrides)
 
 
 def loss_and_grads(model: Transformer, idx: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -5,9 +5,10 @@ import json
 
 import pytest
 import torch
+from conftest import tiny_config
 from training_helpers import TINY_FLAGS, write_text_corpus
 
-from attnzoo import ModelConfig, Transformer
+from attnzoo import Transformer
 from attnzoo.attention import ATTENTION
 from attnzoo.attention.base import mean_pool_heads
 from attnzoo.cli import main
@@ -22,9 +23,8 @@ POOLED_OPTIONS = {
 
 
 def model_of(attention="mha", **changes):
-    settings = {"vocab_size": 50, "dim": 32, "n_layers": 2, "n_heads": 4, "attention": attention, **changes}
-    settings.setdefault("attention_options", POOLED_OPTIONS.get(attention, {}))
-    model = Transformer(ModelConfig(**settings)).eval()
+    changes.setdefault("attention_options", POOLED_OPTIONS.get(attention, {}))
+    model = Transformer(tiny_config(vocab_size=50, attention=attention, **changes)).eval()
     with torch.no_grad():  # trained-looking mechanism parameters, so that pooling them is visible
         for name, param in model.named_parameters():
             if "temperature" in name or "dyn_w_proj" in name:
