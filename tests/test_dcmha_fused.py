@@ -8,7 +8,6 @@ bf16 2e-2 (operands rounded to bf16 on input and output; the math is fp32).
 """
 
 import dataclasses
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -18,7 +17,7 @@ from kernel_checks import CallCounter, assert_close, on_backend
 
 from attnzoo import Transformer
 from attnzoo.attention.dcmha import key_matrices, query_matrices
-from attnzoo.attention.kernels import alibi_flash, build, dcmha_fused
+from attnzoo.attention.kernels import Call, alibi_flash, build, choose, dcmha_fused
 from attnzoo.bench import sdpa_kernels
 from attnzoo.cli import main
 from attnzoo.positions.alibi import alibi_slopes
@@ -213,10 +212,7 @@ def test_cached_decoding_runs_the_kernels_and_equals_the_full_forward(monkeypatc
     exact = on_backend(model, "chunked").double()
     idx = torch.randint(0, 61, (2, 40))
     fresh, steps = kernel_spy(monkeypatch), step_spy(monkeypatch)
-    formed, step_weights = [], dcmha_fused.step_weights  # each call's matrices: from the op, or None
-    monkeypatch.setattr(
-        dcmha_fused, "step_weights", lambda x, ctx, layer: formed.append(step_weights(x, ctx, layer)) or formed[-1]
-    )
+    formed = CallCounter(monkeypatch, dcmha_fused, "step_weights")  # the matrices of a step's token by the op
     with torch.no_grad():
         full = model(idx)
         cache = model.new_cache(2, 40)
@@ -224,7 +220,7 @@ def test_cached_decoding_runs_the_kernels_and_equals_the_full_forward(monkeypatc
             [model(idx[:, :12], cache=cache)] + [model(idx[:, t : t + 1], cache=cache) for t in range(12, 40)], 1
         )
     assert (fresh.calls, steps.calls) == ((2 + 2, 2 * 28) if kernel else (0, 0))
-    assert sum(matrices is not None for matrices in formed) == 2 * 28
+    assert formed.calls == 2 * 28
     with torch.no_grad():
         want = exact(idx)
     bound = TOLERANCE[torch.float32] * want.abs().max().item()
@@ -245,8 +241,18 @@ def test_a_prefill_forms_each_tokens_key_side_matrices_once(monkeypatch):
     assert fresh.calls == 2 and formed.calls == 2 * 2
 
 
-# What step_weights reads of a call's AttentionContext: a dynamic (not static) step.
-DECODING = SimpleNamespace(static=False)
+def weight_kernel(layer, x: torch.Tensor, *, static: bool = False) -> str:
+    """The kernel of the composition weights the dispatcher picks for a cached call of ``x``'s tokens (a dynamic
+    step unless ``static``), as the layer's forward asks: the call is read off the queries, which share x's device,
+    dtype and autograd state."""
+    call = Call(
+        device_type=x.device.type, dtype=x.dtype, key_dtype=x.dtype, queries=x.shape[1], keys=8, start=7, cached=True,
+        static=static, records_scores=False, dropout=0.0, compiling=False, position=None,
+        autograd=torch.is_grad_enabled() and x.requires_grad,
+    )  # fmt: skip
+    return choose(layer, call, layer.weight_kernels).name
+
+
 STEP_OPTIONS = {
     "both": {},
     "post-only": {"pre_compose": False},
@@ -267,7 +273,7 @@ def test_a_tokens_composition_matrices_from_one_call_equal_the_pytorch_paths(opt
         if layer.static_w is not None:
             layer.static_w.normal_(std=0.5)
         x = torch.randn(3, 1, 32)
-        queries, keys = dcmha_fused.step_weights(x, DECODING, layer)
+        queries, keys = dcmha_fused.step_weights(layer, x)
         pre, post = layer._mixings(x)
         expected_queries, expected_keys = layer._query_matrices(pre, post), layer._key_matrices(pre, post)
     assert queries.keys() == expected_queries.keys() and keys.keys() == expected_keys.keys()
@@ -282,16 +288,19 @@ def test_decoding_forms_each_tokens_matrices_in_one_call_and_leaves_the_rest_to_
     autocast, bf16 or autograd take the PyTorch path, which stays the reference."""
     layer = dcmha_model().eval().layers[1].self_attn
     x = torch.randn(2, 1, 32)
+    step, pytorch = dcmha_fused.DCMHA_STEP_WEIGHTS.name, dcmha_fused.PYTORCH_WEIGHTS.name
     with torch.no_grad():
-        assert dcmha_fused.step_weights(x, DECODING, layer) is not None
-        assert dcmha_fused.step_weights(torch.randn(2, 2, 32), DECODING, layer) is None
-        assert dcmha_fused.step_weights(x, SimpleNamespace(static=True), layer) is None  # compiled decoding's step
+        assert weight_kernel(layer, x) == step
+        assert weight_kernel(layer, torch.randn(2, 2, 32)) == pytorch
+        assert weight_kernel(layer, x, static=True) == pytorch  # compiled decoding's step
         reference = on_backend(dcmha_model(), "eager").eval().layers[1].self_attn
-        assert dcmha_fused.step_weights(x, DECODING, reference) is None  # the eager reference throughout
+        assert [kernel.name for kernel in reference.weight_kernels] == [pytorch]  # the eager reference throughout
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            assert dcmha_fused.step_weights(x, DECODING, layer) is None
-        assert dcmha_fused.step_weights(x.bfloat16(), DECODING, layer.bfloat16()) is None
-    assert dcmha_fused.step_weights(x, DECODING, layer.float()) is None  # autograd on: the weights want gradients
+            assert weight_kernel(layer, x) == pytorch
+        assert weight_kernel(layer.bfloat16(), x.bfloat16()) == pytorch
+    assert weight_kernel(layer.float(), x) == pytorch  # autograd on: the weights want gradients
+    with torch.no_grad():
+        assert weight_kernel(layer, x.requires_grad_()) == step  # no grad mode: nothing is recorded
 
 
 def test_a_bf16_cache_is_decoded_on_the_pytorch_path(monkeypatch):

@@ -60,15 +60,8 @@ class Spy:
         for label, points in ENTRY_POINTS.items():
             for module, name in points:
                 monkeypatch.setattr(module, name, self.counting(label, getattr(module, name)))
-        step_weights = dcmha_fused.step_weights
-
-        def counted_step_weights(*args):
-            matrices = step_weights(*args)
-            if matrices is not None:
-                self.seen.add("dcmha-step-weights")
-            return matrices
-
-        monkeypatch.setattr(dcmha_fused, "step_weights", counted_step_weights)
+        # The kernel of DCMHA's composition weights that forms a decoding step's token in one fused call.
+        monkeypatch.setattr(dcmha_fused, "step_weights", self.counting("dcmha-step-weights", dcmha_fused.step_weights))
 
     def counting(self, label, fn):
         def wrapper(*args, **kwargs):

@@ -34,7 +34,17 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnzoo.attention.base import ATTENTION, AttentionContext, CacheBuffer
-from attnzoo.attention.kernels import BlockHooks, HookInputs, Hooks, ScoreHook, attend, dcmha_fused
+from attnzoo.attention.kernels import (
+    BlockHooks,
+    Call,
+    HookInputs,
+    Hooks,
+    ScoreHook,
+    attend,
+    choose,
+    dcmha_fused,
+    stage_chain,
+)
 from attnzoo.attention.kernels.dcmha_compiled import compiled_compose, runs_compiled
 from attnzoo.attention.mha import MultiHeadAttention
 from attnzoo.cache import LayerCache, WindowCache
@@ -252,6 +262,11 @@ class DynamicWeightProjection(nn.Module):
         return w1, w2, dd.transpose(1, 2)
 
 
+# What a kernel of the composition weights returns: the (pre, post) mixings (None where off, or not formed), and
+# {composition: QW (B, G, T, M, M)} and {composition: KW (B, G, M, M, T)} of the call's tokens.
+CompositionWeights = tuple[tuple[Mixing | None, Mixing | None], dict[int, Tensor], dict[int, Tensor]]
+
+
 class Composed(NamedTuple):
     """What DCMHA's kernels read of a call beside q, k and v: the composition weights and matrices, and the call's own
     keys and values where the layer attends over a cache's."""
@@ -293,7 +308,9 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
     extends = ("mha",)
     needs_scores = True
     # The fused kernels where one serves the call (Triton on CUDA, C++ on the CPU), else the composition as score
-    # hooks of the chunked eager kernel.
+    # hooks of the chunked eager kernel. The composition weights have their own kernels, chosen the same way before
+    # the call attends (``weight_kernels``: ``dcmha_fused.WEIGHT_KERNELS``): a decoding step's token in one fused
+    # C++ call, else the PyTorch projection (:meth:`composition_weights`).
     kernels = ("dcmha-triton", "dcmha-fused", "dcmha-decode", "chunked")
 
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
@@ -301,6 +318,7 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
         opts = self.options
         self.num_groups = opts.num_groups
         self.window = self.key_window(cfg, layer_idx)
+        self.weight_kernels = stage_chain(cfg, dcmha_fused.WEIGHT_KERNELS)
         if opts.qk_norm:
             self.q_norm = nn.RMSNorm(cfg.head_dim, eps=1e-6)
             self.k_norm = nn.RMSNorm(cfg.head_dim, eps=1e-6)
@@ -366,19 +384,13 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
         if self.options.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = ctx.rotate(q), ctx.rotate(k)
-        pre = post = None
-        if self.options.static_only:
-            query_w, new_kw = self._static_query_matrices(batch, seq_len), {}
-        elif cache is not None and (step := dcmha_fused.step_weights(x, ctx, self)) is not None:
-            query_w, new_kw = step  # one token on the CPU: its matrices from one fused call
-        else:
-            pre, post = self._mixings(x)
-            query_w, new_kw = self._query_matrices(pre, post), self._key_matrices(pre, post)
+        call = Call.of(self, q, k, ctx, cached=cache is not None)
+        mixings, query_w, new_kw = choose(self, call, self.weight_kernels).run(self, x)
         key_positions, key_w = None, new_kw  # key_w: KW of every key the queries see
         fresh_k, fresh_v = k, v
         if cache is not None:
             key_positions, k, v, key_w = self._extend_cache(cache, ctx, k, v, new_kw)
-        composed = Composed((pre, post), query_w, new_kw, key_w, fresh_k, fresh_v, key_positions)
+        composed = Composed(mixings, query_w, new_kw, key_w, fresh_k, fresh_v, key_positions)
         out = attend(self, q, k, v, ctx, cached=cache is not None, composed=composed)
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq_len, -1))
 
@@ -402,6 +414,15 @@ class DynamicallyComposableAttention(MultiHeadAttention[DCMHAOptions]):
             chunk=self.options.q_chunk_size,
         )
         return out
+
+    def composition_weights(self, x: Tensor) -> CompositionWeights:
+        """The PyTorch path of the composition weights of ``x``'s tokens (the reference of ``weight_kernels``): the
+        (pre, post) mixings, {composition: QW (B, G, T, M, M)} and {composition: KW (B, G, M, M, T)}; static-only,
+        I + W_b and no mixings."""
+        if self.options.static_only:
+            return (None, None), self._static_query_matrices(x.shape[0], x.shape[1]), {}
+        pre, post = self._mixings(x)
+        return (pre, post), self._query_matrices(pre, post), self._key_matrices(pre, post)
 
     def _mixings(self, x: Tensor) -> tuple[Mixing | None, Mixing | None]:
         """The pre and post composition weights (None where switched off), in the scores' dtype (fp32, or float64)."""

@@ -26,6 +26,7 @@ from attnzoo.attention.kernels.dispatch import (
     kernel_chain,
     named_kernel_refusal,
     planned_backend_refusal,
+    stage_chain,
 )
 from attnzoo.attention.kernels.eager import BlockHooks, HookInputs, Hooks, ScoreHook, eager_attention, repeat_kv
 from attnzoo.attention.kernels.kernel import KERNELS, Call, Kernel, backend_names, kernel_ops
@@ -54,4 +55,5 @@ __all__ = [
     "planned_backend_refusal",
     "repeat_kv",
     "sdpa_attention",
+    "stage_chain",
 ]

@@ -20,7 +20,8 @@ Cached decoding uses the same library. A prefill into an empty cache is a fresh 
 ``dcmha_decode_forward`` (:func:`decode_attention`), one task per (batch, group) that composes, normalises and
 multiplies the new query's row over the cache's slots in place, reading the cached key-side matrices where they lie;
 the token's own matrices come from ``dcmha_step_weights`` (:func:`step_weights`), one call for what the PyTorch
-path does in about 85 operators a layer.
+path does in about 85 operators a layer: a kernel of the layer's composition weights (:data:`DCMHA_STEP_WEIGHTS`),
+which the dispatcher chooses for each call as it does the attention's, by the record's reasons.
 
 The records' reasons say where each runs; the layer otherwise takes its next kernel (the chunked PyTorch path), which is
 also the reference the tests hold the kernels to.
@@ -37,10 +38,11 @@ from torch import Tensor
 
 from attnzoo.attention.kernels import build, cpu, dcmha_compiled
 from attnzoo.attention.kernels.cpu import register_cpu_kernel
+from attnzoo.attention.kernels.kernel import Kernel
 
 if TYPE_CHECKING:
     from attnzoo.attention.base import AttentionContext
-    from attnzoo.attention.dcmha import Composed, DynamicallyComposableAttention
+    from attnzoo.attention.dcmha import Composed, CompositionWeights, DynamicallyComposableAttention
     from attnzoo.attention.kernels.kernel import Call
     from attnzoo.config import ModelConfig
 
@@ -151,17 +153,13 @@ def decode_attention(
     )
 
 
-def step_weights(
-    x: Tensor, ctx: AttentionContext, layer: DynamicallyComposableAttention
-) -> tuple[dict[int, Tensor], dict[int, Tensor]] | None:
+def step_weights(layer: DynamicallyComposableAttention, x: Tensor) -> tuple[dict[int, Tensor], dict[int, Tensor]]:
     """The composition matrices of one token per sequence by ``dcmha_step_weights``: ({composition: QW (B, G, 1, M,
     M)}, {composition: KW (B, G, M, M, 1)}), the values ``query_matrices`` and ``key_matrices`` give after the
-    layer's dynamic-weight projection of ``x`` (B, 1, D); None where :func:`step_reasons` gives a reason, and the
-    PyTorch path forms them. That path runs about 85 operators a layer here, whose dispatch took about 1.2 ms of a
-    4.1 ms step of a 4-layer model (1,024-token context, 1 thread). The matrices serve whichever kernel then attends
-    (this module's decoding kernel, or the chunked one where the compiled composition leaves it out)."""
-    if next(step_reasons(x, ctx, layer), None) is not None:
-        return None
+    layer's dynamic-weight projection of ``x`` (B, 1, D). The PyTorch path runs about 85 operators a layer here, whose
+    dispatch took about 1.2 ms of a 4.1 ms step of a 4-layer model (1,024-token context, 1 thread). The matrices serve
+    whichever kernel then attends (this module's decoding kernel, or the chunked one where the compiled composition
+    leaves it out); the record :data:`DCMHA_STEP_WEIGHTS` says where it runs."""
     opts = layer.options
     compositions = composed(layer)
     query_w, key_w = torch.ops.attnzoo.dcmha_step_weights(
@@ -183,33 +181,69 @@ def projection_weights(layer: DynamicallyComposableAttention) -> list[Tensor]:
     return [projection.dw1, projection.qkw, projection.dd] + ([] if layer.static_w is None else [layer.static_w])
 
 
-def step_reasons(x: Tensor, ctx: AttentionContext, layer: DynamicallyComposableAttention) -> Iterator[str]:
-    """Why ``dcmha_step_weights`` cannot form this call's matrices, as a record's per-call reasons: asked lazily and
-    in order, so the extension is built only where every cheaper reason passed."""
-    if layer.dyn_w_proj is None:
+def step_static_reasons(cfg: ModelConfig) -> Iterator[str]:
+    opts = cfg.attention_opts
+    if opts.static_only:
         yield "static_only: the matrices are I + W_b, with no projection to run"
-        return
-    weights = projection_weights(layer)
-    if not composed(layer):
+    if not (opts.pre_compose or opts.post_compose):
         yield "no composition is on"
-    if x.shape[1] != 1:
-        yield "the call has several tokens"
-    if x.device.type != "cpu":
-        yield "the tensors are not on the CPU"
-    if ctx.static:
-        yield "a static step (compiled decoding)"
-    if layer.kernel_chain[0].name == "eager":
+    if cfg.attn_backend == "eager":
         yield "the eager reference runs throughout"
-    if torch.compiler.is_compiling():
+
+
+def step_call_reasons(layer: DynamicallyComposableAttention, call: Call) -> Iterator[str]:
+    """Asked lazily and in order, so the extension is built only where every cheaper reason passed."""
+    if not call.cached:
+        yield "the call continues no cache"
+    if call.queries != 1:
+        yield "the call has several tokens"
+    if call.device_type != "cpu":
+        yield "the tensors are not on the CPU"
+    if call.static:
+        yield "a static step (compiled decoding)"
+    if call.compiling:
         yield "torch.compile is tracing (the op has no fake kernel)"
-    if torch.is_autocast_enabled(x.device.type):
+    if torch.is_autocast_enabled(call.device_type):
         yield "autocast is on: the PyTorch path's matmuls run in its dtype"
-    if any(t.dtype != torch.float32 for t in (x, *weights)):
+    weights = projection_weights(layer)
+    if any(dtype != torch.float32 for dtype in (call.dtype, *(weight.dtype for weight in weights))):
         yield "the input or the weights are not fp32"
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (x, *weights)):
+    if call.autograd or (torch.is_grad_enabled() and any(weight.requires_grad for weight in weights)):
         yield "autograd wants the weights' gradients"
-    if not build.available():
-        yield f"the fused CPU kernels are {build.status()}"
+    yield from cpu.extension_reasons(call)
+
+
+def run_step_weights(layer: DynamicallyComposableAttention, x: Tensor) -> CompositionWeights:
+    return (None, None), *step_weights(layer, x)
+
+
+def run_pytorch_weights(layer: DynamicallyComposableAttention, x: Tensor) -> CompositionWeights:
+    return layer.composition_weights(x)
+
+
+# The kernels of DCMHA's composition weights (``stage_chain``: the mechanism's ``weight_kernels``), which form the
+# call's composition matrices before it attends: QW of its queries and KW of its keys, which the cache keeps. They are
+# not attention kernels (no attn_backend, so not registered): ``run(layer, x)`` returns the (pre, post) mixings
+# (None where not formed), {composition: QW} and {composition: KW}. The fused op forms a decoding step's token in one
+# call; the layer's PyTorch projection, the reference, forms the rest.
+DCMHA_STEP_WEIGHTS = Kernel(
+    name="dcmha-step-weights",
+    display_name="dcmha-step-weights (C++, CPU)",
+    run=run_step_weights,
+    serves=("dcmha",),
+    static_reasons=step_static_reasons,
+    call_reasons=step_call_reasons,
+    masks_padding=True,  # one token's matrices: a padding mask changes nothing
+    ops=("dcmha_step_weights",),
+)
+PYTORCH_WEIGHTS = Kernel(
+    name="dcmha-weights",
+    display_name="DCMHA's dynamic-weight projection (PyTorch)",
+    run=run_pytorch_weights,
+    serves=("dcmha",),
+    masks_padding=True,
+)
+WEIGHT_KERNELS = (DCMHA_STEP_WEIGHTS, PYTORCH_WEIGHTS)
 
 
 def static_reasons(cfg: ModelConfig) -> Iterator[str]:

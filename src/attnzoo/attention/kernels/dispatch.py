@@ -106,10 +106,18 @@ def routed_first(kernel: Kernel, modes: tuple[str, ...]) -> Kernel:
     return dataclasses.replace(kernel, call_reasons=call_reasons)
 
 
-def choose(layer: Attention, call: Call) -> Kernel:
-    """The first of the layer's kernels that serves ``call``; the eager reference, which serves every call, where
-    none does."""
-    return next((kernel for kernel in layer.kernel_chain if kernel.call_refusal(layer, call) is None), EAGER)
+def stage_chain(cfg: ModelConfig, kernels: tuple[Kernel, ...]) -> tuple[Kernel, ...]:
+    """The kernels of a stage of a layer other than its attention (DCMHA's composition weights) that may serve
+    ``cfg``, in order: those whose static reasons do not refuse it, and the last, the stage's reference, which serves
+    every call. The static reasons are asked here, once per layer."""
+    return (*(kernel for kernel in kernels[:-1] if kernel.static_refusal(cfg) is None), kernels[-1])
+
+
+def choose(layer: Attention, call: Call, chain: tuple[Kernel, ...] | None = None) -> Kernel:
+    """The first of the layer's kernels (or of a stage's ``chain``, :func:`stage_chain`) that serves ``call``; the
+    eager reference, which serves every call, where none does (a stage's chain ends in its own reference)."""
+    kernels = layer.kernel_chain if chain is None else chain
+    return next((kernel for kernel in kernels if kernel.call_refusal(layer, call) is None), EAGER)
 
 
 def named_kernel_refusal(layer: Attention, call: Call) -> str | None:

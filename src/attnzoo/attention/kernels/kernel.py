@@ -44,6 +44,7 @@ class Call:
     compiling: bool  # torch.compile is tracing
     position: PositionalEncoding  # the model's positional scheme
     padded: bool = False  # a padding mask hides some keys of some sequences (``AttentionContext.key_padding``)
+    autograd: bool = False  # autograd records the call: grad mode is on and the queries require grad
     # Whether a reason may build the C++ extension to answer; False where the call is only described.
     build: bool = True
 
@@ -63,6 +64,7 @@ class Call:
             compiling=torch.compiler.is_compiling(),
             position=ctx.position,
             padded=ctx.key_padding is not None,
+            autograd=torch.is_grad_enabled() and q.requires_grad,
         )
 
     @classmethod
