@@ -66,6 +66,7 @@ class Resources:
     BT: int
     BS: int
     MC: int  # heads whose output one program accumulates
+    DF: int  # features of q·kᵀ and dO·vᵀ a step
     num_warps: int
     num_stages: int
     register_cap: int  # per thread, the .maxnreg the launch passes (tuning.register_cap); 0: none
@@ -95,23 +96,31 @@ class Resources:
 def tile_cost(kernel: str, constants: dict[str, Any]) -> tuple[float, float, float, float]:
     """(MFLOP, flash attention's MFLOP, KiB, flash attention's KiB) per (query tile × key tile) of one group, summed
     over the MP/MC programs that each recompute the group's scores; bf16 operands. A unit is one head's BT×BS×D
-    matmul. DCMHA's programs each form every head's q·kᵀ (twice in the forward with post-composition: statistics,
-    then probabilities), and in the backward every head's dO·vᵀ too (the dq kernel twice with post-composition:
-    D first), then the own MC heads' P'·v, dS·k, P'ᵀ·dO or dSᵀ·q; each reads every head's q, k (and dO, v) per
-    tile. Flash attention per head: forward q·kᵀ, P·v reading k, v; its dq kernel q·kᵀ, dO·vᵀ, dS·k reading k, v;
-    its dk/dv kernel q·kᵀ, dO·vᵀ, Pᵀ·dO, dSᵀ·q reading q, dO."""
+    matmul, and reads two heads' tiles of q, k, v or dO (an output's matmul one).
+
+    The forward's programs each form every head's q·kᵀ (twice with post-composition: statistics, then
+    probabilities), then the own MC heads' P'·v. The backward kernels go over the group's heads a chunk at a time in
+    stages (jit._chunk_tile), recomputing each head's q·kᵀ per stage: the pre-mixes (q·kᵀ), the post-mixes (q·kᵀ and
+    dO·vᵀ), the pre-mixes of dZ (both again), then the own heads (both, and dS·k, or dSᵀ·q and P'ᵀ·dO); the dq kernel
+    with post-composition finds D first (pre-mixes, post-mixes, and both once more). Flash attention per head:
+    forward q·kᵀ, P·v reading k, v; its dq kernel q·kᵀ, dO·vᵀ, dS·k reading k, v; its dk/dv kernel q·kᵀ, dO·vᵀ,
+    Pᵀ·dO, dSᵀ·q reading q, dO."""
     heads, own, group = constants["MP"], constants["MC"], constants["M"]
+    pre, post = int(constants.get("PRE", True)), int(constants["POST"])
     programs = heads // own
-    passes = 2 if constants["POST"] else 1
-    units, rows, flash_units, flash_rows = {
-        "forward": ((passes * heads + own), 2 * passes * heads + own, 2 * group, 2 * group),
-        "backward_query": (2 * passes * heads + own, 4 * passes * heads + own, 3 * group, 2 * group),
-        "backward_key": (2 * heads + 2 * own, 4 * heads + 2 * own, 4 * group, 2 * group),
-    }[kernel]
+    outputs = {"forward": 1, "backward_query": 1, "backward_key": 2}[kernel]
+    if kernel == "forward":
+        scores = (1 + post) * heads
+    else:
+        stages = pre + 2 * post + 2 * pre  # q·kᵀ and dO·vᵀ per head in each stage over the group
+        delta = post * (pre + 2 * post + 2) if kernel == "backward_query" else 0
+        scores = (stages + delta) * heads + 2 * own
+    units, rows = scores + outputs * own, 2 * scores + outputs * own
+    flash_units, flash_rows = {"forward": (2, 2), "backward_query": (3, 2), "backward_key": (4, 2)}[kernel]
     unit_flop = 2 * constants["BT"] * constants["BS"] * constants["D"]
     row_bytes = 2 * constants["BT"] * constants["D"]  # BT = BS: one head's tile of q, k, v or dO
-    return (programs * units * unit_flop / 1e6, flash_units * unit_flop / 1e6, programs * rows * row_bytes / 1024,
-            flash_rows * row_bytes / 1024)  # fmt: skip
+    return (programs * units * unit_flop / 1e6, flash_units * group * unit_flop / 1e6,
+            programs * rows * row_bytes / 1024, flash_rows * group * row_bytes / 1024)  # fmt: skip
 
 
 def kernel_spec(cfg: ModelConfig) -> op.KernelSpec:
@@ -158,8 +167,7 @@ def candidates(
     constants |= {"PREC": "tf32", "WIDEN": False}
     if configs == "untuned":
         return [(constants, untuned)]
-    max_stages = tuning.KERNEL_GRID[kernel][1]
-    kept = tuning.prune_tiles(tuning.tuning_configs(max_stages), {}, **constants)
+    kept = tuning.prune_tiles(tuning.tuning_configs(kernel), {}, **constants)
     return [
         (constants | c.kwargs, {"num_warps": c.num_warps, "num_stages": c.num_stages, "maxnreg": c.maxnreg})
         for c in kept
@@ -248,7 +256,7 @@ def measure(
                 arch=arch,
                 shape=shape,
                 kernel=kernel,
-                **{name: constants[name] for name in ("M", "R", "D", "BT", "BS", "MC")},
+                **{name: constants[name] for name in ("M", "R", "D", "BT", "BS", "MC", "DF")},
                 num_warps=options["num_warps"],
                 num_stages=options["num_stages"],
                 register_cap=options["maxnreg"] or 0,
@@ -271,11 +279,13 @@ def measure(
 
 def config_name(r: Resources) -> str:
     stages = f"{r.num_stages} stage{'s' if r.num_stages > 1 else ''}"
-    return f"BT = BS = {r.BT}, {r.MC} head{'s' if r.MC > 1 else ''} a program, {r.num_warps} warps, {stages}"
+    heads = f"{r.MC} head{'s' if r.MC > 1 else ''} a program"
+    return f"BT = BS = {r.BT}, {heads}, {r.DF} features a step, {r.num_warps} warps, {stages}"
 
 
 def table(rows: list[Resources]) -> Table:
-    header = ["shape", "kernel", "M", "R", "D", "BT = BS", "heads a program", "warps", "stages", "registers (cap)",
+    header = ["shape", "kernel", "M", "R", "D", "BT = BS", "heads a program", "features a step", "warps", "stages",
+              "registers (cap)",
               "spill stores (B/thread)", "spill stores (KiB/program)", "stack (B/thread)", "shared KiB",
               "layout conversions", "HMMA", "HGMMA", "MFLOP/tile (× flash)", "KiB read/tile (× flash)"]  # fmt: skip
     body = [
@@ -287,6 +297,7 @@ def table(rows: list[Resources]) -> Table:
             str(r.D),
             str(r.BT),
             str(r.MC),
+            str(r.DF),
             str(r.num_warps),
             str(r.num_stages),
             f"{r.registers} ({r.register_cap or 'none'})",

@@ -190,28 +190,31 @@ def test_the_operators_registrations_pass_torchs_own_checks(device):
 @pytest.mark.parametrize("kernel", sorted(tuning.KERNEL_GRID))
 def test_the_autotuner_always_times_the_kernels_own_tiles(kernel):
     """On a GPU each kernel is autotuned; for every group size and rank the layer allows, the configs left after
-    pruning include the tiles, warps and stages the kernel runs without tuning, so tuning can only keep its choice
-    or find a faster one. (The tuned launch itself needs a GPU; these are the configs it chooses among.)"""
+    pruning include the tiles, heads a program, features a step, warps and stages the kernel runs without tuning, so
+    tuning can only keep its choice or find a faster one. (The tuned launch itself needs a GPU; these are the configs
+    it chooses among.)"""
     max_stages = tuning.KERNEL_GRID[kernel][1]
-    configs = tuning.tuning_configs(max_stages)
+    configs = tuning.tuning_configs(kernel)
     assert all(c.num_stages <= (max_stages or 3) for c in configs)
     for heads_per_group in range(1, 33):
         for rank in range(1, 5):
             spec = op.KernelSpec(1, heads_per_group, rank, True, True, True, None, 0.125)
-            own = spec.constants(64)
+            own, options = tuning.untuned_launch(kernel, spec, 64)
             kept = tuning.prune_tiles(configs, {}, **own)
-            chosen = [(c.kwargs["BT"], c.kwargs["BS"], c.kwargs["MC"], c.num_warps, c.num_stages) for c in kept]
-            untuned = (own["BT"], own["BS"], own["MC"], own["num_warps"], max_stages or 3)
+            chosen = [(c.kwargs["BT"], c.kwargs["BS"], c.kwargs["MC"], c.kwargs["DF"], c.num_warps, c.num_stages)
+                      for c in kept]  # fmt: skip
+            untuned = (own["BT"], own["BS"], own["MC"], own["DF"], options["num_warps"], options["num_stages"])
             assert untuned in chosen, (heads_per_group, rank)
-            assert all(mc <= own["MP"] for _, _, mc, _, _ in chosen) and len(set(chosen)) == len(chosen)
+            assert all(mc <= own["MP"] and df <= own["DP"] for _, _, mc, df, _, _ in chosen)
+            assert len(set(chosen)) == len(chosen)
             assert all(own["MP"] * own["RP"] * bt * bs <= tuning.MAX_MIX_PRODUCTS or bt == 16
-                       for bt, bs, _, _, _ in chosen)  # fmt: skip
+                       for bt, bs, *_ in chosen)  # fmt: skip
 
 
 def test_every_launch_caps_registers_at_a_programs_share_of_the_register_file(monkeypatch):
     """ptxas otherwise keeps as few as 32 registers a thread and spills (benchmarks/dcmha_triton_sm90.py): every tuning
     candidate and the untuned launch set .maxnreg to one program's share of the SM's registers, at most 255."""
-    for config in tuning.tuning_configs(None):
+    for config in (c for kernel in tuning.KERNEL_GRID for c in tuning.tuning_configs(kernel)):
         assert config.maxnreg == tuning.register_cap(config.num_warps)
     for warps, cap in ((4, 255), (8, 255), (16, 128), (32, 64)):
         assert tuning.register_cap(warps) == cap and cap * 32 * warps <= tuning.REGISTER_FILE
@@ -279,7 +282,7 @@ def test_the_tuned_launch_times_each_pruned_config_and_computes_what_the_untuned
         torch.testing.assert_close(got, want, rtol=0, atol=2e-5 * want.abs().max().item())
     spec = op.KernelSpec(1, case.n_heads, case.rank, True, True, True, case.window, 0.25).constants(16)
     for name, tuner in tuning.TUNED.items():
-        every = tuning.prune_tiles(tuning.tuning_configs(tuning.KERNEL_GRID[name][1]), {}, **spec)
+        every = tuning.prune_tiles(tuning.tuning_configs(name), {}, **spec)
         timed = tuning.prune_tiles(tuner.configs, {}, **spec)
         assert constants(timed) == constants(every) and len(constants(every)) > 1, name
         assert runs[name] == len(timed) and len(tuner.cache) == 1, name

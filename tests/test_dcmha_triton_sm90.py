@@ -31,19 +31,21 @@ def test_each_kernel_argument_gets_the_type_its_launch_passes(kernel):
 
 
 def test_the_configs_compiled_are_the_autotuners():
-    """At 16 heads per group and rank 2 the tuner times 16-wide tiles only (32 are pruned), every warp count and
-    stage of TUNING, the key kernel at one stage, each config at the register cap its launch sets; the untuned config
-    is among them."""
+    """At 16 heads per group and rank 2 the tuner times 16-wide tiles only (32 are pruned): the forward every warp
+    count, stage and heads a program of its set, the backward kernels theirs (one stage, whole rows a step clamped to
+    head_dim 64), each config at the register cap its launch sets; the untuned config is among them."""
     spec = sm90.kernel_spec(sm90.SHAPES["185m"])
     forward = sm90.candidates("forward", spec, 64)
     key = sm90.candidates("backward_key", spec, 64)
-    tuning = sm90.tuning.TUNING
+    tuning = sm90.tuning
     assert {c["BT"] for c, _ in forward + key} == {16} and {o["num_stages"] for _, o in key} == {1}
-    assert len(forward) == sum(tile == 16 for tile, *_ in tuning)
-    assert {o["num_warps"] for _, o in forward} == {warps for _, warps, *_ in tuning}
-    assert {c["MC"] for c, _ in forward} == set(sm90.tuning.HEADS_PER_PROGRAM)
-    assert all(o["maxnreg"] == sm90.tuning.register_cap(o["num_warps"]) for _, o in forward + key)
-    assert sm90.candidates("forward", spec, 64, configs="untuned")[0] in forward
+    assert len(forward) == sum(tile == 16 for tile, *_ in tuning.FORWARD_TUNING)
+    assert {o["num_warps"] for _, o in forward} == {warps for _, warps, *_ in tuning.FORWARD_TUNING}
+    assert {c["MC"] for c, _ in forward} == set(tuning.HEADS_PER_PROGRAM)
+    assert sorted((c["MC"], c["DF"]) for c, _ in key) == [(1, 16), (1, 64), (4, 16)]
+    assert all(o["maxnreg"] == tuning.register_cap(o["num_warps"]) for _, o in forward + key)
+    for kernel in ("forward", "backward_key"):
+        assert sm90.candidates(kernel, spec, 64, configs="untuned")[0] in sm90.candidates(kernel, spec, 64)
 
 
 def test_the_untuned_kernels_compile_for_sm90_and_ptxas_figures_come_back(tmp_path):

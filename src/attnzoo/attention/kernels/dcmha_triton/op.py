@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 
 from attnzoo.attention.kernels.dcmha_triton.jit import dot_options, triton
-from attnzoo.attention.kernels.dcmha_triton.tuning import launch
+from attnzoo.attention.kernels.dcmha_triton.tuning import FEATURES_PER_STEP, launch
 from attnzoo.validation import is_int, require
 
 if TYPE_CHECKING:
@@ -51,7 +51,6 @@ if TYPE_CHECKING:
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 DEFAULT_HEADS_PER_PROGRAM = 4  # untuned; the largest of tuning.HEADS_PER_PROGRAM
-FEATURES_PER_STEP = 16
 
 
 def runs_on(device_type: str) -> bool:

@@ -12,26 +12,40 @@ from attnzoo.attention.kernels.dcmha_triton.jit import triton
 if TYPE_CHECKING:
     from attnzoo.attention.kernels.dcmha_triton.op import KernelSpec
 
+FEATURES_PER_STEP = 16  # DF: q·kᵀ and dO·vᵀ a step of this many features (tl.dot's smallest), untuned
+
 # How each kernel is launched: (the tile axis its grid walks, the most pipelining stages it may use; None: Triton's
-# default, 3). The key kernel holds every head's K, V, dK and dV tiles for its whole loop; Triton's default pipelining
-# adds copies of each query tile it loads, and that overflowed an H100's shared memory at 6 heads of 64
-# (benchmarks/results/gpu-2026-11-25). One stage keeps it inside.
-KERNEL_GRID = {"forward": ("BT", None), "backward_query": ("BT", None), "backward_key": ("BS", 1)}
-# What the autotuner times on a GPU at the first call of each shape (TUNING_KEY): square tiles of BT = BS queries and
-# keys, warps, pipelining stages (1, or Triton's default 3) up to the kernel's limit, and the heads whose output one
-# program accumulates (MC: every program recomputes the whole group's scores, so fewer heads a program trade that
-# recomputation for registers), each at its register cap (register_cap). KernelSpec.constants' own choice is among
-# them, so tuning keeps it or finds a faster one. Tiles whose rank-R mixing products (RP·MP·BT·BS) exceed
-# MAX_MIX_PRODUCTS are not timed: compiled for sm_90a and sm_80 at 6 heads a group and rank 2 (commit 5fab4c4), every
-# 32-wide forward tile spilled (28 B to 2.3 KB a thread) and no 16-wide one did.
+# default, 3). The backward kernels walk a runtime loop over their group's head chunks inside each tile loop, which
+# Triton does not pipeline; the key kernel also overflowed an H100's shared memory at 6 heads of 64 with the default
+# stages, when it held every head's tiles (benchmarks/results/gpu-2026-11-25). One stage each.
+KERNEL_GRID = {"forward": ("BT", None), "backward_query": ("BT", 1), "backward_key": ("BS", 1)}
+# What the autotuner times on a GPU at the first call of each shape (TUNING_KEY), each config at its register cap
+# (register_cap). The forward: square tiles of BT = BS queries and keys, warps, pipelining stages (1, or Triton's
+# default 3) and the heads whose output one program accumulates (MC: every program recomputes the whole group's scores,
+# so fewer heads a program trade that recomputation for registers), q·kᵀ 16 features a step (DF). The backward kernels
+# go over the group's heads MC at a time in every stage (jit._chunk_tile), so a tile's working set is MC heads', not
+# the group's: compiled for sm_90a and sm_80 at the lease shapes (benchmarks/results/dcmha-triton-sm90.md), 4 warps
+# spilled in every backward config and 8 did not at one head a program, with whole rows a step (DF = D) for the dq
+# kernel and 16 features for the key kernel on sm_80. KernelSpec.constants' own choice is among them, so tuning keeps
+# it or finds a faster one. Tiles whose rank-R mixing products (RP·MP·BT·BS) exceed MAX_MIX_PRODUCTS are not timed:
+# compiled for sm_90a and sm_80 at 6 heads a group and rank 2 (commit 5fab4c4), every 32-wide forward tile spilled
+# (28 B to 2.3 KB a thread) and no 16-wide one did.
 HEADS_PER_PROGRAM = (1, 4)  # at most: a group of fewer heads runs them all in one program (prune_tiles)
-TUNING = tuple(
-    (tile, warps, stages, heads)
+WHOLE_ROWS = 1024  # DF past any head_dim: prune_tiles clamps it to the padded head_dim, one step
+FORWARD_TUNING = tuple(
+    (tile, warps, stages, heads, FEATURES_PER_STEP)
     for tile in (16, 32)
     for warps in (4, 8)
     for stages in (1, 3)
     for heads in HEADS_PER_PROGRAM
 )
+BACKWARD_WARPS = 8
+BACKWARD_TUNING = tuple(
+    (tile, BACKWARD_WARPS, 1, heads, features)
+    for tile in (16, 32)
+    for heads, features in ((1, FEATURES_PER_STEP), (1, WHOLE_ROWS), (4, FEATURES_PER_STEP))
+)
+TUNING = {"forward": FORWARD_TUNING, "backward_query": BACKWARD_TUNING, "backward_key": BACKWARD_TUNING}
 TUNING_KEY = ["T", "M", "R", "D", "PRE", "POST", "KEY_WISE", "LOCAL"]
 MAX_MIX_PRODUCTS = 8192
 UNTUNABLE: set[str] = set()  # the kernels whose tuning raised in this process: they run untuned (see launch)
@@ -51,26 +65,28 @@ def register_cap(num_warps: int) -> int:
     return min(255, REGISTER_FILE // (32 * num_warps))
 
 
-def tuning_configs(max_stages: int | None) -> list[Any]:
+def tuning_configs(kernel: str) -> list[Any]:
     return [
         triton.Config(
-            {"BT": tile, "BS": tile, "MC": heads}, num_warps=warps, num_stages=stages, maxnreg=register_cap(warps)
+            {"BT": tile, "BS": tile, "MC": heads, "DF": features},
+            num_warps=warps,
+            num_stages=stages,
+            maxnreg=register_cap(warps),
         )
-        for tile, warps, stages, heads in TUNING
-        if max_stages is None or stages <= max_stages
+        for tile, warps, stages, heads, features in TUNING[kernel]
     ]
 
 
 def prune_tiles(configs: list[Any], named_args: dict[str, Any], **constants: Any) -> list[Any]:
     """The configs whose tiles' mixing products fit :data:`MAX_MIX_PRODUCTS` (the smallest tiles if none do), each
-    with at most the group's (padded) heads a program, once."""
+    with at most the group's (padded) heads a program and the (padded) head_dim a step, once."""
     heads = constants["MP"]
     mixes = heads * constants["RP"]
     kept = [c for c in configs if mixes * c.kwargs["BT"] * c.kwargs["BS"] <= MAX_MIX_PRODUCTS]
     smallest = min(c.kwargs["BT"] for c in configs)
     distinct = {}
     for c in kept or [c for c in configs if c.kwargs["BT"] == smallest]:
-        kwargs = c.kwargs | {"MC": min(c.kwargs["MC"], heads)}
+        kwargs = c.kwargs | {"MC": min(c.kwargs["MC"], heads), "DF": min(c.kwargs["DF"], constants["DP"])}
         key = (*kwargs.values(), c.num_warps, c.num_stages)
         distinct.setdefault(key, triton.Config(kwargs, num_warps=c.num_warps, num_stages=c.num_stages,
                                                maxnreg=c.maxnreg))  # fmt: skip
@@ -91,7 +107,7 @@ def launch(
     tile = KERNEL_GRID[kernel][0]
     const, untuned = untuned_launch(kernel, spec, head_dim)
     if spec.block is None and not jit.INTERPRETED and kernel not in UNTUNABLE:
-        fixed = {name: value for name, value in const.items() if name not in ("BT", "BS", "MC")}
+        fixed = {name: value for name, value in const.items() if name not in ("BT", "BS", "MC", "DF")}
         try:
             grid = lambda meta: (triton.cdiv(seq_len, meta[tile]), programs * meta["MP"] // meta["MC"])  # noqa: E731
             TUNED[kernel][grid](*args, **options, **fixed)
@@ -109,10 +125,13 @@ def launch(
 
 
 def untuned_launch(kernel: str, spec: KernelSpec, head_dim: int) -> tuple[dict[str, Any], dict[str, int]]:
-    """A kernel's compile-time constants, and the launch options it runs with untuned: the spec's warps, the kernel's
-    most stages (Triton's default 3 where unlimited) and the register cap."""
+    """A kernel's compile-time constants, and the launch options it runs with untuned: the spec's warps (the backward
+    kernels' :data:`BACKWARD_WARPS`), the kernel's most stages (Triton's default 3 where unlimited) and the register
+    cap."""
     const = spec.constants(head_dim)
     warps = const.pop("num_warps")
+    if kernel != "forward":
+        warps = BACKWARD_WARPS
     stages = KERNEL_GRID[kernel][1] or 3
     return const, {"num_warps": warps, "num_stages": stages, "maxnreg": register_cap(warps)}
 
@@ -120,7 +139,7 @@ def untuned_launch(kernel: str, spec: KernelSpec, head_dim: int) -> tuple[dict[s
 if triton is not None:
     TUNED = {
         name: triton.autotune(
-            configs=tuning_configs(KERNEL_GRID[name][1]),
+            configs=tuning_configs(name),
             key=TUNING_KEY,
             prune_configs_by={"early_config_prune": prune_tiles},
         )(function)
