@@ -11,13 +11,19 @@ import pytest
 from test_protocol import records
 
 from attnzoo.claims.claim import CLAIMS
-from attnzoo.claims.learning_rate import best_learning_rates, check_learning_rates, merged, own_lr_claim
+from attnzoo.claims.learning_rate import (
+    best_learning_rates,
+    check_learning_rates,
+    own_lr_claim,
+    swept_models,
+    with_learning_rate_check,
+)
 from attnzoo.claims.measures import SpikeRule, loss_spikes
 from attnzoo.claims.report import brief_table, scoped_answer
 from attnzoo.claims.verdicts import judge, judge_all, verdicts_record
 from attnzoo.compare import CompareResults
 from attnzoo.compare.presets import LADDERS, PRESETS, own_lr_rung
-from attnzoo.results.ladder import Ladder, load_ladder
+from attnzoo.results.ladder import Ladder, load_ladder, merge_parts
 from attnzoo.variants import Variant, count_parameters, matched_configs
 
 DOCS = Path(__file__).parent.parent / "docs"
@@ -111,7 +117,36 @@ def test_each_models_best_learning_rate_is_its_lowest_mean_validation_loss_over_
     larger = CompareResults.from_dict(records(parameters=2000))
     with pytest.raises(ValueError, match="at one model size"):
         best_learning_rates([sweep, larger], ["mha+rope"])
-    assert set(merged([stored, sweep]).variants) == set(stored.variants) | set(sweep.variants)
+
+
+def test_a_ladder_whose_rungs_hold_a_sweep_as_their_parts_is_checked_at_each_models_own_learning_rate():
+    small, large = (records(gaps=(0.05,) * 3, parameters=p) for p in (1000, 2000))
+    sweep = _relabelled(records(gaps=(-0.05,) * 3, parameters=1000), {"diff+rope": "diff+rope+lr2"})
+    for label in ("mha+rope+lr0.5", "mha+rope+lr2", "diff+rope+lr0.5"):
+        sweep["variants"][label] = _relabelled(sweep, {"mha+rope": label})["variants"][label]
+        for run in sweep["variants"][label]["runs"]:
+            run["val"]["loss"] += 1.0  # far worse: MHA's best stays ×1, Diff's ×0.5 loses to its ×2
+    own = _relabelled(records(gaps=(-0.05,) * 3, parameters=2000), {"diff+rope": "diff+rope+lr2"})
+    del own["variants"]["mha+rope"]  # a part need not retrain the baseline
+    own["baseline"] = "diff+rope+lr2"
+    loaded = {name: CompareResults.from_dict(data) for name, data in locals().items() if name in ("small", "large")}
+    ladder = Ladder.of(
+        [
+            merge_parts(loaded["small"], [CompareResults.from_dict(sweep)]),
+            merge_parts(loaded["large"], [CompareResults.from_dict(own)]),
+        ]
+    )
+    assert ladder.largest.baseline == "mha+rope" and "diff+rope+lr2" in ladder.largest.variants
+    assert swept_models(ladder.rungs[0]) == ["mha+rope", "diff+rope"]
+    shared = judge(PRIMARY, ladder)
+    [checked] = with_learning_rate_check([shared], ladder)
+    assert shared.outcome == "contradicted" and checked.outcome == "LR-sensitive" and "diff+rope ×2" in checked.reason
+    assert with_learning_rate_check([shared], Ladder.of(list(loaded.values()))) == [shared]  # no sweep, no check
+
+    other = copy.deepcopy(sweep)
+    other["spec"]["train"]["steps"] = 1
+    with pytest.raises(ValueError, match="is not a part of"):
+        merge_parts(loaded["small"], [CompareResults.from_dict(other)])
 
 
 def test_the_sweep_and_the_own_rate_rung_train_what_the_check_reads():
@@ -201,13 +236,13 @@ def test_mqa_less_stable_is_read_from_each_runs_logged_training_losses():
 def test_an_unmatched_variant_keeps_the_baselines_mlp_and_adds_its_mechanisms_parameters():
     variant = Variant.parse("dcmha+rope+unmatched")
     assert not variant.matched and variant.label == "dcmha+rope+unmatched" and variant.training_parts == ()
-    rung = LADDERS["claims"].rungs[-1]
+    rung = PRESETS["claims-unmatched"]
     baseline = rung.baseline_config(256)
     configs = matched_configs(Variant.parse_all(["dcmha+rope", "dcmha+rope+unmatched"]), baseline)
     assert configs["dcmha+rope+unmatched"].mlp_hidden_dim == baseline.mlp_hidden_dim
     assert configs["dcmha+rope"].mlp_hidden_dim < baseline.mlp_hidden_dim  # today's: paid for by the MLP
     added = count_parameters(configs["dcmha+rope+unmatched"]) / count_parameters(baseline)
-    assert 1.05 < added < 1.1 and "dcmha+rope+unmatched" in rung.variant_labels
+    assert 1.05 < added < 1.1 and PRESETS["claims-unmatched"].variant_labels == ["dcmha+rope+unmatched"]
     judged = CLAIMS["dcmha.compute_equivalence_unmatched"]
     tokens = rung.train.steps * rung.train.tokens_per_step
     assert tokens / count_parameters(configs[judged.variant]) >= judged.gate.min_tokens_per_parameter
@@ -219,13 +254,17 @@ def test_an_unmatched_variant_keeps_the_baselines_mlp_and_adds_its_mechanisms_pa
         Variant.parse("mha+rope+lr0")
 
 
-def test_dynamic_beats_static_waits_for_the_static_only_option_by_its_name():
+def test_the_ablations_are_parts_of_the_ladders_rungs_at_their_model_and_schedule():
+    small, large = LADDERS["claims"].rungs
+    for name, rung, labels in (
+        ("claims-static", small, ["dcmha+rope", "dcmha[static_only=true]+rope"]),
+        ("claims-unmatched", large, ["dcmha+rope+unmatched"]),
+        ("claims-lr", small, PRESETS["claims-lr"].variant_labels),
+    ):
+        part = PRESETS[name]
+        assert (part.model, part.train, part.evals) == (rung.model, rung.train, rung.evals)
+        assert part.variant_labels == labels and labels[-1] not in rung.variant_labels
     claim = CLAIMS["dcmha.dynamic_beats_static"]
-    assert claim.baseline == "dcmha[static_only=true]+rope" and claim.measure.label.startswith("validation loss")
-    try:
-        Variant.parse(claim.baseline)
-        built = True
-    except ValueError:
-        built = False
-    assert claim.is_run == built and (claim.baseline in LADDERS["claims"].rungs[0].variant_labels) == built
+    assert claim.baseline == "dcmha[static_only=true]+rope" and claim.is_run and claim.preset == "claims-static"
+    assert CLAIMS["dcmha.compute_equivalence_unmatched"].preset == "claims-unmatched"
     assert json.dumps(dataclasses.asdict(PRESETS["claims-stability"].train))  # a preset as a config writes it

@@ -134,7 +134,7 @@ def test_summary_is_mean_and_sample_std_over_seeds():
             {"preset_or_spec": "huge"},
             r"preset 'huge' is unknown; choose one of "
             r"\['micro', 'quick', 'claims-one-size', 'gpu', 'gpu-lm', 'standard', 'full', 'claims-lr', "
-            r"'claims-stability', 'gpu-ablations'\]",
+            r"'claims-stability', 'claims-static', 'claims-unmatched', 'gpu-ablations'\]",
         ),
         ({"variants": ["mha+bogus"]}, "variant 'mha\\+bogus': 'bogus' is not a known positional scheme"),
         ({"variants": ["diff+alibi+kvx"]}, "bad kv-head count 'x'"),
@@ -198,7 +198,9 @@ def test_every_preset_matches_its_variants_and_never_ranks_on_one_seed(name):
     variants = spec.variants
     configs = matched_configs(variants, baseline)
     for variant in variants:
-        if variant.uptrain is None:
+        if not variant.matched:  # +unmatched: the baseline's MLP, the mechanism's parameters on top
+            assert configs[variant.label].mlp_hidden_dim == baseline.mlp_hidden_dim
+        elif variant.uptrain is None:
             assert abs(count_parameters(configs[variant.label]) - target) <= 0.02 * target
         else:  # its source's model with fewer kv heads, as GQA uptraining converts it: not re-matched
             expected = dataclasses.replace(configs[variant.source.label], n_kv_heads=variant.n_kv_heads)

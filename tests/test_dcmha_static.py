@@ -19,7 +19,7 @@ from attnzoo import ModelConfig, Transformer
 from attnzoo.attention.kernels import build, dcmha_fused
 from attnzoo.attention.kernels.dcmha_triton import static_reasons as triton_static_reasons
 from attnzoo.claims import CLAIMS
-from attnzoo.claims.dcformer import STATIC_ONLY, static_only_built
+from attnzoo.claims.dcformer import STATIC_ONLY
 from attnzoo.nn import SelfAttention
 from attnzoo.variants import Variant, count_parameters, variant_config
 
@@ -279,9 +279,8 @@ def test_the_kernels_that_cannot_compute_it_say_why():
     have no projection to run, and the PyTorch path forms I + W_b."""
     cfg = static_model().config
     assert "static_only composes with the static matrix W_b alone" in " ".join(triton_static_reasons(cfg))
-    layer = static_model().layers[0].self_attn
-    ctx = static_model()._context(1, 1, None, None)
-    assert next(dcmha_fused.step_reasons(torch.randn(1, 1, 32), ctx, layer)).startswith("static_only")
+    assert dcmha_fused.DCMHA_STEP_WEIGHTS.static_refusal(cfg).startswith("static_only")
+    assert [kernel.name for kernel in static_model().layers[0].self_attn.weight_kernels] == ["dcmha-weights"]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -313,6 +312,5 @@ def test_the_variant_parses_builds_and_its_claim_runs():
     assert Transformer(cfg).layers[0].self_attn.dyn_w_proj is None
     dynamic = variant_config(Variant.parse("dcmha+rope"), baseline)
     assert count_parameters(cfg) < count_parameters(dynamic)
-    assert static_only_built()
     claim = CLAIMS["dcmha.dynamic_beats_static"]
     assert claim.baseline == STATIC_ONLY and claim.is_run

@@ -110,6 +110,41 @@ def test_a_rung_run_on_its_own_merges_with_the_other_to_the_verdicts_of_one_run_
     )
 
 
+def test_a_comparison_at_a_rungs_model_and_schedule_stored_beside_it_is_a_part_merged_into_it(ladder_run, tmp_path):
+    """An ablation or a learning-rate sweep run later at a rung's setup adds its variants to that rung, the rung
+    keeping its own runs of a label both ran; the ladder's report names the part, its commits and machine. A
+    comparison of another schedule at that size is no part but a second rung, refused."""
+    out, _, _ = ladder_run
+    copied = tmp_path / "ladder"
+    for rung in ("small", "large"):
+        shutil.copytree(out / rung, copied / rung)
+    part = json.loads((out / "small" / "results.json").read_text())
+    ablation = part["variants"].pop("diff+rope")
+    for run in ablation["runs"]:
+        run["variant"] = "diff+rope+lr2"  # the same runs, named as another variant for the test
+        run["provenance"]["commit"] = "0123456789abcdef"
+    retrained = part["variants"]["mha+rope"]
+    retrained["runs"][0]["val"]["loss"] += 0.01  # the part's own MHA, trained elsewhere: the rung's is kept
+    part["variants"] = {"mha+rope": retrained, "diff+rope+lr2": ablation}
+    (copied / "small-part").mkdir()
+    (copied / "small-part" / "results.json").write_text(json.dumps(part))
+    ladder, dirs = load_ladder(copied)
+    own, _ = load_ladder(out)
+    assert [d.name for d in dirs] == ["small", "large"]
+    assert set(ladder.rungs[0].variants) == {"mha+rope", "diff+rope", "mha+rope+kv1+up0.5", "diff+rope+lr2"}
+    assert ladder.rungs[0].variants["mha+rope"] == own.rungs[0].variants["mha+rope"]
+    assert [(p.path.name, p.rung, p.added) for p in ladder.parts] == [("small-part", "small", ("diff+rope+lr2",))]
+    report = write_ladder_report(ladder, dirs, copied)["markdown"].read_text()
+    assert "## The rungs' parts" in report
+    assert "| [small](small-part/report.md) | small | diff+rope+lr2 | 0123456789ab |" in report
+    assert "## The rungs' parts" not in (out / "report.md").read_text()
+
+    part["spec"]["train"]["steps"] += 1  # another schedule at the small rung's size: not a part, a second rung
+    (copied / "small-part" / "results.json").write_text(json.dumps(part))
+    with pytest.raises(ValueError, match="two comparisons share a baseline size"):
+        load_ladder(copied)
+
+
 def test_every_rung_of_the_cpu_ladder_meets_the_budget_part_by_construction():
     """Gate (a): at least 20 tokens per parameter and at most 4 passes, from the spec and the corpus it names."""
     for rung in LADDERS["claims"].rungs:

@@ -18,7 +18,6 @@ from attnzoo.claims.protocol import (
     SETUP_CHECKS,
     VAL_LOSS,
 )
-from attnzoo.variants import Variant
 
 PAPER = "DCFormer (Xiao et al., 2024)"
 # DCMHA as the paper pairs it with MHA: the composition on top of the same MLP, trained on the Transformer's tokens (the
@@ -27,24 +26,8 @@ PAPER = "DCFormer (Xiao et al., 2024)"
 # gate asks 19.5, the paper's pairing, and says so.
 UNMATCHED = "dcmha+rope+unmatched"
 UNMATCHED_PROTOCOL = LanguageModelGate(loss_effect=LM_EFFECT, min_tokens_per_parameter=19.5)
-# The paper's static composition (Talking-Heads Attention, its Table 9's branch 1), the option's name when it lands.
+# The paper's static composition alone (Talking-Heads Attention, its Table 9's branch 1).
 STATIC_ONLY = "dcmha[static_only=true]+rope"
-
-
-STATIC_EXPERIMENT = (
-    f"a static-only composition option (DCMHAOptions.static_only, the variant {STATIC_ONLY}), which attnzoo's DCMHA "
-    "does not have yet"
-)
-
-
-def static_only_built() -> bool:
-    """Whether DCMHA has its static-only option yet: until then dcmha.dynamic_beats_static is not run, and no
-    preset trains its baseline."""
-    try:
-        Variant.parse(STATIC_ONLY)
-    except ValueError:
-        return False
-    return True
 
 
 DCFORMER_MULTIPLE = 1.67  # the smaller of the paper's two fitted multiples (1.87× and 1.67×)
@@ -160,7 +143,7 @@ register_claim(
         gate=LM_PROTOCOL,
         paper_scale="405M parameters (003:628)",
         checks=DCMHA_CHECKS,
-        experiment="" if static_only_built() else STATIC_EXPERIMENT,
+        preset="claims-static",
     )
 )
 
@@ -213,6 +196,7 @@ register_claim(
         smallest_effect=math.log(DCFORMER_MULTIPLE) / 2,
         smallest_effect_source="as dcmha.compute_equivalence's: ln(1.67)/2 = 0.256 (shared/seeds/003:589)",
         gate=UNMATCHED_PROTOCOL,
+        preset="claims-unmatched",
         paper_scale="405M–1.4B parameters, Chinchilla token counts, the Pile (003:587–589)",
         checks=(
             *DCMHA_CHECKS,

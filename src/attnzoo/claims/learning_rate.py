@@ -6,7 +6,9 @@ at ×0.5 and ×2 the shared rate at the small rung, ``+lrF``, beside the ladder'
 multiple by its mean validation loss (:func:`best_learning_rates`), the large rung trains each model at it
 (:func:`attnzoo.compare.presets.own_lr_rung`), and :func:`check_learning_rates` re-judges every primary there, each
 model at its own best rate, beside the shared rate on the same seeds. A primary whose verdict at that size differs
-between the two is **LR-sensitive**: not decided.
+between the two is **LR-sensitive**: not decided. Both runs are parts of the ladder's rungs, stored beside them in
+its folder (:func:`attnzoo.results.ladder.load_ladder` merges them), and :func:`attnzoo.claims.verdicts.judge_all`
+makes the check wherever the smallest rung holds a sweep (:func:`with_learning_rate_check`).
 """
 
 from __future__ import annotations
@@ -84,18 +86,6 @@ def own_lr_claim(claim: Claim, best: Mapping[str, float]) -> Claim | str:
     return dataclasses.replace(claim, variant=labels[claim.variant], baseline=labels[claim.baseline], measure=measure)
 
 
-def merged(rungs: Sequence[CompareResults]) -> CompareResults:
-    """Comparisons of one size as one: the first's record, with every comparison's variants (the first's kept where
-    two ran the same label), so the sweep's runs and the ladder's ×1 runs form one rung."""
-    sizes = {rung.variants[rung.baseline].parameters for rung in rungs}
-    if len(sizes) != 1:
-        raise ValueError(f"only comparisons of one size merge into one rung; these have {sorted(sizes)} parameters")
-    variants = {}
-    for rung in reversed(rungs):
-        variants |= rung.variants
-    return dataclasses.replace(rungs[0], variants=variants)
-
-
 def on_seeds(rung: CompareResults, seeds: Sequence[int]) -> CompareResults:
     """``rung`` with only ``seeds``' runs: the shared rate judged on the seeds the own rates ran."""
     kept = {
@@ -148,6 +138,26 @@ def check_learning_rates(
                 )
             )
     return checked
+
+
+def swept_models(rung: CompareResults, multiples: Sequence[float] = LR_MULTIPLES) -> list[str]:
+    """The models ``rung`` holds at every multiple of the sweep (a learning-rate sweep merged into the ladder's
+    rung as its part, :func:`attnzoo.results.ladder.merge_parts`)."""
+    return [
+        label
+        for label in rung.variants
+        if at_learning_rate(label, 1.0) == label and all(at_learning_rate(label, m) in rung.variants for m in multiples)
+    ]
+
+
+def with_learning_rate_check(verdicts: Sequence[Verdict], ladder: Ladder) -> list[Verdict]:
+    """``verdicts`` checked at each model's own best learning rate where the ladder's smallest size holds a sweep
+    (:func:`swept_models`), the best multiples read there and the models at them at the largest size; as they are
+    where it holds none."""
+    models = swept_models(ladder.rungs[0])
+    if not models:
+        return list(verdicts)
+    return check_learning_rates(verdicts, ladder, ladder, best_learning_rates([ladder.rungs[0]], models))
 
 
 def _seeds(ladder: Ladder, claim: Claim) -> list[int]:

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from attnzoo.claims.claim import CLAIMS, Claim
 from attnzoo.claims.gates import Gate, GatePart
+from attnzoo.claims.learning_rate import with_learning_rate_check
 from attnzoo.claims.parts import judge_parts, with_parts
 from attnzoo.claims.rules import EQUIVALENCE_CONFIDENCE, MIN_SEEDS, OUTCOMES
 from attnzoo.claims.sizes import measure, settle
@@ -66,7 +67,8 @@ __all__ = ["MIN_SEEDS", "OUTCOMES", "Verdict", "counts", "format_p", "judge", "j
 
 
 def judge_all(results: CompareResults | Ladder) -> list[Verdict]:
-    """Every registered claim's verdict, in registration order, the primaries Holm-corrected together."""
+    """Every registered claim's verdict, in registration order, the primaries Holm-corrected together, and checked at
+    each model's own best learning rate where the ladder holds a sweep."""
     ladder = as_ladder(results)
     verdicts = [measure(claim, ladder) for claim in CLAIMS.values()]
     judged_parts = [judge_parts(claim, ladder) for claim in CLAIMS.values()]
@@ -75,7 +77,8 @@ def judge_all(results: CompareResults | Ladder) -> list[Verdict]:
     for i, p in zip(family, holm(p_values), strict=True):
         if verdicts[i].pending:
             verdicts[i] = dataclasses.replace(verdicts[i], p_adjusted=p)
-    return [with_parts(settle(v) if v.pending else v, parts) for v, parts in zip(verdicts, judged_parts, strict=True)]
+    judged = [with_parts(settle(v) if v.pending else v, parts) for v, parts in zip(verdicts, judged_parts, strict=True)]
+    return with_learning_rate_check(judged, ladder)
 
 
 def judge(claim: Claim, results: CompareResults | Ladder) -> Verdict:

@@ -52,7 +52,8 @@ MODEL_HELP = {
     "max_seq_len": "longest sequence the model serves (default: --seq-len)",
     "attention": "attention mechanism; configure it with --attention-option",
     "position": "positional scheme; configure it with --position-option",
-    "attn_backend": "attention kernel: auto (SDPA where the mechanism allows), eager or sdpa",
+    "attn_backend": "attention kernel: auto (each call runs the first kernel that serves it), eager (the reference) "
+    "or a kernel's name (attnzoo info lists them)",
     "init_std": "standard deviation of the initial weights",
     "parallel_residual": "attention and MLP read the same block input (GPT-J, GPT-NeoX)",
     "embedding_norm": "normalise the token embeddings (BLOOM)",

@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from attnzoo.claims.dcformer import STATIC_ONLY, UNMATCHED, static_only_built
+from attnzoo.claims.dcformer import STATIC_ONLY, UNMATCHED
 from attnzoo.claims.experiments import claim_tasks, claim_variants
 from attnzoo.claims.gqa import STABILITY_LR, STABILITY_PRESET
 from attnzoo.claims.protocol import ABLATIONS
@@ -331,11 +331,6 @@ _LADDER_MODELS = ("mha+rope", "diff+rope", "selective+rope", "dcmha+rope")
 # GQA (2 kv heads) uptrained from each seed's MHA: Ainslie et al.'s α, and twice and 4× it
 _GQA_UPTRAINED = tuple(f"mha+rope+kv2+up{fraction:g}" for fraction in (0.05, 0.1, 0.2))
 _MQA_UPTRAINED = ("mha+rope+kv1+up0.05",)
-# DCMHA as DCFormer pairs it, its composition on top of MHA's MLP, judged beside the matched one at the large rung
-# (dcmha.compute_equivalence_unmatched, issue 53): 5 more runs, about 17 minutes on 2 cores by the large rung's DCMHA
-# runs (271 s each, wall ÷ summed training 0.63), not yet run. DCMHA's static-only composition for
-# dcmha.dynamic_beats_static at the small rung (about 5 minutes, by its DCMHA runs), once DCMHA has the option.
-_STATIC_ONLY = (STATIC_ONLY,) if static_only_built() else ()
 _LADDER_SEEDS = (0, 1, 2, 3, 4)
 _LADDER_TRAIN = {"batch_size": 16, "lr": 3e-3}
 # Selective attention's two synthetic tasks ride on the largest rung: their runs take seconds (denoising 6.8 s, graph
@@ -348,11 +343,10 @@ LADDERS: dict[str, LadderSpec] = {
         description=(
             "the papers' claims by their own protocol, the primaries at two sizes 2× apart (0.12M and 0.25M "
             "parameters, 21 tokens per parameter): MHA, Diff, selective, DCMHA, GQA uptrained with 5, 10 and 20% of "
-            "the steps, at the smaller size DCMHA's static composition alone and at the larger MQA with 5% and DCMHA "
-            "unmatched (its composition on top of MHA's MLP, as DCFormer pairs them) × 5 seeds, evaluated at 50, 75 "
-            "and 100% of training on 1,024 windows, and selective attention's denoising and graph tasks; meant for "
-            "90 minutes on 2 cores with --executor local --jobs 2: 81 minutes measured without the two DCMHA "
-            "ablations, about 103 estimated with them (the times measured by machine: docs/jobs/compare.md)"
+            "the steps, at the larger size MQA with 5% × 5 seeds, evaluated at 50, 75 and 100% of training on 1,024 "
+            "windows, and selective attention's denoising and graph tasks; meant for 90 minutes on 2 cores with "
+            "--executor local --jobs 2 (81 minutes measured; by machine: docs/jobs/compare.md); the ablations and "
+            "the learning-rate sweep are its rungs' parts (claims-static, claims-unmatched, claims-lr)"
         ),
         rungs=(
             _rung(
@@ -360,7 +354,7 @@ LADDERS: dict[str, LadderSpec] = {
                 "small",
                 {"dim": 64, "n_layers": 2, "n_heads": 4},
                 640,
-                (*_LADDER_MODELS, *_GQA_UPTRAINED, *_STATIC_ONLY),
+                (*_LADDER_MODELS, *_GQA_UPTRAINED),
                 _LADDER_SEEDS,
                 _LADDER_TRAIN,
             ),
@@ -369,7 +363,7 @@ LADDERS: dict[str, LadderSpec] = {
                 "large",
                 {"dim": 96, "n_layers": 2, "n_heads": 4, "mlp_hidden_dim": 264},
                 1280,
-                (*_LADDER_MODELS, *_GQA_UPTRAINED, *_MQA_UPTRAINED, UNMATCHED),
+                (*_LADDER_MODELS, *_GQA_UPTRAINED, *_MQA_UPTRAINED),
                 _LADDER_SEEDS,
                 _LADDER_TRAIN,
                 tasks=_LADDER_TASKS,
@@ -450,6 +444,42 @@ PRESETS[STABILITY_PRESET] = dataclasses.replace(
     ),
     variants=Variant.parse_all(("mha+rope+kv2", "mha+rope+kv1")),
     train=dataclasses.replace(LADDERS["claims"].rungs[0].train, lr=STABILITY_LR),
+)
+
+
+# A rung's parts (issue 53): comparisons at a ladder rung's model and schedule, run apart from the ladder and stored
+# in its folder, where attnzoo.results.ladder.load_ladder merges each into its rung (the rung's record and runs, the
+# part's variants added; the ladder's report names each part's commits and machine). So the ladder keeps its 90
+# minutes, and each check costs its own runs only. The learning-rate sweep (claims-lr) is one. DCMHA's static
+# composition alone (Talking-Heads Attention, the paper's Table 9 branch 1) is judged against the dynamic one trained
+# beside it, on one machine and commit, so dcmha.dynamic_beats_static reads its own comparison (its report), as
+# claims-stability's claim does: 10 runs at the small rung, estimated 9.8 minutes on 2 cores (its DCMHA runs, 88 s,
+# wall ÷ summed training 0.67).
+PRESETS["claims-static"] = dataclasses.replace(
+    LADDERS["claims"].rungs[0],
+    name="claims-static",
+    description=(
+        "dcmha.dynamic_beats_static at the claims ladder's small rung (0.12M parameters): DCMHA against its static "
+        "composition alone (the paper's branch 1, Talking-Heads Attention), both matched to MHA, × 5 seeds; "
+        "estimated 9.8 minutes on 2 cores with --executor local --jobs 2"
+    ),
+    variants=Variant.parse_all(("dcmha+rope", STATIC_ONLY)),
+    tasks=(),
+)
+# DCMHA as DCFormer pairs it, its composition on top of MHA's MLP (dcmha.compute_equivalence_unmatched): a part of
+# the large rung, read off the ladder's MHA across the sizes: 5 runs, estimated 14.2 minutes on 2 cores (the large
+# rung's DCMHA runs, 271 s each, wall ÷ summed training 0.63).
+PRESETS["claims-unmatched"] = dataclasses.replace(
+    LADDERS["claims"].rungs[-1],
+    name="claims-unmatched",
+    description=(
+        "dcmha.compute_equivalence_unmatched, a part of the claims ladder's large rung (0.25M parameters): DCMHA "
+        "with its composition on top of MHA's MLP, as DCFormer pairs them, × 5 seeds, judged against the ladder's "
+        "MHA across the sizes when stored in the ladder's folder; estimated 14.2 minutes on 2 cores with "
+        "--executor local --jobs 2"
+    ),
+    variants=Variant.parse_all((UNMATCHED,)),
+    tasks=(),
 )
 
 

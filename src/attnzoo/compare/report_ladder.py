@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Collection
 from pathlib import Path
 
 from attnzoo.claims.report import answer_section, claims_section, primaries
@@ -18,6 +19,7 @@ from attnzoo.claims.verdicts import judge_all, verdicts_record
 from attnzoo.compare.plots import plot_loss_against_compute
 from attnzoo.document import Heading, Image, Paragraph, Report
 from attnzoo.io import atomic_write_text
+from attnzoo.results.comparison import CompareResults
 from attnzoo.results.ladder import Ladder, head_dim, parameters
 from attnzoo.tables import Table
 from attnzoo.variants import Variant
@@ -46,6 +48,41 @@ def rungs_table(ladder: Ladder, rung_dirs: list[Path], out_dir: Path) -> Table:
         )
     header = ["rung", "parameters", "head size", "tokens a run", "tokens / parameter", "passes", "seeds"]
     return Table([*header, "variants", "made"], rows)
+
+
+def _commits(results: CompareResults, leaving_out: Collection[str] = ()) -> str:
+    """The commits the runs of ``results`` (but the labels ``leaving_out``) were trained by, each once."""
+    found = {
+        run.provenance.commit or "no checkout"
+        for label, variant in results.variants.items()
+        if label not in leaving_out
+        for run in variant.runs
+    }
+    return ", ".join(commit[:12] for commit in sorted(found))
+
+
+def parts_table(ladder: Ladder, out_dir: Path) -> Table | None:
+    """Each comparison merged into a rung (a learning-rate sweep, an ablation): what it added, and from which code
+    and machine, beside the rungs' own; None where no rung has parts."""
+    if not ladder.parts:
+        return None
+    rows = [
+        [
+            f"[{part.results.preset}]({Path(os.path.relpath(part.path, out_dir)) / 'report.md'})",
+            part.rung,
+            ", ".join(part.added),
+            _commits(part.results, set(part.results.variants) - set(part.added)),
+            part.results.machine.description,
+            part.results.created,
+        ]
+        for part in ladder.parts
+    ]
+    for rung in ladder.rungs:
+        added = {label for part in ladder.parts if part.rung == rung.preset for label in part.added}
+        rows.append(
+            [rung.preset, rung.preset, "(its own)", _commits(rung, added), rung.machine.description, rung.created]
+        )
+    return Table(["comparison", "rung", "variants added", "commits", "machine", "made"], rows)
 
 
 def uptraining_table(ladder: Ladder) -> Table | None:
@@ -108,6 +145,17 @@ def write_ladder_report(ladder: Ladder, rung_dirs: list[Path], out_dir: Path) ->
         ),
         rungs_table(ladder, rung_dirs, out_dir),
     )
+    parts = parts_table(ladder, out_dir)
+    if parts is not None:
+        report.add(
+            Heading(2, "The rungs' parts"),
+            Paragraph(
+                "Comparisons trained at a rung's model and schedule apart from the ladder (a learning-rate sweep, an "
+                "ablation), merged into that rung: the rung keeps its own runs of a label both ran. Runs from other "
+                "commits or machines pair with the rung's by seed, so the table names both."
+            ),
+            parts,
+        )
     uptraining = uptraining_table(ladder)
     if uptraining is not None:
         report.add(

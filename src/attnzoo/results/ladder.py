@@ -9,6 +9,8 @@ comparison on its own is a ladder of one rung.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 import re
 from collections.abc import Sequence
@@ -21,8 +23,20 @@ RESULTS = "results.json"
 
 
 @dataclass(frozen=True)
+class RungPart:
+    """A comparison merged into a rung (:func:`merge_parts`): where it was stored, the rung's preset, and the labels
+    it added (the rung keeps its own runs of the others)."""
+
+    path: Path
+    results: CompareResults
+    rung: str
+    added: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Ladder:
-    rungs: tuple[CompareResults, ...]  # one per model size, smallest first
+    rungs: tuple[CompareResults, ...]  # one per model size, smallest first, each holding its parts' variants
+    parts: tuple[RungPart, ...] = ()  # what each rung merged, for the record
 
     @classmethod
     def of(cls, rungs: Sequence[CompareResults]) -> Ladder:
@@ -88,10 +102,46 @@ def as_ladder(results: CompareResults | Ladder) -> Ladder:
 def load_ladder(directory: Path) -> tuple[Ladder, list[Path]]:
     """The ladder whose rungs are the comparisons in ``directory``'s subdirectories (each with its results.json),
     and those subdirectories in the ladder's order. Rungs run on different days or machines merge by being copied
-    side by side into one directory."""
+    side by side into one directory; so do a rung's parts (:func:`merge_parts`): a comparison trained at a rung's
+    model and schedule later (a learning-rate sweep, an ablation) adds its variants to that rung."""
     found = sorted(path.parent for path in Path(directory).glob(f"*/{RESULTS}"))
     if not found:
         raise ValueError(f"{directory} holds no comparison: a ladder's rungs are subdirectories with a {RESULTS}")
-    rungs = {path: CompareResults.load(path / RESULTS) for path in found}
-    ladder = Ladder.of(list(rungs.values()))
+    by_setup: dict[str, list[tuple[Path, CompareResults]]] = {}
+    for path in found:
+        results = CompareResults.load(path / RESULTS)
+        by_setup.setdefault(setup_key(results), []).append((path, results))
+    rungs, parts = {}, []
+    for comparisons in by_setup.values():
+        # The ladder's own rung carries the rest; among comparisons none of which is one, the first by folder.
+        (path, rung), *its_parts = sorted(comparisons, key=lambda found: (ladder_of(found[1]) is None, found[0]))
+        merged = rung
+        for part_path, part in its_parts:
+            added = tuple(label for label in part.variants if label not in merged.variants)
+            merged = merge_parts(merged, [part])
+            parts.append(RungPart(part_path, part, rung.preset, added))
+        rungs[path] = merged
+    ladder = dataclasses.replace(Ladder.of(list(rungs.values())), parts=tuple(sorted(parts, key=lambda p: p.path)))
     return ladder, [next(path for path, rung in rungs.items() if rung is r) for r in ladder.rungs]
+
+
+# What a comparison's record names for itself alone; the rest of its spec (the model, the training, the evaluations)
+# is the setup every run of one rung shares.
+_OWN_FIELDS = ("name", "description", "variants", "seeds", "tasks", "task_seeds")
+
+
+def setup_key(results: CompareResults) -> str:
+    """The model and training a comparison's runs share: equal for comparisons that are one rung's parts."""
+    return json.dumps({k: v for k, v in results.spec.items() if k not in _OWN_FIELDS}, sort_keys=True)
+
+
+def merge_parts(rung: CompareResults, parts: Sequence[CompareResults]) -> CompareResults:
+    """``rung`` with the variants of ``parts``, comparisons trained at its model and schedule (:func:`setup_key`)
+    on other days, machines or commits: its record, baseline and seeds kept, each run keeping its own provenance
+    (the ladder's report lists each part's commits and machine). A label both ran keeps the rung's runs."""
+    variants = dict(rung.variants)
+    for part in parts:
+        if setup_key(part) != setup_key(rung):
+            raise ValueError(f"{part.preset} is not a part of {rung.preset}: their models or training differ")
+        variants |= {label: found for label, found in part.variants.items() if label not in variants}
+    return dataclasses.replace(rung, variants=variants)
