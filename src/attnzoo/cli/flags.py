@@ -53,7 +53,7 @@ MODEL_HELP = {
     "attention": "attention mechanism; configure it with --attention-option",
     "position": "positional scheme; configure it with --position-option",
     "attn_backend": "attention kernel: auto (each call runs the first kernel that serves it), eager (the reference) "
-    "or a kernel's name (attnzoo info lists them)",
+    "or one kernel by name; attnzoo info shows the one a config runs",
     "init_std": "standard deviation of the initial weights",
     "parallel_residual": "attention and MLP read the same block input (GPT-J, GPT-NeoX)",
     "embedding_norm": "normalise the token embeddings (BLOOM)",
