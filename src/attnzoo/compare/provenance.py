@@ -3,6 +3,7 @@ Runs made elsewhere are merged and pooled on what this records (:class:`attnzoo.
 
 from __future__ import annotations
 
+import functools
 import platform
 import subprocess
 from pathlib import Path
@@ -12,9 +13,12 @@ import torch
 from attnzoo.results.comparison import Provenance
 
 
+@functools.cache
 def source_commit() -> str | None:
     """The git commit of the attnzoo source this process runs, "-dirty" if it has uncommitted changes; None when
-    it is not a git checkout (an installed wheel)."""
+    it is not a git checkout (an installed wheel). Read once a process: a process runs the code it loaded, whatever
+    is committed or edited in the checkout later, so every run it trains records the same commit. (Read at each
+    run's end, two runs of one comparison straddling an edit were refused as trained by two commits.)"""
     source = Path(__file__).resolve().parent
 
     def git(*args: str) -> subprocess.CompletedProcess:
