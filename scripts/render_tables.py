@@ -14,8 +14,8 @@ between. NAME is
   ``docs/compare-quick/results.json`` by the report's own ``summary_table``;
 * ``FILE.md#K``: the K-th table (from 1) of ``benchmarks/results/FILE.md``, as the benchmark wrote it.
 
-tests/test_render_tables.py runs ``--check``, so a table edited by hand, or a results file rewritten without
-rendering again, fails the tests.
+tests/test_docs.py runs ``--check``'s comparison (``stale_regions``), so a table edited by hand, or a results file
+rewritten without rendering again, fails the tests.
 """
 
 from __future__ import annotations
