@@ -16,6 +16,7 @@ kernels through the same dispatcher (``attn_backend``), and ``layer.mechanism`` 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import torch
@@ -194,14 +195,20 @@ class SelfAttention(nn.Module):
             raise ValueError(f"x must be a floating-point tensor; got dtype {x.dtype}")
         return x.shape[0], x.shape[1]
 
+    @functools.cached_property
+    def _cache_layout(self) -> dict[str, tuple[int, ...]]:
+        """This layer's cache buffers laid out (:func:`_layout`), from a meta cache made once: every cached call
+        checks its cache against it."""
+        buffers = self.mechanism.new_layer_cache(1, 1, device=torch.device("meta"), dtype=torch.float32).buffers
+        return {name: _layout(buffer) for name, buffer in buffers.items()}
+
     def _check_cache(self, cache: KVCache, x: Tensor) -> None:
         """A cache from :meth:`new_cache` of a layer laid out as this one, in x's dtype unless autocast chooses."""
         if not isinstance(cache, KVCache) or len(cache.layers) != 1:
             raise ValueError(f"cache must come from this layer's new_cache(); got {type(cache).__name__}")
-        ours = self.mechanism.new_layer_cache(1, 1, device=torch.device("meta"), dtype=x.dtype).buffers
         theirs = cache.layers[0].buffers
-        layout = {name: tuple(buffer.shape[1:2] + buffer.shape[3:]) for name, buffer in theirs.items()}
-        if layout != {name: tuple(buffer.shape[1:2] + buffer.shape[3:]) for name, buffer in ours.items()}:
+        layout = {name: _layout(buffer) for name, buffer in theirs.items()}
+        if layout != self._cache_layout:
             raise ValueError(
                 f"the cache holds {sorted(layout)} laid out as {layout}, not this {self.config.attention} layer's: "
                 "make it with this layer's new_cache()"
@@ -320,3 +327,8 @@ def _layer_fields(cfg: ModelConfig) -> dict[str, Any]:
 
 def weights_device(weights: dict[str, Tensor]) -> torch.device:
     return next(iter(weights.values())).device
+
+
+def _layout(buffer: Tensor) -> tuple[int, ...]:
+    """A cache buffer's shape but its batch and its length (dimensions 0 and 2): what the layer fixes."""
+    return tuple(buffer.shape[1:2] + buffer.shape[3:])
