@@ -84,10 +84,27 @@ struct Problem {
   }
 };
 
-// One tile's rows, as (M, rows, width) blocks of scratch: x_i[r][c] at x + i·head + r·width + c.
+// Floats in a 64-byte cache line: the unit of the scratch buffers' padding, whatever the vector width.
+constexpr int64_t kLine = 16;
+
+// The row stride of a buffer of `width` columns: whole cache lines, an odd number of them. A power-of-2 stride (T =
+// 256 or 1024 keys) put every row of a column chunk, and the same row of every head, in one L1 set (its 8 or 12
+// ways) and evicted them between the passes that read a chunk's rows again; an odd line count walks the sets.
+inline int64_t padded_stride(int64_t width) {
+  const int64_t lines = (width + kLine - 1) / kLine;
+  return (lines | 1) * kLine;
+}
+
+// Floats between the heads of a (M, rows, stride) buffer: one line more than its rows, so that row r of head n and
+// of head n + 1 fall in different sets too.
+inline int64_t padded_head(int64_t rows, int64_t stride) {
+  return rows * stride + kLine;
+}
+
+// One tile's rows, as (M, rows, width) blocks of scratch with padded strides: x_i[r][c] at x + i·head + r·stride + c.
 struct Tile {
-  int64_t b, g, i0, rows, lo, width;
-  int64_t head() const { return rows * width; }
+  int64_t b, g, i0, rows, lo, width, stride;
+  int64_t head() const { return padded_head(rows, stride); }
   // Row r's visible columns [c0, c1) of the tile's keys [lo, lo + width).
   int64_t c0(const Problem& p, int64_t r) const { return p.first_key(i0 + r) - lo; }
   int64_t c1(int64_t r) const { return i0 + r + 1 - lo; }
@@ -95,7 +112,8 @@ struct Tile {
 
 Tile make_tile(const Problem& p, int64_t b, int64_t g, int64_t i0, int64_t q_tile) {
   const int64_t rows = std::min(q_tile, p.len - i0), lo = p.first_key(i0);
-  return Tile{b, g, i0, rows, lo, i0 + rows - lo};
+  const int64_t width = i0 + rows - lo;
+  return Tile{b, g, i0, rows, lo, width, padded_stride(width)};
 }
 
 // A block of a tile's columns (keys), [begin, end): every pass works a block at a time, so that the block's
@@ -104,6 +122,22 @@ struct Cols {
   int64_t begin, end;
   int64_t size() const { return end - begin; }
 };
+
+// Head h of sequence b of a (B, heads, T, d) tensor with contiguous rows at any other strides: q, k, v and dO come as
+// the layer's views of its (B, T, heads, d) projections, which need no copy, and O and the gradients are returned
+// in the same order of memory (out_like).
+inline Mat head_of(const at::Tensor& x, int64_t b, int64_t h) {
+  return Mat{x.data_ptr<float>() + b * x.stride(0) + h * x.stride(1), x.size(2), x.size(3), x.stride(2), 1};
+}
+
+// An uninitialised (B, heads, T, cols) tensor laid out in memory as x is: (B, T, heads, cols) when x is the
+// (1, 2)-transpose of a contiguous tensor, else contiguous.
+at::Tensor out_like(const at::Tensor& x, int64_t cols) {
+  const bool tokens_first = x.size(1) > 1 && x.size(2) > 1 && x.stride(1) == x.size(3) &&
+                            x.stride(2) == x.size(1) * x.size(3);
+  return tokens_first ? at::empty({x.size(0), x.size(2), x.size(1), cols}, x.options()).transpose(1, 2)
+                      : at::empty({x.size(0), x.size(1), x.size(2), cols}, x.options());
+}
 
 // Row r's visible columns within the block: [first, last), empty when first >= last.
 inline std::pair<int64_t, int64_t> visible_in(const Problem& p, const Tile& t, int64_t r, Cols cols) {
@@ -153,21 +187,28 @@ inline void scale_of(float* x, int64_t first, int64_t last, float a) {
   }
 }
 
-// Row r of head n in a (M, rows, width) buffer.
+// Row r of head n in a tile buffer.
 inline float* row_of(float* x, const Tile& t, int64_t n, int64_t r) {
-  return x + n * t.head() + r * t.width;
+  return x + n * t.head() + r * t.stride;
 }
 
-// Head n's block of a (M, rows, width) buffer: the tile's rows × the block's columns.
+// Head n's block of a tile buffer: the tile's rows × the block's columns.
 inline Mat block_of(const Tile& t, float* x, int64_t n, Cols cols) {
-  return dense(x + n * t.head(), t.rows, t.width).cols_at(cols.begin, cols.size());
+  return Mat{x + n * t.head(), t.rows, t.width, t.stride, 1}.cols_at(cols.begin, cols.size());
 }
 
-// Zeroes the block's columns of every row of the M heads that the row does not see.
-void zero_hidden(const Problem& p, const Tile& t, float* x, Cols cols) {
+// The floats a tile buffer needs for M heads of up to `rows` rows and `width` columns.
+inline int64_t tile_floats(int64_t m, int64_t rows, int64_t width) {
+  return m * padded_head(rows, padded_stride(width));
+}
+
+// Zeroes the block's columns of every row of the M heads that the row does not see, in a buffer whose tile column
+// c of row r of head n is at x + n·head + r·row_stride + (c − col0).
+void zero_hidden(const Problem& p, const Tile& t, float* x, int64_t head, int64_t row_stride, int64_t col0,
+                 Cols cols) {
   for (int64_t n = 0; n < p.m; ++n) {
     for (int64_t r = 0; r < t.rows; ++r) {
-      float* row = row_of(x, t, n, r);
+      float* row = x + n * head + r * row_stride - col0;
       const auto [first, last] = visible_in(p, t, r, cols);
       if (first >= last) {
         std::fill(row + cols.begin, row + cols.end, 0.f);
@@ -179,14 +220,20 @@ void zero_hidden(const Problem& p, const Tile& t, float* x, Cols cols) {
   }
 }
 
-// The block's logits S_n = (scale·q_n)·k_nᵀ (+ m_n·(s − t)) of the M heads into `scores`; `q_scaled` is scale·q,
-// scaled before the product as the eager reference does in fp32.
-void tile_logits(const Problem& p, const Tile& t, const at::Tensor& q_scaled, const at::Tensor& k, float* scores,
+// The same in a tile buffer.
+void zero_hidden(const Problem& p, const Tile& t, float* x, Cols cols) {
+  zero_hidden(p, t, x, t.head(), t.stride, 0, cols);
+}
+
+// The block's logits S_n = scale·q_n·k_nᵀ (+ m_n·(s − t)) of the M heads into `scores`. The scale is the product's
+// alpha rather than a scaled copy of q, a (B, H, T, d) tensor written and read again per call; the two round
+// differently by about one ulp of the logit.
+void tile_logits(const Problem& p, const Tile& t, const at::Tensor& q, const at::Tensor& k, float* scores,
                  Cols cols) {
   for (int64_t n = 0; n < p.m; ++n) {
     const int64_t h = t.g * p.m + n;
-    gemm(block_of(t, scores, n, cols), matrix_of(q_scaled, t.b * p.heads + h).rows_at(t.i0, t.rows),
-         matrix_of(k, t.b * p.kv_heads + h / p.n_rep).rows_at(t.lo + cols.begin, cols.size()).t());
+    gemm(block_of(t, scores, n, cols), head_of(q, t.b, h).rows_at(t.i0, t.rows),
+         head_of(k, t.b, h / p.n_rep).rows_at(t.lo + cols.begin, cols.size()).t(), p.scale);
     if (p.slopes != nullptr) {
       const float slope = p.slopes[h];
       for (int64_t r = 0; r < t.rows; ++r) {
@@ -263,23 +310,33 @@ inline void compose_chunk(int64_t heads, const float* x, int64_t head, const flo
 // Composition c over the block, x → out (out may be x): out_o = Σ_i x_i · (QW[t] + KW[s])[i, o] for the M heads,
 // or with `adjoint` the transposed map out_i = Σ_o x_o · W[i, o] (the gradient with respect to the composition's
 // input). `out` is addressed as out + i·out_head + r·out_row + (col − out_col0), so it may be a block-sized buffer.
-// Columns outside, rows inside, so that a column chunk's key-side weights (M² vectors) stay in L1 for every row;
-// a chunk's columns past a row's visible ones are computed too, from whatever x holds there (0 where callers have
+// Columns outside, rows inside, so that a column chunk's key-side weights (M² vectors) stay in L1 for every row:
+// copied first into one contiguous block, as in KW (keys last) they lie T floats apart, and at T = 256 or 1024 all
+// M² of them map to the same few L1 sets, more than their ways hold, and were fetched again for every row. A
+// chunk's columns past a row's visible ones are computed too, from whatever x holds there (0 where callers have
 // zeroed it, which keeps out 0 there too).
 template <int kM, bool kAdjoint, bool kKeyWise>
 void compose_block_m(const Problem& p, const Tile& t, int c, const float* x, float* out, int64_t out_head,
                      int64_t out_row, int64_t out_col0, Cols cols) {
+  const int64_t m = kM > 0 ? kM : p.m;
   const float* kw = p.key_w(c, t.b, t.g);
-  const int64_t head = t.head(), kw_stride = p.len;
+  const int64_t head = t.head();
+  std::vector<float> kw_chunk(kKeyWise ? m * m * kLanes : 0);
   for (int64_t col = cols.begin; col < cols.end; col += kLanes) {
     const int n = static_cast<int>(std::min(kLanes, cols.end - col));
-    const float* kw_col = kKeyWise ? kw + t.lo + col : nullptr;
+    if constexpr (kKeyWise) {
+      for (int64_t w = 0; w < m * m; ++w) {
+        Vec::loadu(kw + w * p.len + t.lo + col, n).store(kw_chunk.data() + w * kLanes);
+      }
+    }
+    const float* kw_col = kKeyWise ? kw_chunk.data() : nullptr;
+    const int64_t kw_stride = kLanes;
     for (int64_t r = 0; r < t.rows; ++r) {
       if (!sees(p, t, r, col, n)) {
         continue;
       }
       const float* qw = p.query_w(c, t.b, t.g, t.i0 + r);
-      const float* x_row = x + r * t.width + col;
+      const float* x_row = x + r * t.stride + col;
       float* out_row_ptr = out + r * out_row + (col - out_col0);
       if (n == kLanes) {
         compose_chunk<kM, kAdjoint, kKeyWise, true>(p.m, x_row, head, qw, kw_col, kw_stride, out_row_ptr, out_head, n);
@@ -306,85 +363,111 @@ void compose_block(const Problem& p, const Tile& t, int c, const float* x, float
 }
 
 void compose_block(const Problem& p, const Tile& t, int c, const float* x, float* out, bool adjoint, Cols cols) {
-  compose_block(p, t, c, x, out, t.head(), t.width, 0, adjoint, cols);
+  compose_block(p, t, c, x, out, t.head(), t.stride, 0, adjoint, cols);
 }
 
+// Columns per slab of the query-side weight gradient: a slab of a row's M heads' x and dy (18 KB at M = 8) stays
+// in L1 while it is read once per output head, where a whole row at T = 1024 (36 KB) did not on a 32 KB L1.
+constexpr int64_t kSlabCols = 512;
+
 // The query-side weight gradient of a composition from the block: dQW[t][i, o] += Σ_s x_i·dy_o over each row's
-// visible columns, accumulated in registers along the row; `dqw` is (T, M, M) at query 0. (x·dy is 0 wherever a
-// key is hidden: x is P, zero there, or dy is dA', zero there.)
+// visible columns, accumulated in registers over a slab of the row and in `sums` (M² vectors) over its slabs;
+// `dqw` is (T, M, M) at query 0. (x·dy is 0 wherever a key is hidden: x is P, zero there, or dy is dA', zero there.)
 template <int kM>
 void query_weight_grads_m(const Problem& p, const Tile& t, const float* x, const float* dy, float* dqw, Cols cols) {
   const int64_t m = kM > 0 ? kM : p.m, head = t.head();
   Vec acc[kM > 0 ? kM : kMaxHeads];
+  std::vector<Vec> sums(m * m);
   for (int64_t r = 0; r < t.rows; ++r) {
     const auto [first, last] = visible_in(p, t, r, cols);
     if (first >= last) {
       continue;
     }
     float* dqw_row = dqw + (t.i0 + r) * m * m;
-    const float* x_row = x + r * t.width;
-    const float* dy_row = dy + r * t.width;
-    const int64_t whole = first + (last - first) / kLanes * kLanes;
-    for (int64_t o = 0; o < m; ++o) {
-      for (int64_t i = 0; i < m; ++i) {
-        acc[i] = Vec(0.f);
-      }
-      for (int64_t col = first; col < whole; col += kLanes) {
-        const Vec dy_o = Vec::loadu(dy_row + o * head + col);
+    const float* x_row = x + r * t.stride;
+    const float* dy_row = dy + r * t.stride;
+    std::fill(sums.begin(), sums.end(), Vec(0.f));
+    for (int64_t s0 = first; s0 < last; s0 += kSlabCols) {
+      const int64_t s1 = std::min(last, s0 + kSlabCols), whole = s0 + (s1 - s0) / kLanes * kLanes;
+      for (int64_t o = 0; o < m; ++o) {
         for (int64_t i = 0; i < m; ++i) {
-          acc[i] = at::vec::fmadd(Vec::loadu(x_row + i * head + col), dy_o, acc[i]);
+          acc[i] = Vec(0.f);
+        }
+        for (int64_t col = s0; col < whole; col += kLanes) {
+          const Vec dy_o = Vec::loadu(dy_row + o * head + col);
+          for (int64_t i = 0; i < m; ++i) {
+            acc[i] = at::vec::fmadd(Vec::loadu(x_row + i * head + col), dy_o, acc[i]);
+          }
+        }
+        if (whole < s1) {
+          const int n = static_cast<int>(s1 - whole);
+          const Vec dy_o = Vec::loadu(dy_row + o * head + whole, n);
+          for (int64_t i = 0; i < m; ++i) {
+            acc[i] = at::vec::fmadd(Vec::loadu(x_row + i * head + whole, n), dy_o, acc[i]);
+          }
+        }
+        for (int64_t i = 0; i < m; ++i) {
+          sums[i * m + o] = sums[i * m + o] + acc[i];
         }
       }
-      if (whole < last) {
-        const int n = static_cast<int>(last - whole);
-        const Vec dy_o = Vec::loadu(dy_row + o * head + whole, n);
-        for (int64_t i = 0; i < m; ++i) {
-          acc[i] = at::vec::fmadd(Vec::loadu(x_row + i * head + whole, n), dy_o, acc[i]);
-        }
-      }
-      for (int64_t i = 0; i < m; ++i) {
-        dqw_row[i * m + o] += sum_all(acc[i]);
-      }
+    }
+    for (int64_t w = 0; w < m * m; ++w) {
+      dqw_row[w] += sum_all(sums[w]);
     }
   }
 }
 
+// Rows per slab of the key-side weight gradient: a slab's chunk of the M heads' x and dy (M + 1 lines a row) stays
+// in L1 while it is read once per output head, where the whole tile's rows (64 rows: 36 KB at M = 8) did not on a
+// 32 KB L1.
+constexpr int64_t kSlabRows = 16;
+
 // The key-side weight gradient from the block: dKW[s][i, o] += Σ_t x_i·dy_o, a column chunk at a time, accumulated
-// in registers over the rows; `dkw` is (M·M, T) at key 0.
+// in registers over a slab's rows and in `sums` (M² vectors) over the slabs; `dkw` is (M·M, T) at key 0.
 template <int kM, bool kFull>
 inline void key_weight_chunk(const Problem& p, const Tile& t, const float* x, const float* dy, float* dkw, int64_t col,
-                             int n) {
+                             int n, Vec* sums) {
   const int64_t m = kM > 0 ? kM : p.m, head = t.head();
   Vec acc[kM > 0 ? kM : kMaxHeads];
-  for (int64_t o = 0; o < m; ++o) {
-    for (int64_t i = 0; i < m; ++i) {
-      acc[i] = Vec(0.f);
-    }
-    for (int64_t r = 0; r < t.rows; ++r) {
-      if (!sees(p, t, r, col, n)) {
-        continue;
-      }
-      const int64_t offset = r * t.width + col;
-      const Vec dy_o = load<kFull>(dy + o * head + offset, n);
+  for (int64_t w = 0; w < m * m; ++w) {
+    sums[w] = Vec(0.f);
+  }
+  for (int64_t r0 = 0; r0 < t.rows; r0 += kSlabRows) {
+    const int64_t r1 = std::min(t.rows, r0 + kSlabRows);
+    for (int64_t o = 0; o < m; ++o) {
       for (int64_t i = 0; i < m; ++i) {
-        acc[i] = at::vec::fmadd(load<kFull>(x + i * head + offset, n), dy_o, acc[i]);
+        acc[i] = Vec(0.f);
+      }
+      for (int64_t r = r0; r < r1; ++r) {
+        if (!sees(p, t, r, col, n)) {
+          continue;
+        }
+        const int64_t offset = r * t.stride + col;
+        const Vec dy_o = load<kFull>(dy + o * head + offset, n);
+        for (int64_t i = 0; i < m; ++i) {
+          acc[i] = at::vec::fmadd(load<kFull>(x + i * head + offset, n), dy_o, acc[i]);
+        }
+      }
+      for (int64_t i = 0; i < m; ++i) {
+        sums[i * m + o] = sums[i * m + o] + acc[i];
       }
     }
-    for (int64_t i = 0; i < m; ++i) {
-      float* key = dkw + (i * m + o) * p.len + t.lo + col;
-      store<kFull>(load<kFull>(key, n) + acc[i], key, n);
-    }
+  }
+  for (int64_t w = 0; w < m * m; ++w) {
+    float* key = dkw + w * p.len + t.lo + col;
+    store<kFull>(load<kFull>(key, n) + sums[w], key, n);
   }
 }
 
 template <int kM>
 void key_weight_grads_m(const Problem& p, const Tile& t, const float* x, const float* dy, float* dkw, Cols cols) {
+  std::vector<Vec> sums(p.m * p.m);
   for (int64_t col = cols.begin; col < cols.end; col += kLanes) {
     const int n = static_cast<int>(std::min(kLanes, cols.end - col));
     if (n == kLanes) {
-      key_weight_chunk<kM, true>(p, t, x, dy, dkw, col, n);
+      key_weight_chunk<kM, true>(p, t, x, dy, dkw, col, n, sums.data());
     } else {
-      key_weight_chunk<kM, false>(p, t, x, dy, dkw, col, n);
+      key_weight_chunk<kM, false>(p, t, x, dy, dkw, col, n, sums.data());
     }
   }
 }
@@ -410,10 +493,10 @@ Problem make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
                      const std::array<const OptTensor*, 4>& weights, const OptTensor& slopes, int64_t groups,
                      int64_t window, double scale) {
   for (const at::Tensor* x : {&q, &k, &v}) {
-    TORCH_CHECK(x->device().is_cpu() && x->scalar_type() == at::kFloat && x->is_contiguous(),
-                "dcmha_fused: q, k, v must be contiguous fp32 CPU tensors");
+    TORCH_CHECK(x->device().is_cpu() && x->scalar_type() == at::kFloat && x->dim() == 4 &&
+                    (x->stride(3) == 1 || x->size(3) == 1),
+                "dcmha_fused: q, k, v must be fp32 CPU tensors (B, heads, T, d) with contiguous rows");
   }
-  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "dcmha_fused: q, k, v must be (B, heads, T, d)");
   TORCH_CHECK(k.size(2) == q.size(2) && v.size(2) == q.size(2), "dcmha_fused: a fresh sequence, T queries, T keys");
   TORCH_CHECK(q.size(1) % k.size(1) == 0 && v.size(1) == k.size(1), "dcmha_fused: heads must be a multiple of kv heads");
   TORCH_CHECK(groups >= 1 && q.size(1) % groups == 0, "dcmha_fused: groups must divide the heads");
@@ -457,10 +540,10 @@ std::pair<int64_t, int64_t> kv_span(const Problem& p, int64_t g) {
 
 }  // namespace
 
-// q (B, H, T, d), k (B, H_kv, T, d), v (B, H_kv, T, d_v) contiguous fp32; per composition (pre, post) the
-// query-side matrices (B, G, T, M, M) and key-side matrices (B, G, M, M, T), each optional; ALiBi slopes (H,),
-// optional; window 0 for every earlier key; query tiles of q_tile rows, key blocks of k_block columns.
-// Returns O (B, H, T, d_v) and L (B, H, T), each row's log-sum-exp.
+// q (B, H, T, d), k (B, H_kv, T, d), v (B, H_kv, T, d_v) fp32 with contiguous rows (head_of); per composition (pre,
+// post) the query-side matrices (B, G, T, M, M) and key-side matrices (B, G, M, M, T), contiguous, each optional;
+// ALiBi slopes (H,), optional; window 0 for every earlier key; query tiles of q_tile rows, key blocks of k_block
+// columns. Returns O (B, H, T, d_v), in q's order of memory (out_like), and L (B, H, T), each row's log-sum-exp.
 //
 // Per tile, two passes over its key blocks. The first computes a block's logits, pre-composes them in place and
 // takes the online softmax's step (FlashAttention's running max m and sum l per row), storing exp(A' − m) as of
@@ -476,12 +559,12 @@ std::tuple<at::Tensor, at::Tensor> dcmha_fused_forward(
   const int64_t q_tiles = (p.len + q_tile - 1) / q_tile;
   const int64_t max_width = std::min(p.len, q_tile + (p.window > 0 ? p.window - 1 : p.len));
   const int64_t max_blocks = (max_width + k_block - 1) / k_block;
-  at::Tensor out = at::zeros({p.batch, p.heads, p.len, p.dv}, q.options());
+  // Written by each tile's first block (beta 0) and added to by the rest: no pass to zero it first.
+  at::Tensor out = out_like(q, p.dv);
   at::Tensor lse = at::empty({p.batch, p.heads, p.len}, q.options());
-  const at::Tensor q_scaled = q * scale;
 
   at::parallel_for(0, p.batch * p.groups * q_tiles, 1, [&](int64_t begin, int64_t end) {
-    at::Tensor scores = at::empty({p.m * q_tile * max_width}, q.options());
+    at::Tensor scores = at::empty({tile_floats(p.m, q_tile, max_width)}, q.options());
     // Per (head, row): the running max and sum, and the max each block's exponentials were taken against.
     std::vector<float> row_max(p.m * q_tile), row_sum(p.m * q_tile), block_max(p.m * q_tile * max_blocks);
     const FlushSubnormals flush;
@@ -494,7 +577,7 @@ std::tuple<at::Tensor, at::Tensor> dcmha_fused_forward(
       std::fill(row_sum.begin(), row_sum.end(), 0.f);
       for (size_t kb = 0; kb < blocks.size(); ++kb) {
         const Cols cols = blocks[kb];
-        tile_logits(p, t, q_scaled, k, x, cols);
+        tile_logits(p, t, q, k, x, cols);
         if (p.qw[0] != nullptr) {
           compose_block(p, t, 0, x, x, false, cols);
         }
@@ -537,8 +620,9 @@ std::tuple<at::Tensor, at::Tensor> dcmha_fused_forward(
         }
         for (int64_t n = 0; n < p.m; ++n) {
           const int64_t h = t.g * p.m + n;
-          gemm(matrix_of(out, t.b * p.heads + h).rows_at(t.i0, t.rows), block_of(t, x, n, cols),
-               matrix_of(v, t.b * p.kv_heads + h / p.n_rep).rows_at(t.lo + cols.begin, cols.size()), 1.f, 1.f);
+          gemm(head_of(out, t.b, h).rows_at(t.i0, t.rows), block_of(t, x, n, cols),
+               head_of(v, t.b, h / p.n_rep).rows_at(t.lo + cols.begin, cols.size()), 1.f,
+               kb == 0 ? 0.f : 1.f);
         }
       }
     }
@@ -547,7 +631,8 @@ std::tuple<at::Tensor, at::Tensor> dcmha_fused_forward(
 }
 
 // The gradients of dcmha_fused_forward's O with respect to q, k, v and each given composition matrix (an empty
-// tensor in the place of one not given), from dO and the saved L; `parts` query-tile sets per (batch, group).
+// tensor in the place of one not given), from dO (rows contiguous) and the saved L; `parts` query-tile sets per
+// (batch, group). dQ, dK and dV are laid out in memory as q, k and v.
 //
 // Per tile, two passes over its key blocks. The first recomputes S, P = exp(A' − L) and P', adds the block's
 // dV = P'ᵀ dO and post-composition weight gradients, turns dP' = dO Vᵀ into dP, and sums each row's
@@ -559,9 +644,9 @@ std::vector<at::Tensor> dcmha_fused_backward(
     const OptTensor& slopes, const at::Tensor& lse, int64_t groups, int64_t window, double scale, int64_t q_tile,
     int64_t k_block, int64_t parts) {
   const Problem p = make_problem(q, k, v, {&pre_qw, &pre_kw, &post_qw, &post_kw}, slopes, groups, window, scale);
-  TORCH_CHECK(grad_out.scalar_type() == at::kFloat && grad_out.is_contiguous() &&
+  TORCH_CHECK(grad_out.scalar_type() == at::kFloat && (grad_out.stride(3) == 1 || grad_out.size(3) == 1) &&
                   grad_out.sizes() == at::IntArrayRef({p.batch, p.heads, p.len, p.dv}),
-              "dcmha_fused: dO must be contiguous fp32 (B, H, T, d_v)");
+              "dcmha_fused: dO must be fp32 (B, H, T, d_v) with contiguous rows");
   TORCH_CHECK(q_tile >= 1 && k_block >= 1 && parts >= 1, "dcmha_fused: q_tile, k_block and parts must be >= 1");
   const int64_t q_tiles = (p.len + q_tile - 1) / q_tile;
   const int64_t max_width = std::min(p.len, q_tile + (p.window > 0 ? p.window - 1 : p.len));
@@ -571,33 +656,46 @@ std::vector<at::Tensor> dcmha_fused_backward(
   }
   const at::TensorOptions options = q.options();
 
-  at::Tensor grad_q = at::zeros_like(q);
-  std::array<at::Tensor, 2> grad_qw, grad_kw_parts;
+  // dQ is written by each tile's first block (beta 0), as the forward pass's O.
+  at::Tensor grad_q = at::empty_like(q);
+  // With one part per (batch, group) and groups that read disjoint kv heads (as MHA's), each task owns its slices
+  // of dK, dV and dKW and adds into them directly; otherwise into per-part sums reduced afterwards. Either way
+  // each value is summed in the same order, so the direct route gives the same bits, without two zeroed
+  // (parts × K)-sized tensors, their reduction and its copy (about 4% of a training step at T = 1024).
+  const bool direct = parts == 1 && p.m % p.n_rep == 0;
+  const int64_t part_count = direct ? 0 : parts;
+  at::Tensor grad_k = at::zeros_like(k), grad_v = at::zeros_like(v);
+  std::array<at::Tensor, 2> grad_qw, grad_kw, grad_kw_parts;
   for (int c = 0; c < 2; ++c) {
     if (p.qw[c] != nullptr) {
       grad_qw[c] = at::zeros({p.batch, p.groups, p.len, p.m, p.m}, options);
     }
     if (p.kw[c] != nullptr) {
-      grad_kw_parts[c] = at::zeros({p.batch, p.groups, parts, p.m * p.m, p.len}, options);
+      grad_kw_parts[c] = at::zeros({p.batch, p.groups, part_count, p.m * p.m, p.len}, options);
+      grad_kw[c] = direct ? at::zeros({p.batch, p.groups, p.m, p.m, p.len}, options) : at::Tensor();
     }
   }
-  at::Tensor grad_k_parts = at::zeros({p.batch, p.groups, parts, kv_count, p.len, p.d}, options);
-  at::Tensor grad_v_parts = at::zeros({p.batch, p.groups, parts, kv_count, p.len, p.dv}, options);
-  const at::Tensor q_scaled = q * scale;
+  at::Tensor grad_k_parts = at::zeros({p.batch, p.groups, part_count, kv_count, p.len, p.d}, options);
+  at::Tensor grad_v_parts = at::zeros({p.batch, p.groups, part_count, kv_count, p.len, p.dv}, options);
 
   at::parallel_for(0, p.batch * p.groups * parts, 1, [&](int64_t begin, int64_t end) {
     // Tile buffers: the logits S, the probabilities P (S's own buffer without pre-composition) and dP' → dP → dA'
     // → dS; P' of one block.
-    at::Tensor logits_t = at::empty({p.m * q_tile * max_width}, options);
-    at::Tensor probs_t = p.qw[0] != nullptr ? at::empty({p.m * q_tile * max_width}, options) : logits_t;
-    at::Tensor grads_t = at::empty({p.m * q_tile * max_width}, options);
-    at::Tensor mixed_t = at::empty({p.m * q_tile * k_block}, options);
+    const int64_t floats = tile_floats(p.m, q_tile, max_width);
+    at::Tensor logits_t = at::empty({floats}, options);
+    at::Tensor probs_t = p.qw[0] != nullptr ? at::empty({floats}, options) : logits_t;
+    at::Tensor grads_t = at::empty({floats}, options);
+    at::Tensor mixed_t = at::empty({tile_floats(p.m, q_tile, std::min(k_block, max_width))}, options);
     std::vector<float> row_dot(p.m * q_tile);
     const FlushSubnormals flush;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t bg = task / parts, part = task % parts, b = bg / p.groups, g = bg % p.groups;
-      const int64_t kv_first = kv_span(p, g).first;
-      at::Tensor grad_k_part = grad_k_parts[b][g][part], grad_v_part = grad_v_parts[b][g][part];
+      const auto [kv_first, kv_heads] = kv_span(p, g);
+      // (1, kv heads, T, d) views: this task's kv heads of dK and dV, or its part's sums.
+      const at::Tensor grad_k_part = direct ? grad_k.narrow(0, b, 1).narrow(1, kv_first, kv_heads)
+                                            : grad_k_parts[b][g][part].unsqueeze(0);
+      const at::Tensor grad_v_part = direct ? grad_v.narrow(0, b, 1).narrow(1, kv_first, kv_heads)
+                                            : grad_v_parts[b][g][part].unsqueeze(0);
       float* dqw[2] = {nullptr, nullptr};
       float* dkw[2] = {nullptr, nullptr};
       for (int c = 0; c < 2; ++c) {
@@ -605,7 +703,8 @@ std::vector<at::Tensor> dcmha_fused_backward(
           dqw[c] = grad_qw[c].data_ptr<float>() + (b * p.groups + g) * p.len * p.m * p.m;
         }
         if (p.kw[c] != nullptr) {
-          dkw[c] = grad_kw_parts[c][b][g][part].data_ptr<float>();
+          dkw[c] = direct ? grad_kw[c].data_ptr<float>() + (b * p.groups + g) * p.m * p.m * p.len
+                          : grad_kw_parts[c][b][g][part].data_ptr<float>();
         }
       }
       for (int64_t tile = part; tile < q_tiles; tile += parts) {
@@ -617,7 +716,8 @@ std::vector<at::Tensor> dcmha_fused_backward(
         float* mixed = mixed_t.data_ptr<float>();
         std::fill(row_dot.begin(), row_dot.end(), 0.f);
         for (const Cols cols : blocks) {
-          tile_logits(p, t, q_scaled, k, logits, cols);
+          const int64_t mixed_stride = padded_stride(cols.size()), mixed_head = padded_head(t.rows, mixed_stride);
+          tile_logits(p, t, q, k, logits, cols);
           if (p.qw[0] != nullptr) {
             compose_block(p, t, 0, logits, probs, false, cols);
           }
@@ -633,25 +733,26 @@ std::vector<at::Tensor> dcmha_fused_backward(
           zero_hidden(p, t, probs, cols);
           for (int64_t n = 0; n < p.m; ++n) {
             const int64_t h = g * p.m + n;
-            gemm(block_of(t, grads, n, cols), matrix_of(grad_out, b * p.heads + h).rows_at(t.i0, t.rows),
-                 matrix_of(v, b * p.kv_heads + h / p.n_rep).rows_at(t.lo + cols.begin, cols.size()).t());
+            gemm(block_of(t, grads, n, cols), head_of(grad_out, b, h).rows_at(t.i0, t.rows),
+                 head_of(v, b, h / p.n_rep).rows_at(t.lo + cols.begin, cols.size()).t());
           }
           if (p.qw[1] != nullptr) {
             query_weight_grads(p, t, probs, grads, dqw[1], cols);
             if (dkw[1] != nullptr) {
               key_weight_grads(p, t, probs, grads, dkw[1], cols);
             }
-            std::fill(mixed, mixed + p.m * t.rows * cols.size(), 0.f);  // the columns no row sees stay 0
-            compose_block(p, t, 1, probs, mixed, t.rows * cols.size(), cols.size(), cols.begin, false, cols);
+            // P' is 0 on the columns a row does not see; compose_block skips a row's chunks it does not see.
+            zero_hidden(p, t, mixed, mixed_head, mixed_stride, cols.begin, cols);
+            compose_block(p, t, 1, probs, mixed, mixed_head, mixed_stride, cols.begin, false, cols);
             compose_block(p, t, 1, grads, grads, true, cols);  // dP' → dP, in place
           }
           for (int64_t n = 0; n < p.m; ++n) {
             const int64_t h = g * p.m + n, kv = h / p.n_rep;
             // dV's P': P itself without post-composition.
-            const Mat mixed_n = p.qw[1] != nullptr ? dense(mixed + n * t.rows * cols.size(), t.rows, cols.size())
+            const Mat mixed_n = p.qw[1] != nullptr ? Mat{mixed + n * mixed_head, t.rows, cols.size(), mixed_stride, 1}
                                                    : block_of(t, probs, n, cols);
-            gemm(matrix_of(grad_v_part, kv - kv_first).rows_at(t.lo + cols.begin, cols.size()), mixed_n.t(),
-                 matrix_of(grad_out, b * p.heads + h).rows_at(t.i0, t.rows), 1.f, 1.f);
+            gemm(head_of(grad_v_part, 0, kv - kv_first).rows_at(t.lo + cols.begin, cols.size()), mixed_n.t(),
+                 head_of(grad_out, b, h).rows_at(t.i0, t.rows), 1.f, 1.f);
             for (int64_t r = 0; r < t.rows; ++r) {
               const auto [first, last] = visible_in(p, t, r, cols);
               const float* prob = row_of(probs, t, n, r);
@@ -687,34 +788,38 @@ std::vector<at::Tensor> dcmha_fused_backward(
             }
             compose_block(p, t, 0, grads, grads, true, cols);  // dA' → dS, in place; 0 stays 0 on hidden keys
           }
-          // dQ = scale·dS K, dK += dSᵀ (scale·Q).
+          // dQ = scale·dS K, dK += scale·dSᵀ Q.
           for (int64_t n = 0; n < p.m; ++n) {
             const int64_t h = g * p.m + n, kv = h / p.n_rep;
             const Mat grad_logits = block_of(t, grads, n, cols);
-            gemm(matrix_of(grad_q, b * p.heads + h).rows_at(t.i0, t.rows), grad_logits,
-                 matrix_of(k, b * p.kv_heads + kv).rows_at(t.lo + cols.begin, cols.size()), p.scale, 1.f);
-            gemm(matrix_of(grad_k_part, kv - kv_first).rows_at(t.lo + cols.begin, cols.size()), grad_logits.t(),
-                 matrix_of(q_scaled, b * p.heads + h).rows_at(t.i0, t.rows), 1.f, 1.f);
+            gemm(head_of(grad_q, b, h).rows_at(t.i0, t.rows), grad_logits,
+                 head_of(k, b, kv).rows_at(t.lo + cols.begin, cols.size()), p.scale,
+                 cols.begin == 0 ? 0.f : 1.f);
+            gemm(head_of(grad_k_part, 0, kv - kv_first).rows_at(t.lo + cols.begin, cols.size()), grad_logits.t(),
+                 head_of(q, b, h).rows_at(t.i0, t.rows), p.scale, 1.f);
           }
         }
       }
     }
   });
 
-  // The partial sums in a fixed order: over parts, then over the groups that share a kv head.
-  at::Tensor grad_k = at::zeros_like(k), grad_v = at::zeros_like(v);
-  const at::Tensor grad_k_groups = grad_k_parts.sum(2), grad_v_groups = grad_v_parts.sum(2);
-  for (int64_t g = 0; g < p.groups; ++g) {
-    const auto [first, count] = kv_span(p, g);
-    grad_k.narrow(1, first, count).add_(grad_k_groups.select(1, g).narrow(1, 0, count));
-    grad_v.narrow(1, first, count).add_(grad_v_groups.select(1, g).narrow(1, 0, count));
+  if (!direct) {  // the partial sums in a fixed order: over parts, then over the groups that share a kv head
+    const at::Tensor grad_k_groups = grad_k_parts.sum(2), grad_v_groups = grad_v_parts.sum(2);
+    for (int64_t g = 0; g < p.groups; ++g) {
+      const auto [first, count] = kv_span(p, g);
+      grad_k.narrow(1, first, count).add_(grad_k_groups.select(1, g).narrow(1, 0, count));
+      grad_v.narrow(1, first, count).add_(grad_v_groups.select(1, g).narrow(1, 0, count));
+    }
+    for (int c = 0; c < 2; ++c) {
+      if (p.kw[c] != nullptr) {
+        grad_kw[c] = grad_kw_parts[c].sum(2).view({p.batch, p.groups, p.m, p.m, p.len});
+      }
+    }
   }
   std::vector<at::Tensor> grads{grad_q, grad_k, grad_v};
   for (int c = 0; c < 2; ++c) {
     grads.push_back(p.qw[c] != nullptr ? grad_qw[c] : at::empty({0}, options));
-    grads.push_back(p.kw[c] != nullptr
-                        ? grad_kw_parts[c].sum(2).view({p.batch, p.groups, p.m, p.m, p.len})
-                        : at::empty({0}, options));
+    grads.push_back(p.kw[c] != nullptr ? grad_kw[c] : at::empty({0}, options));
   }
   return grads;
 }
