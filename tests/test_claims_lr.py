@@ -15,6 +15,7 @@ from attnzoo.claims.learning_rate import (
     best_learning_rates,
     check_learning_rates,
     own_lr_claim,
+    sweep_of,
     swept_models,
     with_learning_rate_check,
 )
@@ -23,7 +24,7 @@ from attnzoo.claims.report import brief_table, scoped_answer
 from attnzoo.claims.verdicts import judge, judge_all, verdicts_record
 from attnzoo.compare import CompareResults
 from attnzoo.compare.presets import LADDERS, PRESETS, own_lr_rung
-from attnzoo.results.ladder import Ladder, load_ladder, merge_parts
+from attnzoo.results.ladder import Ladder, RungPart, load_ladder, merge_parts
 from attnzoo.variants import Variant, count_parameters, matched_configs
 
 DOCS = Path(__file__).parent.parent / "docs"
@@ -147,6 +148,23 @@ def test_a_ladder_whose_rungs_hold_a_sweep_as_their_parts_is_checked_at_each_mod
     other["spec"]["train"]["steps"] = 1
     with pytest.raises(ValueError, match="is not a part of"):
         merge_parts(loaded["small"], [CompareResults.from_dict(other)])
+
+    # Stored as a part, the sweep is read off its own runs alone: Diff's ×1 is the rung's (another machine's), so
+    # only MHA, which the sweep ran at every multiple, is swept.
+    part = RungPart(Path("lr-sweep"), CompareResults.from_dict(sweep), ladder.rungs[0].preset, ())
+    stored = dataclasses.replace(ladder, parts=(part,))
+    assert set(sweep_of(stored).variants) == set(sweep["variants"]) and swept_models(part.results) == ["mha+rope"]
+    [noted] = with_learning_rate_check([shared], stored)
+    assert noted.outcome == "contradicted" and "no learning-rate sweep ran diff+rope" in noted.reason
+    with_own = copy.deepcopy(sweep)
+    with_own["variants"]["diff+rope"] = small["variants"]["diff+rope"]
+    whole = dataclasses.replace(part, results=CompareResults.from_dict(with_own))
+    assert swept_models(sweep_of(dataclasses.replace(ladder, parts=(whole,)))) == ["mha+rope", "diff+rope"]
+    only_moved = copy.deepcopy(sweep)
+    del only_moved["variants"]["mha+rope"]
+    moved = dataclasses.replace(part, results=CompareResults.from_dict(only_moved | {"baseline": "diff+rope+lr2"}))
+    with pytest.raises(ValueError, match="a sweep trains its own ×1 runs"):
+        sweep_of(dataclasses.replace(ladder, parts=(moved,)))
 
 
 def test_the_sweep_and_the_own_rate_rung_train_what_the_check_reads():

@@ -25,6 +25,7 @@ from attnzoo.claims.rules import DECIDED
 from attnzoo.claims.sizes import judge_largest
 from attnzoo.claims.verdict import Verdict
 from attnzoo.results import CompareResults, Ladder
+from attnzoo.results.ladder import merge_parts
 from attnzoo.variants import Variant
 
 LR_MULTIPLES = (0.5, 1.0, 2.0)  # of the shared peak rate: the sweep's grid, ×1 being the ladder's own runs
@@ -150,14 +151,35 @@ def swept_models(rung: CompareResults, multiples: Sequence[float] = LR_MULTIPLES
     ]
 
 
+def sweep_of(ladder: Ladder) -> CompareResults | None:
+    """The learning-rate sweep at the ladder's smallest size: its parts together (:class:`~attnzoo.results.ladder.
+    RungPart`) where any holds a multiple other than ×1, else the rung itself where it holds every multiple; None
+    where neither does. A sweep stored as parts is read off the parts alone, never the rung's own ×1 runs: those
+    may come from another machine, and one seed retrained on another CPU ends some hundredths of a nat apart, as
+    much as the multiples differ by."""
+    smallest = ladder.rungs[0]
+    parts = [part.results for part in ladder.parts if part.rung == smallest.preset]
+    swept = [part for part in parts if any(Variant.parse(label).lr != 1 for label in part.variants)]
+    if swept:
+        together = merge_parts(swept[0], swept[1:])
+        multiples = {label for label in together.variants if Variant.parse(label).lr != 1}
+        if not swept_models(together):
+            raise ValueError(
+                f"the learning-rate sweep's parts hold {sorted(multiples)} but no model at every multiple "
+                f"{LR_MULTIPLES}: a sweep trains its own ×1 runs, on its own machine"
+            )
+        return together
+    return smallest if swept_models(smallest) else None
+
+
 def with_learning_rate_check(verdicts: Sequence[Verdict], ladder: Ladder) -> list[Verdict]:
-    """``verdicts`` checked at each model's own best learning rate where the ladder's smallest size holds a sweep
-    (:func:`swept_models`), the best multiples read there and the models at them at the largest size; as they are
+    """``verdicts`` checked at each model's own best learning rate where the ladder holds a sweep at its smallest
+    size (:func:`sweep_of`), the best multiples read there and the models at them at the largest size; as they are
     where it holds none."""
-    models = swept_models(ladder.rungs[0])
-    if not models:
+    sweep = sweep_of(ladder)
+    if sweep is None:
         return list(verdicts)
-    return check_learning_rates(verdicts, ladder, ladder, best_learning_rates([ladder.rungs[0]], models))
+    return check_learning_rates(verdicts, ladder, ladder, best_learning_rates([sweep], swept_models(sweep)))
 
 
 def _seeds(ladder: Ladder, claim: Claim) -> list[int]:
