@@ -159,9 +159,8 @@ def sweep_of(ladder: Ladder) -> CompareResults | None:
     much as the multiples differ by."""
     smallest = ladder.rungs[0]
     parts = [part.results for part in ladder.parts if part.rung == smallest.preset]
-    swept = [part for part in parts if any(Variant.parse(label).lr != 1 for label in part.variants)]
-    if swept:
-        together = merge_parts(swept[0], swept[1:])
+    if any(Variant.parse(label).lr != 1 for part in parts for label in part.variants):
+        together = merge_parts(parts[0], parts[1:])
         multiples = {label for label in together.variants if Variant.parse(label).lr != 1}
         if not swept_models(together):
             raise ValueError(
