@@ -252,8 +252,9 @@ def test_the_tuned_launch_times_each_pruned_config_and_computes_what_the_untuned
     another order). On a GPU every call without a block takes this launch, so there the test is moot.
 
     The interpreter ignores warps and stages, so each tuner holds one config per distinct set of constants (tiles,
-    heads a program, ...) here: every program the tuned launch can run, once. The case is the smallest that prunes
-    none of them (2 heads, rank 1) and still shares a kv head (GQA): the interpreter's time is the test's."""
+    heads a program, features a step) here: every program the tuned launch can run, once. The case is the smallest
+    that prunes none of them (2 heads, rank 1; head_dim 32, so that whole rows a step differ from 16 features) and
+    still shares a kv head (GQA): the interpreter's time is the test's."""
     if not INTERPRETED:
         pytest.skip("on a GPU every model-level test already launches through the autotuners")
     runs: dict[str, int] = {}
@@ -273,18 +274,20 @@ def test_the_tuned_launch_times_each_pruned_config_and_computes_what_the_untuned
     for tuner in tuning.TUNED.values():
         distinct = {tuple(sorted(c.kwargs.items())): c for c in reversed(tuner.configs)}
         monkeypatch.setattr(tuner, "configs", list(distinct.values()))
-    case = dataclasses.replace(CASES["local"], n_heads=2, n_kv_heads=1, rank=1, length=16)
+    case = dataclasses.replace(CASES["local"], n_heads=2, n_kv_heads=1, rank=1, length=16, head_dim=32)
     leaves = make_inputs(case, torch.float32, device)
     untuned = output_and_grads(case, leaves, 16)
     monkeypatch.setattr(jit, "INTERPRETED", False)
     tuned = output_and_grads(case, leaves, None)
     for got, want in zip(tuned, untuned, strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=2e-5 * want.abs().max().item())
-    spec = op.KernelSpec(1, case.n_heads, case.rank, True, True, True, case.window, 0.25).constants(16)
+    spec = op.KernelSpec(1, case.n_heads, case.rank, True, True, True, case.window, 0.25).constants(32)
     for name, tuner in tuning.TUNED.items():
         every = tuning.prune_tiles(tuning.tuning_configs(name), {}, **spec)
         timed = tuning.prune_tiles(tuner.configs, {}, **spec)
         assert constants(timed) == constants(every) and len(constants(every)) > 1, name
+        if name != "forward":
+            assert {c.kwargs["DF"] for c in timed} == {16, 32}, name
         assert runs[name] == len(timed) and len(tuner.cache) == 1, name
 
 
