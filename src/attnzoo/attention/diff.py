@@ -71,8 +71,9 @@ class DifferentialAttention(Attention[DiffOptions]):
     map_note = "the differential map softmax(A1) − λ·softmax(A2), signed (rows sum to 1 − λ)"
 
     Options = DiffOptions
-    # The fused CPU kernel where it serves the call, else A1·V − λ·A2·V by two SDPA calls.
-    kernels = ("diff-flash", "sdpa")
+    # The fused CPU kernel on a fresh sequence, the one-row kernel on a CPU decoding step, else A1·V − λ·A2·V by two
+    # SDPA calls.
+    kernels = ("diff-flash", "diff-decode", "sdpa")
     # Kv head j owns rows [j·2d, (j+1)·2d) of both: key sub-heads 2j and 2j+1 (striped), and one value head of
     # width 2d. Pooling whole kv heads keeps every A1 key with A1's and every A2 key with A2's, so the grouped
     # model keeps the flash semantics (differential head i reads kv head i // (H / H_kv)).
@@ -161,9 +162,13 @@ class DifferentialAttention(Attention[DiffOptions]):
     def head_norm(self, attn: Tensor) -> Tensor:
         """subln as the official ``rms_norm.py``: normalise in fp32 (float64 in a float64 model), cast back, then
         scale by the weight, so it behaves the same under autocast and in a bf16 model."""
+        weight = self.subln.weight
+        if attn.dtype == compute_dtype(attn.dtype) and (weight is None or weight.dtype == attn.dtype):
+            # Nothing to cast: one fused call, the weight included, rather than a norm and then a product.
+            return F.rms_norm(attn, self.subln.normalized_shape, weight, eps=self.subln.eps)
         upcast = attn.to(compute_dtype(attn.dtype))
         normed = F.rms_norm(upcast, self.subln.normalized_shape, eps=self.subln.eps).type_as(attn)
-        return normed if self.subln.weight is None else normed * self.subln.weight
+        return normed if weight is None else normed * weight
 
     @classmethod
     def cache_layout(cls, cfg: ModelConfig) -> list[CacheBuffer]:

@@ -38,6 +38,9 @@ class DiffV2Attention(Attention[NoOptions]):
     map_note = "the differential map of each head pair, A1 − λ·A2 with a per-token λ, signed"
 
     kv_projections = ("k_proj", "v_proj")
+    # Diff's fused CPU kernel on a fresh sequence (each head pair as Diff's two maps with shared keys), else one SDPA
+    # call over the 2h query heads.
+    kernels = ("diff-v2-flash", "sdpa")
 
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)

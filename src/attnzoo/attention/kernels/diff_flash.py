@@ -33,44 +33,55 @@ KERNEL_NAME = "diff-flash (fused C++, CPU)"
 
 
 class FusedDiff(torch.autograd.Function):
-    """(softmax(S1) − λ·softmax(S2))·V through ``torch.ops.attnzoo.diff_flash_forward``; the backward pass
-    recomputes both maps from the saved log-sum-exp (``diff_flash_backward``) and returns dλ = −Σ dO ∘ O2."""
+    """(softmax(S1) − Λ·softmax(S2))·V through ``torch.ops.attnzoo.diff_flash_forward``, Λ = diag(λ) one weight per
+    (sequence, head, row); the backward pass recomputes both maps from the saved log-sum-exp
+    (``diff_flash_backward``) and returns dλ = −rowsum(dO ∘ O2)."""
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, lam: Tensor, slopes: Tensor) -> Tensor:
-        q32, k32, v32, slopes32 = cpu.fp32_operands(q, k, v, slopes)
-        scale = 1.0 / math.sqrt(q.shape[-1])
-        settings = (float(lam), scale, cpu.Q_TILE, cpu.K_TILE)
-        out, out2, lse = torch.ops.attnzoo.diff_flash_forward(q32, k32, v32, slopes32, *settings)
-        ctx.save_for_backward(q, k, v, slopes32, out, out2, lse)
-        ctx.settings, ctx.lam_dtype = settings, lam.dtype
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, lambdas: Tensor, slopes: Tensor) -> Tensor:
+        q32, k32, v32, lambdas32, slopes32 = cpu.fp32_operands(q, k, v, lambdas, slopes)
+        settings = (1.0 / math.sqrt(q.shape[-1]), cpu.Q_TILE, cpu.K_TILE)
+        # DIFF V2's shared keys run the same functions under its own names, which a trace of the ops tells apart.
+        name = "diff_v2_flash" if k.shape[1] == v.shape[1] else "diff_flash"
+        forward = getattr(torch.ops.attnzoo, f"{name}_forward")
+        out, out2, lse = forward(q32, k32, v32, lambdas32, slopes32, *settings)
+        ctx.save_for_backward(q, k, v, lambdas32, slopes32, out, out2, lse)
+        ctx.settings, ctx.lambda_dtype, ctx.name = settings, lambdas.dtype, name
         return out.to(q.dtype)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out: Tensor) -> tuple[Tensor | None, ...]:
-        q, k, v, slopes, out, out2, lse = ctx.saved_tensors
-        lam = ctx.settings[0]
+        q, k, v, lambdas, slopes, out, out2, lse = ctx.saved_tensors
         grad_out = grad_out.float().contiguous()
-        # D_m = rowsum(dO ∘ O_m), O1 = O + λ·O2: the softmax Jacobian's term of each map, (B, H, 2, T).
+        # D_m = rowsum(dO ∘ O_m), O1 = O + Λ·O2: the softmax Jacobian's term of each map, (B, H, 2, T).
         delta2 = (grad_out * out2).sum(-1)
-        delta = torch.stack(((grad_out * out).sum(-1) + lam * delta2, delta2), dim=2).contiguous()
+        delta = torch.stack(((grad_out * out).sum(-1) + lambdas * delta2, delta2), dim=2).contiguous()
         q32, k32, v32 = cpu.fp32_operands(q, k, v)
-        grads = torch.ops.attnzoo.diff_flash_backward(grad_out, q32, k32, v32, lse, delta, slopes, *ctx.settings)
+        backward = getattr(torch.ops.attnzoo, f"{ctx.name}_backward")
+        grads = backward(grad_out, q32, k32, v32, lse, delta, lambdas, slopes, *ctx.settings)
         grad_q, grad_k, grad_v = (grad.to(x.dtype) for grad, x in zip(grads, (q, k, v), strict=True))
-        return grad_q, grad_k, grad_v, (-delta2.sum()).to(ctx.lam_dtype), None
+        return grad_q, grad_k, grad_v, (-delta2).to(ctx.lambda_dtype), None
 
 
-def diff_attention(q: Tensor, k: Tensor, v: Tensor, lam: Tensor, slopes: Tensor | None) -> Tensor:
-    """Causal differential attention by the fused kernel: q (B, 2H, T, d) and k (B, 2H_kv, T, d) hold the sub-heads
-    of head h at 2h (map 1) and 2h + 1 (map 2), v (B, H_kv, T, 2d); head h reads kv head h // (H / H_kv).
-    Returns (softmax(S1) − λ·softmax(S2))·V, (B, H, T, 2d) in q's dtype, with S_m = q_m·k_mᵀ/√d plus ALiBi's
-    m_h·(j − i) where ``slopes`` (H,) is given; differentiable in q, k, v and the scalar λ. Raises where the
-    extension cannot be built (the record's reasons say so beforehand)."""
+def flash_attention(q: Tensor, k: Tensor, v: Tensor, lambdas: Tensor, slopes: Tensor | None) -> Tensor:
+    """Causal attention of two maps per head by the fused kernel, (A1 − Λ·A2)·V: q (B, 2H, T, d) holds the sub-heads of
+    head h at 2h (map 1) and 2h + 1 (map 2); k (B, 2H_kv, T, d) the key sub-heads of kv head g at 2g and 2g + 1, or
+    (B, H_kv, T, d) one key head both maps share (DIFF V2); v (B, H_kv, T, dv); head h reads kv head h // (H / H_kv);
+    ``lambdas`` (B, H, T) the weight of each row's second map. Returns (B, H, T, dv) in q's dtype, with S_m =
+    q_m·k_mᵀ/√d plus ALiBi's m_h·(j − i) where ``slopes`` (H,) is given; differentiable in q, k, v and the λs. Raises
+    where the extension cannot be built (the records' reasons say so beforehand)."""
     build.ensure_built()
     if slopes is None:
         slopes = torch.zeros(q.shape[1] // 2, dtype=torch.float32)
-    return FusedDiff.apply(q, k, v, lam, slopes)
+    return FusedDiff.apply(q, k, v, lambdas, slopes)
+
+
+def diff_attention(q: Tensor, k: Tensor, v: Tensor, lam: Tensor, slopes: Tensor | None) -> Tensor:
+    """Diff's causal attention (softmax(S1) − λ·softmax(S2))·V by the fused kernel, λ a scalar (:func:`flash_attention`
+    with k's two sub-heads per kv head and v (B, H_kv, T, 2d)); differentiable in λ too."""
+    batch, sub_heads, length, _ = q.shape
+    return flash_attention(q, k, v, lam.expand(batch, sub_heads // 2, length), slopes)
 
 
 def static_reasons(cfg: ModelConfig) -> Iterator[str]:
