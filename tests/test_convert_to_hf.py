@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 
 transformers = pytest.importorskip("transformers")
 
+from conftest import TINY_MODEL, tiny_config  # noqa: E402
 from training_helpers import TINY_FLAGS, write_text_corpus  # noqa: E402
 
 from attnzoo import ModelConfig, Transformer  # noqa: E402
@@ -23,11 +24,10 @@ from attnzoo.convert import convert_model, export_hf, from_hf, to_hf  # noqa: E4
 from attnzoo.data.tokenizers import ByteTokenizer, CharTokenizer, HFTokenizer  # noqa: E402
 from attnzoo.training import load_pretrained  # noqa: E402
 
-VOCAB = 64
+VOCAB = TINY_MODEL["vocab_size"]
 # fp32 round-off: transformers and attnzoo compute the same model with other kernels and in other orders (a fused
 # qkv, SDPA against attnzoo's kernels); the largest difference seen over these cases is under 1e-6.
 TOLERANCE = 1e-5
-SMALL = dict(vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, max_seq_len=32)
 NEOX = dict(norm="layernorm", bias=True, mlp="gelu")
 BLOOM = dict(norm="layernorm", bias=True, mlp="gelu_tanh", position="alibi", embedding_norm=True, mlp_hidden_dim=128)
 DIFF = dict(attention="diff", attention_options={"subln_affine": False})
@@ -65,7 +65,7 @@ def perturbed(model, std=0.1):
 
 
 def attnzoo_model(changes):
-    return perturbed(Transformer(ModelConfig(**{**SMALL, **changes})))
+    return perturbed(Transformer(tiny_config(max_seq_len=32, **changes)))
 
 
 def tokens(batch=2, length=12):
@@ -284,7 +284,7 @@ REFUSALS = {
 @pytest.mark.parametrize("case", REFUSALS)
 def test_a_model_no_class_holds_is_refused_in_one_line_writing_nothing(case, tmp_path):
     changes, message = REFUSALS[case]
-    model = Transformer(ModelConfig(**{**SMALL, **changes}))
+    model = Transformer(tiny_config(max_seq_len=32, **changes))
     with pytest.raises(ValueError, match=re.escape(message)) as refused:
         export_hf(model, tmp_path / "hf")
     assert "\n" not in str(refused.value) and ATTNZOO_TYPE in str(refused.value)
@@ -372,7 +372,7 @@ BAD_COMMANDS = {
 
 @pytest.mark.parametrize("case", BAD_COMMANDS)
 def test_bad_command_lines_give_one_line_and_write_nothing(case, tmp_path, capsys):
-    Transformer(ModelConfig(**SMALL, attention="selective")).save_pretrained(tmp_path / "model")
+    Transformer(tiny_config(max_seq_len=32, attention="selective")).save_pretrained(tmp_path / "model")
     flags, message = BAD_COMMANDS[case]
     argv = [flag.format(dir=tmp_path / "model", out=tmp_path / "out") for flag in flags]
     assert main(["convert", *argv]) == 1

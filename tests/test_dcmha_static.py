@@ -14,6 +14,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import TINY_MODEL, tiny_config
 
 from attnzoo import ModelConfig, Transformer
 from attnzoo.attention.kernels import build, dcmha_fused
@@ -25,7 +26,7 @@ from attnzoo.variants import Variant, count_parameters, variant_config
 
 FP32_BOUND = 2e-5  # of the reference's largest entry
 FP64_BOUND = 1e-10
-VOCAB = 61
+VOCAB = TINY_MODEL["vocab_size"]
 needs_fused = pytest.mark.skipif(not build.available(), reason="the fused CPU kernels cannot be built here")
 BACKENDS = ["eager", "chunked", pytest.param("auto", marks=needs_fused, id="dcmha-fused")]
 CASES = {
@@ -177,8 +178,8 @@ def test_the_compiled_composition_equals_the_eager_reference():
 def static_model(backend="auto", position="rope", **options) -> Transformer:
     """Two layers: 0 local (a ring of 5), 1 global; W_b large enough to matter."""
     options = {"window_type": "LG", "window_size": 5, "q_chunk_size": 4, "static_only": True, **options}
-    cfg = ModelConfig(vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=48, position=position,
-                      attention="dcmha", attention_options=options, attn_backend=backend)  # fmt: skip
+    cfg = tiny_config(n_kv_heads=2, max_seq_len=48, position=position, attention="dcmha", attention_options=options,
+                      attn_backend=backend)  # fmt: skip
     model = Transformer(cfg).eval()
     with torch.no_grad():
         for block in model.layers:
@@ -306,7 +307,7 @@ def test_an_nn_layer_equals_the_models_layer():
 def test_the_variant_parses_builds_and_its_claim_runs():
     variant = Variant.parse(STATIC_ONLY)
     assert variant.options == (("static_only", True),)
-    baseline = ModelConfig(vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, max_seq_len=48)
+    baseline = tiny_config(max_seq_len=48)
     cfg = variant_config(variant, baseline)
     assert cfg.attention == "dcmha" and cfg.attention_opts.static_only
     assert Transformer(cfg).layers[0].self_attn.dyn_w_proj is None

@@ -23,7 +23,10 @@ def write_text_corpus(path: Path, n_words: int = 6000, seed: int = 0) -> Path:
 
 
 def tiny_model_config(**changes) -> ModelConfig:
-    return ModelConfig(**{"vocab_size": 256, "dim": 32, "n_layers": 2, "n_heads": 2, "max_seq_len": 32, **changes})
+    """The shared tiny model (conftest.tiny_config) as TINY_FLAGS trains it: the byte vocabulary, 2 heads, 32 tokens."""
+    from conftest import tiny_config  # here: scripts import this module for its corpora, outside pytest
+
+    return tiny_config(**{"vocab_size": 256, "n_heads": 2, "max_seq_len": 32, **changes})
 
 
 def tiny_train_config(corpus: Path, **changes) -> TrainConfig:
