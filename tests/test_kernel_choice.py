@@ -31,7 +31,9 @@ from attnzoo.attention.kernels import (
     chunked,
     dcmha_compiled,
     dcmha_fused,
+    diff_decode,
     diff_flash,
+    diff_v2_flash,
     dispatch,
     eager,
     sdpa,
@@ -49,6 +51,8 @@ ENTRY_POINTS: dict[str, list[tuple[ModuleType, str]]] = {
     "chunked": [(chunked, "chunked_attention")],
     "eager": [(eager, "eager_attention"), (chunked, "eager_attention")],
     "diff-flash": [(diff_flash, "diff_attention")],
+    "diff-decode": [(diff_decode, "decode_attention")],
+    "diff-v2-flash": [(diff_v2_flash, "diff_v2_attention")],
     "dcmha-fused": [(dcmha_fused, "dcmha_attention")],
     "dcmha-decode": [(dcmha_fused, "decode_attention")],
 }
@@ -175,16 +179,20 @@ ALIBI_DROPOUT = generic(S, "alibi-flash", "alibi-flash", S)
 SDPA_ALIBI = generic("sdpa-causal-bias", "sdpa-causal-bias", "sdpa-causal-bias", S)
 # attn_backend="alibi-flash" is ALiBi's kernel alone: a cached step, which it does not serve, runs on the reference.
 ALIBI_PINNED = generic("alibi-flash", "alibi-flash", "alibi-flash", E)
-DIFF = generic("diff-flash", "diff-flash", "diff-flash", S)
-DIFF_DROPOUT = generic(S, "diff-flash", "diff-flash", S)
+# A one-token step: Diff's fused decoding kernel, fp32 only (a bf16 cache would be copied every step).
+DIFF = generic("diff-flash", "diff-flash", "diff-flash", "diff-decode")
+DIFF_BF16 = generic("diff-flash", "diff-flash", "diff-flash", S)
+DIFF_DROPOUT = generic(S, "diff-flash", "diff-flash", "diff-decode")
+V2 = generic("diff-v2-flash", "diff-v2-flash", "diff-v2-flash", S)
+V2_DROPOUT = generic(S, "diff-v2-flash", "diff-v2-flash", S)
 DCMHA = generic("dcmha-fused", "dcmha-fused", "dcmha-fused", "dcmha-decode+dcmha-step-weights")
 DCMHA_BF16 = generic("dcmha-fused", "dcmha-fused", "dcmha-fused", C)
 DCMHA_PYTORCH = generic(C, C, C, C)
 
-# Today's choice with the fused C++ kernels built: the mechanisms that act on a single map (mha, selective,
-# diff_v2) share one row, as the table of SDPA's own branches.
+# Today's choice with the fused C++ kernels built: the mechanisms that act on a single map (mha, selective) share one
+# row, as the table of SDPA's own branches.
 BUILT: dict[tuple[str, str, str, str], dict[str, str]] = {}
-for _mechanism in ("mha", "selective", "diff_v2"):
+for _mechanism in ("mha", "selective"):
     BUILT |= {
         (_mechanism, "rope", "auto", "plain"): generic(),
         (_mechanism, "rope", "eager", "plain"): EAGER,
@@ -206,14 +214,27 @@ BUILT |= {
     ("diff", "rope", "sdpa", "plain"): generic(),
     ("diff", "rope", "auto", "dropout"): DIFF_DROPOUT,
     ("diff", "rope", "auto", "bidirectional"): bidirectional(),
-    ("diff", "rope", "auto", "bf16"): DIFF,
+    ("diff", "rope", "auto", "bf16"): DIFF_BF16,
     ("diff", "alibi", "auto", "plain"): DIFF,
     ("diff", "alibi", "eager", "plain"): EAGER,
     ("diff", "alibi", "sdpa", "plain"): SDPA_ALIBI,
     ("diff", "alibi", "alibi-flash", "plain"): ALIBI_PINNED,
     ("diff", "alibi", "auto", "dropout"): DIFF_DROPOUT,
     ("diff", "alibi", "auto", "bidirectional"): bidirectional(),
-    ("diff", "alibi", "auto", "bf16"): DIFF,
+    ("diff", "alibi", "auto", "bf16"): DIFF_BF16,
+    ("diff_v2", "rope", "auto", "plain"): V2,
+    ("diff_v2", "rope", "eager", "plain"): EAGER,
+    ("diff_v2", "rope", "sdpa", "plain"): generic(),
+    ("diff_v2", "rope", "auto", "dropout"): V2_DROPOUT,
+    ("diff_v2", "rope", "auto", "bidirectional"): bidirectional(),
+    ("diff_v2", "rope", "auto", "bf16"): V2,
+    ("diff_v2", "alibi", "auto", "plain"): V2,
+    ("diff_v2", "alibi", "eager", "plain"): EAGER,
+    ("diff_v2", "alibi", "sdpa", "plain"): SDPA_ALIBI,
+    ("diff_v2", "alibi", "alibi-flash", "plain"): ALIBI_PINNED,
+    ("diff_v2", "alibi", "auto", "dropout"): V2_DROPOUT,
+    ("diff_v2", "alibi", "auto", "bidirectional"): bidirectional(),
+    ("diff_v2", "alibi", "auto", "bf16"): V2,
     ("dcmha", "rope", "auto", "plain"): DCMHA,
     ("dcmha", "rope", "eager", "plain"): EAGER,
     ("dcmha", "rope", "sdpa", "plain"): DCMHA,  # 'sdpa' runs as 'auto'
@@ -233,10 +254,15 @@ def unbuilt(key: tuple[str, str, str, str], choice: dict[str, str]) -> dict[str,
     """The choice where the fused C++ kernels cannot be built: DCMHA's chunked PyTorch path, and SDPA for the rest,
     with a linear bias and the causal flag in one call of its CPU kernel; the reference where a C++ kernel is named."""
     fallback = E if key[2] == "alibi-flash" else "sdpa-causal-bias" if key[1] == "alibi" else S
-    return {
-        scenario: kernel if kernel in (S, E, C) else (C if key[0] == "dcmha" else fallback)
-        for scenario, kernel in choice.items()
-    }
+
+    def without_extension(scenario: str, kernel: str) -> str:
+        if kernel in (S, E, C):
+            return kernel
+        if key[0] == "dcmha":
+            return C
+        return S if scenario == "step" else fallback  # a cached step's bias and mask are one additive mask
+
+    return {scenario: without_extension(scenario, kernel) for scenario, kernel in choice.items()}
 
 
 def test_the_table_covers_the_matrix():
@@ -319,7 +345,7 @@ def chain(**changes) -> list[str]:
 
 def test_each_mechanism_declares_its_kernels_in_order_and_the_reference_follows():
     assert chain() == ["sdpa", "eager"]
-    assert chain(attention="diff") == ["diff-flash", "sdpa", "eager"]
+    assert chain(attention="diff") == ["diff-flash", "diff-decode", "sdpa", "eager"]
     assert chain(attention="dcmha") == ["dcmha-triton", "dcmha-fused", "dcmha-decode", "chunked", "eager"]
     assert chain(attn_backend="eager", attention="dcmha") == ["eager"]
     assert chain(attn_backend="chunked") == ["chunked"]  # the reference runs what it cannot serve, and says so

@@ -28,9 +28,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from attnzoo.attention.kernels import build
+from attnzoo.attention.kernels import build, diff_flash
 from attnzoo.attention.kernels.cpu import register_cpu_kernel
-from attnzoo.attention.kernels.kernel import no_reasons
 
 if TYPE_CHECKING:
     from attnzoo.attention.base import AttentionContext
@@ -75,7 +74,7 @@ DIFF_DECODE = register_cpu_kernel(
     display_name=KERNEL_NAME,
     run=run,
     serves=("diff",),
-    static_reasons=no_reasons,
+    static_reasons=diff_flash.static_reasons,  # a causal model's, as the fused kernel's
     call_reasons=call_reasons,
     ops=("diff_decode_forward",),
 )

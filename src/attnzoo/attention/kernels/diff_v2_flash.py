@@ -41,10 +41,15 @@ def call_reasons(layer: DiffV2Attention, call: Call) -> Iterator[str]:
         yield f"dtype {call.dtype} is not fp32 or bf16"
 
 
-def run(layer: DiffV2Attention, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, *, lam: Tensor) -> Tensor:
-    """q (B, 2h, T, d) rotated, k and v (B, h_kv, T, d), λ (B, h, T, 1) → (B, h, T, d)."""
-    slopes = ctx.bias_slopes(layer.n_heads) if ctx.position.adds_bias else None
+def diff_v2_attention(q: Tensor, k: Tensor, v: Tensor, lam: Tensor, slopes: Tensor | None) -> Tensor:
+    """q (B, 2h, T, d) rotated, k and v (B, h_kv, T, d), λ (B, h, T, 1), ``slopes`` (h,) ALiBi's or None →
+    a_2i − λ_i·a_2i+1, (B, h, T, d); differentiable in q, k, v and λ."""
     return diff_flash.flash_attention(q, k, v, lam.squeeze(-1), slopes)
+
+
+def run(layer: DiffV2Attention, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, *, lam: Tensor) -> Tensor:
+    slopes = ctx.bias_slopes(layer.n_heads) if ctx.position.adds_bias else None
+    return diff_v2_attention(q, k, v, lam, slopes)
 
 
 DIFF_V2_FLASH = register_cpu_kernel(
