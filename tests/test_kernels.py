@@ -27,6 +27,7 @@ from attnzoo.attention.kernels import (
     chunked_attention,
     dcmha_fused,
     diff_flash,
+    diff_v2_flash,
     eager,
     eager_attention,
     sdpa,
@@ -281,7 +282,7 @@ def test_chunked_keys_at_explicit_positions_are_masked_by_position():
 class KernelSpy:
     """Counts the kernels attend reaches: SDPA itself (the torch function, its CPU kernel called directly with a
     bias and the causal flag, or on CPU the fused ALiBi kernel that replaces both), the chunked form and eager
-    calls, and DCMHA's and Diff's fused CPU kernels, which their layers call in attend's place."""
+    calls, and DCMHA's, Diff's and DIFF V2's fused CPU kernels, which their layers call in attend's place."""
 
     def __init__(self, monkeypatch):
         self.calls = {"sdpa": 0, "chunked": 0, "fused": 0, "eager": 0}
@@ -292,6 +293,7 @@ class KernelSpy:
             ("chunked", chunked, "chunked_attention"),
             ("fused", dcmha_fused, "dcmha_attention"),
             ("fused", diff_flash, "diff_attention"),
+            ("fused", diff_v2_flash, "diff_v2_attention"),
             ("eager", eager, "eager_attention"),
             ("eager", chunked, "eager_attention"),
         ):
@@ -309,7 +311,7 @@ class KernelSpy:
 
 
 MECHANISMS = ATTENTION.names()  # plugins included: a mechanism added later is tested, not skipped
-FUSED_KERNELS = {"diff-flash", "dcmha-fused"}  # the C++ kernels KernelSpy counts as "fused"
+FUSED_KERNELS = {"diff-flash", "diff-v2-flash", "dcmha-fused"}  # the C++ kernels KernelSpy counts as "fused"
 
 
 def documented_kernels(attention: str, backend: str) -> set[str]:
