@@ -121,22 +121,24 @@ def test_a_comparison_at_a_rungs_model_and_schedule_stored_beside_it_is_a_part_m
     part = json.loads((out / "small" / "results.json").read_text())
     ablation = part["variants"].pop("diff+rope")
     for run in ablation["runs"]:
-        run["variant"] = "diff+rope+lr2"  # the same runs, named as another variant for the test
+        run["variant"] = "diff+rope+unmatched"  # the same runs, named as another variant for the test
         run["provenance"]["commit"] = "0123456789abcdef"
     retrained = part["variants"]["mha+rope"]
     retrained["runs"][0]["val"]["loss"] += 0.01  # the part's own MHA, trained elsewhere: the rung's is kept
-    part["variants"] = {"mha+rope": retrained, "diff+rope+lr2": ablation}
+    part["variants"] = {"mha+rope": retrained, "diff+rope+unmatched": ablation}
     (copied / "small-part").mkdir()
     (copied / "small-part" / "results.json").write_text(json.dumps(part))
     ladder, dirs = load_ladder(copied)
     own, _ = load_ladder(out)
     assert [d.name for d in dirs] == ["small", "large"]
-    assert set(ladder.rungs[0].variants) == {"mha+rope", "diff+rope", "mha+rope+kv1+up0.5", "diff+rope+lr2"}
+    assert set(ladder.rungs[0].variants) == {"mha+rope", "diff+rope", "mha+rope+kv1+up0.5", "diff+rope+unmatched"}
     assert ladder.rungs[0].variants["mha+rope"] == own.rungs[0].variants["mha+rope"]
-    assert [(p.path.name, p.rung, p.added) for p in ladder.parts] == [("small-part", "small", ("diff+rope+lr2",))]
+    assert [(p.path.name, p.rung, p.added) for p in ladder.parts] == [("small-part", "small", ("diff+rope+unmatched",))]
     report = write_ladder_report(ladder, dirs, copied)["markdown"].read_text()
     assert "## The rungs' parts" in report
-    assert "| [small](small-part/report.md) | small | diff+rope+lr2 | 0123456789ab |" in report
+    row = "| [small](small-part/report.md) | small | mha+rope (the rung's runs judged), diff+rope+unmatched | "
+    row += "0123456789ab"
+    assert row in report
     assert "## The rungs' parts" not in (out / "report.md").read_text()
 
     part["spec"]["train"]["steps"] += 1  # another schedule at the small rung's size: not a part, a second rung

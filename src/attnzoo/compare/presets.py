@@ -403,15 +403,17 @@ LADDERS: dict[str, LadderSpec] = {
 # 1e-2. The sweep is a part of the small rung (stored in the ladder's folder): each model at ×0.5, ×1 and ×2 that
 # rate (+lr0.5, +lr2) × seeds 0 and 1. It trains its own ×1 runs: read against the rung's, trained on another CPU,
 # DCMHA's ×0.5 looked best by 0.021 nats, and DCMHA retrained at ×1 on the sweep's machine ended 0.032 and 0.018 nats
-# below the rung's at seeds 0 and 1 (−0.028 to +0.032 over 5 seeds: chaos between CPUs, not a shift), below its ×0.5. Each model's best multiple by validation loss then trains at the large rung
-# (own_lr_rung: only the models whose best is not ×1, 3 seeds), where every primary is re-judged at each model's own
-# rate beside the shared rate on the same seeds. Estimated from the stored ladder's per-run training times
+# below the rung's at seeds 0 and 1 (−0.028 to +0.032 over 5 seeds: chaos between CPUs, not a shift), below its
+# ×0.5. Each model's best multiple by validation loss then trains at the large rung (own_lr_rung: only the models
+# whose best is not ×1, 3 seeds), where every primary is re-judged at each model's own rate beside the shared rate
+# on the same seeds. Estimated from the stored ladder's per-run training times
 # (docs/claims/*/results.json, d033df6's machine; small rung: MHA 77 s, Diff 79, selective 90, DCMHA 88; large: 249,
 # 260, 283, 271) scaled by each rung's measured wall ÷ summed training under --executor local --jobs 2 (0.67 and
 # 0.63): the sweep's 24 runs 22 minutes; the large rung 8.5 minutes per model that moves (7.8–8.9): 31 minutes when one
 # moves, 56 if all four do, past the 45-minute budget: then nothing cheaper stays honest (a verdict needs 3 seeds at
 # the large rung), so the run's own estimate, printed after the sweep, is what to decide on. Measured: the first 18
-# runs took 35 minutes of wall on a 2-core Xeon at a load of 12-15 (other jobs beside it), not a quiet machine.
+# runs took 35 minutes of wall on a 2-core Xeon at a load of 12-15 (other jobs beside it), not a quiet machine; every
+# model's best was ×1 (docs/claims/lr-sweep, lr-sweep-x1), so no large-rung run was needed.
 _LR_SWEEP = tuple(f"{model}+lr{multiple:g}" for model in _LADDER_MODELS for multiple in (0.5, 2))
 PRESETS["claims-lr"] = dataclasses.replace(
     LADDERS["claims"].rungs[0],

@@ -70,8 +70,10 @@ def parts_table(ladder: Ladder, out_dir: Path) -> Table | None:
         [
             f"[{part.results.preset}]({Path(os.path.relpath(part.path, out_dir)) / 'report.md'})",
             part.rung,
-            ", ".join(part.added),
-            _commits(part.results, set(part.results.variants) - set(part.added)),
+            ", ".join(
+                label if label in part.added else f"{label} (the rung's runs judged)" for label in part.results.variants
+            ),
+            _commits(part.results),
             part.results.machine.description,
             part.results.created,
         ]
@@ -82,7 +84,7 @@ def parts_table(ladder: Ladder, out_dir: Path) -> Table | None:
         rows.append(
             [rung.preset, rung.preset, "(its own)", _commits(rung, added), rung.machine.description, rung.created]
         )
-    return Table(["comparison", "rung", "variants added", "commits", "machine", "made"], rows)
+    return Table(["comparison", "rung", "variants", "commits", "machine", "made"], rows)
 
 
 def uptraining_table(ladder: Ladder) -> Table | None:
@@ -151,8 +153,9 @@ def write_ladder_report(ladder: Ladder, rung_dirs: list[Path], out_dir: Path) ->
             Heading(2, "The rungs' parts"),
             Paragraph(
                 "Comparisons trained at a rung's model and schedule apart from the ladder (a learning-rate sweep, an "
-                "ablation), merged into that rung: the rung keeps its own runs of a label both ran. Runs from other "
-                "commits or machines pair with the rung's by seed, so the table names both."
+                "ablation), merged into that rung: the rung keeps its own runs of a label both ran, though a "
+                "learning-rate sweep is read off its parts alone. Runs from other commits or machines pair with the "
+                "rung's by seed, so the table names both."
             ),
             parts,
         )
