@@ -97,7 +97,8 @@ def test_steps_equal_the_two_sdpa_calls_the_reference_and_the_full_forward(monke
 
 def test_where_it_serves():
     """An fp32 one-token step over a growing cache on the CPU, without recorded maps or dropout; not a prefill, a
-    fresh sequence, a static step (its buffers hold slots the query may not see), bf16, CUDA or a compiled step."""
+    fresh sequence, a static step (its buffers hold slots the query may not see), bf16, CUDA, a compiled step or one
+    autograd records."""
     model = diff_model()
     layer, kernel = model.layers[0].self_attn, KERNELS.get("diff-decode")
     step = dataclasses.replace(
@@ -113,6 +114,7 @@ def test_where_it_serves():
         "compiled": {"compiling": True},
         "maps": {"records_scores": True},
         "dropout": {"dropout": 0.1},
+        "autograd": {"autograd": True},  # the op has no backward: a step autograd records takes SDPA's
     }
     for name, changes in refused.items():
         assert kernel.call_refusal(layer, dataclasses.replace(step, **changes)) is not None, name

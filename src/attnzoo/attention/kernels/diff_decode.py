@@ -14,9 +14,9 @@ one buffer, then one product with V. (A1 − λA2)·V equals the reference's A1�
 head i reads kv head i // (H / H_kv), whose key sub-heads are 2j and 2j + 1 (the flash semantics of
 ``DifferentialAttention``); ALiBi's bias m_i·(j − t), shared by both maps, is added in the op.
 
-It serves fp32 steps on a growing cache, where every slot is a key the query sees; a static step (whose buffers
-hold slots the mask excludes), a step under torch.compile and a bf16 cache (which the op would have to copy to fp32
-each step) take the next kernel, two SDPA calls.
+It serves fp32 steps on a growing cache, where every slot is a key the query sees, outside autograd (the op has no
+backward); a static step (whose buffers hold slots the mask excludes), a step under torch.compile and a bf16 cache
+(which the op would have to copy to fp32 each step) take the next kernel, two SDPA calls.
 """
 
 from __future__ import annotations
@@ -54,6 +54,8 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, lam: Tensor, slopes: Tenso
 def call_reasons(layer: DifferentialAttention, call: Call) -> Iterator[str]:
     if call.queries != 1 or not call.cached:
         yield "it serves one query over a cache (a decoding step)"
+    if call.autograd:
+        yield "autograd records the call, and the op has no backward"
     if call.static:
         yield "a static step's buffers hold slots the query may not see"
     if call.position.adds_bias and call.position.bias_slopes(layer.n_heads) is None:
