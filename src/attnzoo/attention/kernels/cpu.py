@@ -37,6 +37,16 @@ def fp32_operands(*tensors: Tensor) -> tuple[Tensor, ...]:
     return tuple(x.detach().float().contiguous() for x in tensors)
 
 
+def fp32_rows(*tensors: Tensor) -> tuple[Tensor, ...]:
+    """fp32 operands, detached as :func:`fp32_operands`'s, for a kernel that reads any strides whose rows are
+    contiguous (``dcmha_fused``): a head-major view of a token-major projection is passed as it lies, not copied."""
+    return tuple(_with_contiguous_rows(x.detach().float()) for x in tensors)
+
+
+def _with_contiguous_rows(x: Tensor) -> Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
 def cpu_reasons(call: Call) -> Iterator[str]:
     """Asked before anything else, so that a call off the CPU never builds or loads the extension."""
     if call.device_type != "cpu":

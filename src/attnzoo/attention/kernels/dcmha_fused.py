@@ -81,7 +81,7 @@ class FusedDCMHA(torch.autograd.Function):
         window: int | None,
         *matrices: Tensor | None,
     ) -> Tensor:
-        q32, k32, v32 = cpu.fp32_operands(q, k, v)
+        q32, k32, v32 = cpu.fp32_rows(q, k, v)
         matrices = tuple(None if m is None else m.detach() for m in matrices)
         rows = query_tile(q.shape[1] // groups, q.shape[2] if window is None else min(q.shape[2], window))
         scale = 1.0 / math.sqrt(q.shape[-1])
@@ -98,9 +98,9 @@ class FusedDCMHA(torch.autograd.Function):
         groups = ctx.settings[0]
         # Enough (batch, group, part) tasks for every thread; each part's key-side sums are its own.
         parts = max(1, min(math.ceil(torch.get_num_threads() / (q.shape[0] * groups)), q.shape[2] // ctx.settings[3]))
-        q32, k32, v32 = cpu.fp32_operands(q, k, v)
+        q32, k32, v32 = cpu.fp32_rows(q, k, v)
         grads = torch.ops.attnzoo.dcmha_fused_backward(
-            grad_out.float().contiguous(), q32, k32, v32, *matrices, slopes, lse, *ctx.settings, parts
+            *cpu.fp32_rows(grad_out), q32, k32, v32, *matrices, slopes, lse, *ctx.settings, parts
         )
         grad_q, grad_k, grad_v = (grad.to(x.dtype) for grad, x in zip(grads[:3], (q, k, v), strict=True))
         grad_matrices = [None if m is None else grad for grad, m in zip(grads[3:], matrices, strict=True)]
