@@ -146,6 +146,10 @@ def test_math_on_cuda_fails_the_dispatch_check_and_sdpa_for_a_scores_mechanism_f
     assert status(mha, "cuda", {"sdpa"}, ["flash"], ["memory-efficient"]) == "pass"
     assert status(mha, "cuda", {"sdpa"}, ["flash"], ["math"]) == "FAIL"
     assert status(mha, "cpu", {"sdpa"}, ["math"], ["math"]) == "pass"  # recorded on the CPU, not enforced
+    diff = ModelConfig(dim=32, n_heads=4, attention="diff", position="alibi")
+    assert status(diff, "cpu", {"diff-flash", "diff-decode"}, [], []) == "pass"  # its own CPU kernels
+    assert status(diff, "cpu", {"alibi-flash", "sdpa"}, ["flash (CPU)"], []) == "pass"  # the scheme's
+    assert status(diff, "cpu", {"diff-flash", "eager"}, [], []) == "FAIL"  # never the eager reference
     assert status(mha, "cuda", {"chunked"}, [], []) == "FAIL"  # attend did not pick SDPA
     assert status(dcmha, "cuda", {"chunked"}, [], []) == "pass"
     assert status(dcmha, "cuda", {"chunked", "sdpa"}, ["flash"], []) == "FAIL"

@@ -17,6 +17,7 @@ from attnzoo.attention import ATTENTION
 from attnzoo.attention.kernels import dcmha_fused, dispatch
 from attnzoo.bench import fused_ops
 from attnzoo.config import ModelConfig
+from attnzoo.positions import POSITIONS
 
 from gpu.check.plan import BACKENDS, FAIL, PASS
 
@@ -122,7 +123,7 @@ def expected_dispatch(cfg: ModelConfig, device: str) -> str:
         return "its own fused kernels or the chunked eager kernel, no SDPA (the mechanism acts on the scores)"
     if torch.device(device).type == "cuda":
         return "SDPA, a fused backend (flash, memory-efficient or cuDNN), never math"
-    return "SDPA (any backend: on the CPU only recorded)"
+    return "SDPA or the mechanism's and scheme's own CPU kernels, never the eager reference (backends only recorded)"
 
 
 def dispatch_status(cfg: ModelConfig, device: str, chosen: set[str], train: list[str], decode: list[str]) -> str:
@@ -130,6 +131,9 @@ def dispatch_status(cfg: ModelConfig, device: str, chosen: set[str], train: list
     if ATTENTION.get(cfg.attention).needs_scores:
         own = {dcmha_fused.KERNEL_NAME, dcmha_fused.DECODE_KERNEL_NAME}
         return PASS if "sdpa" not in chosen and set(train + decode) <= own else FAIL
+    if torch.device(device).type != "cuda":  # the fused C++ kernels of the mechanism (Diff's) or scheme (ALiBi's)
+        own = {"sdpa", *ATTENTION.get(cfg.attention).kernels, *POSITIONS.get(cfg.position).kernels}
+        return PASS if chosen and chosen <= own else FAIL
     if "sdpa" not in chosen or not train or not decode:
         return FAIL  # attend did not pick SDPA, or SDPA never ran
     if torch.device(device).type == "cuda" and "math" in {*train, *decode}:

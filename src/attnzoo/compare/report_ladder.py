@@ -147,6 +147,17 @@ def write_ladder_report(ladder: Ladder, rung_dirs: list[Path], out_dir: Path) ->
         ),
         rungs_table(ladder, rung_dirs, out_dir),
     )
+    uptraining = uptraining_table(ladder)
+    if uptraining is not None:
+        report.add(
+            Heading(2, "Uptraining by fraction"),
+            Paragraph(
+                "Each uptrained model is the same seed's trained baseline with its kv heads mean-pooled, trained again "
+                "with the pre-training schedule over a fraction α of its steps (Ainslie et al., arXiv 2305.13245). "
+                "Its gap to the baseline at the end of α, at each size; the claims read α = 5% (the paper's) and 10%."
+            ),
+            uptraining,
+        )
     parts = parts_table(ladder, out_dir)
     if parts is not None:
         report.add(
@@ -158,17 +169,6 @@ def write_ladder_report(ladder: Ladder, rung_dirs: list[Path], out_dir: Path) ->
                 "rung's by seed, so the table names both."
             ),
             parts,
-        )
-    uptraining = uptraining_table(ladder)
-    if uptraining is not None:
-        report.add(
-            Heading(2, "Uptraining by fraction"),
-            Paragraph(
-                "Each uptrained model is the same seed's trained baseline with its kv heads mean-pooled, trained again "
-                "with the pre-training schedule over a fraction α of its steps (Ainslie et al., arXiv 2305.13245). "
-                "Its gap to the baseline at the end of α, at each size; the claims read α = 5% (the paper's) and 10%."
-            ),
-            uptraining,
         )
     report.add(*claims_section(largest, verdicts))
     out_dir.mkdir(parents=True, exist_ok=True)
