@@ -278,6 +278,7 @@ def test_the_ablations_are_parts_of_the_ladders_rungs_at_their_model_and_schedul
         ("claims-static", small, ["dcmha+rope", "dcmha[static_only=true]+rope"]),
         ("claims-unmatched", large, ["dcmha+rope+unmatched"]),
         ("claims-lr", small, PRESETS["claims-lr"].variant_labels),
+        ("claims-ablations", small, PRESETS["claims-ablations"].variant_labels),
     ):
         part = PRESETS[name]
         assert (part.model, part.train, part.evals) == (rung.model, rung.train, rung.evals)
@@ -285,4 +286,9 @@ def test_the_ablations_are_parts_of_the_ladders_rungs_at_their_model_and_schedul
     claim = CLAIMS["dcmha.dynamic_beats_static"]
     assert claim.baseline == "dcmha[static_only=true]+rope" and claim.is_run and claim.preset == "claims-static"
     assert CLAIMS["dcmha.compute_equivalence_unmatched"].preset == "claims-unmatched"
+    extras = set(PRESETS["claims-ablations"].variant_labels)
+    claims = ("gqa.close_to_mha", "alibi.in_distribution_vs_rope", "dcmha.post_beats_pre")
+    for claim in (*claims, "dcmha.query_wise_slightly_worse", "selective.position_temperature_dilution"):
+        # each exploratory claim the part is for finds both its models in the rung with the part merged
+        assert {CLAIMS[claim].variant, CLAIMS[claim].baseline} <= extras | set(small.variant_labels), claim
     assert json.dumps(dataclasses.asdict(PRESETS["claims-stability"].train))  # a preset as a config writes it

@@ -12,7 +12,8 @@ from attnzoo.claims.measures import lm_metric
 
 BASELINE = "mha+rope"
 # The GPU preset of the one-size ablations (DCMHA's pre/post and query-wise compositions, selective attention's
-# position temperature): DCMHA's variants cost a CPU ladder's budget several times over.
+# position temperature), at the GPU ladder's heads of 48; on the CPU, the claims ladder's small rung runs them as its
+# claims-ablations part (attnzoo.compare.presets).
 ABLATIONS = "gpu-ablations"
 # The GPU ladder of ALiBi's claims against sinusoidal positions trained at 2L, which no CPU size makes competent
 # (attnzoo.claims.alibi.SINUSOIDAL_CALIBRATION).

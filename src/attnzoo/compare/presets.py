@@ -485,6 +485,30 @@ PRESETS["claims-unmatched"] = dataclasses.replace(
 )
 
 
+# The exploratory claims whose models the ladder does not train (issue 53), a part of the small rung, read against
+# the rung's MHA, DCMHA and selective runs: GQA from scratch (gqa.close_to_mha), ALiBi (alibi.in_distribution_vs_rope)
+# and the one-size ablations (attnzoo.claims.protocol.ABLATIONS: DCMHA's post- and pre-composition alone and its
+# query-wise composition, selective attention without its position temperature). A CPU step of each at this size
+# costs about what MHA's does (thread CPU time of one training step at the rung's model and batch on the Xeon,
+# 9459c02: MHA 119 ms, DCMHA 177, query-wise 147, post alone 129, pre alone 128, selective without its position
+# temperature 148, ALiBi 104, GQA 112), so the ablations need no GPU at this size. Estimated from the small rung's
+# per-run times (MHA 77 s, DCMHA 88, selective 90; wall ÷ summed training 0.67): 30 runs, 28 minutes on 2 cores.
+_SMALL_RUNG_EXTRAS = ("mha+rope+kv2", "mha+alibi", *(v for v in claim_variants(ABLATIONS) if v not in _LADDER_MODELS))
+PRESETS["claims-ablations"] = dataclasses.replace(
+    LADDERS["claims"].rungs[0],
+    name="claims-ablations",
+    description=(
+        "the exploratory claims whose models the claims ladder does not train, a part of its small rung (0.12M "
+        "parameters): GQA (2 kv heads) from scratch, ALiBi, DCMHA's post- and pre-composition alone and its "
+        "query-wise composition, selective attention without its position temperature × 5 seeds, judged against "
+        "the rung's MHA, DCMHA and selective runs when stored in the ladder's folder; estimated 28 minutes on 2 "
+        "cores with --executor local --jobs 2"
+    ),
+    variants=Variant.parse_all(_SMALL_RUNG_EXTRAS),
+    tasks=(),
+)
+
+
 def own_lr_rung(best: Mapping[str, float]) -> CompareSpec | None:
     """The claims ladder's large rung with each model whose best learning-rate multiple (``best``, from
     :func:`attnzoo.claims.learning_rate.best_learning_rates`) is not ×1 at that multiple, × :data:`OWN_LR_SEEDS`;
