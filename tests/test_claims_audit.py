@@ -91,7 +91,7 @@ def test_the_named_budget_decides_gqas_primary_at_the_larger_rung(large):
     assert claim.gate.fixed_budget and _stability(claim.gate.check(large, claim)).passed
     unnamed = dataclasses.replace(claim, gate=dataclasses.replace(claim.gate, fixed_budget=False))
     stability = _stability(unnamed.gate.check(large, unnamed))
-    assert not stability.passed and stability.detail.startswith("the gap moved 0.0294 nats")
+    assert not stability.passed and stability.detail.startswith("the gap moved 0.0293 nats")
 
 
 def test_the_protocol_states_both_rules_with_their_reason_in_the_report_and_the_docs():
@@ -161,12 +161,12 @@ def test_a_rungs_report_points_its_primaries_to_the_ladder_that_decides_them(run
         if not claim.primary:
             continue
         at_rung, across = verdicts[claim.id], ladder_verdicts[claim.id]
-        if across.outcome in ("supported", "contradicted", "negligible"):
+        if not claim.cpu_calibration:  # whatever the ladder finds, decided or not, only it can find it
             assert at_rung.outcome == "decided in the ladder", claim.id
             assert "../report.md" in at_rung.reason and "at this size alone:" in at_rung.reason
             assert at_rung.p_raw is None and len(at_rung.sizes) == 1
         else:  # ALiBi's primary, not measurable on a CPU at either size: the rung says the same
-            assert at_rung.outcome == across.outcome, claim.id
+            assert at_rung.outcome == across.outcome == "not measurable", claim.id
     one_size = CompareResults.load(LADDER.parent / "claims-one-size" / "results.json")
     assert ladder_of(one_size) is None
     assert judge(CLAIMS["diff.lm_loss"], one_size).outcome == "not measurable"  # no ladder: (e) refuses it

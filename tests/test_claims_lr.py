@@ -199,14 +199,14 @@ def test_the_floor_a_run_at_its_own_learning_rate_is_gated_at_is_its_own():
 def test_a_verdict_names_the_regime_read_off_its_stored_runs_and_the_papers_own():
     ladder, _ = load_ladder(DOCS / "claims")
     verdicts = {v.claim.id: v for v in judge_all(ladder)}
-    diff = verdicts["diff.lm_loss"]
-    assert diff.regime is not None and diff.regime.confounded
-    assert diff.regime.describe() == (
+    dcmha = verdicts["dcmha.compute_equivalence"]
+    assert dcmha.regime is not None and dcmha.regime.confounded
+    assert dcmha.regime.describe() == (
         "0.12–0.25M parameters (2 layers, 4 heads × 16–24), shakespeare (byte tokens), 21 tokens per parameter, peak "
         "learning rate 0.003 for every model (5% warmup, cosine to 0.1× the peak); head size and model size change "
         "together across the sizes (16 → 24), so their effects are confounded"
     )
-    assert scoped_answer(diff) == (
+    assert scoped_answer(dcmha) == (
         "not reproduced at 0.12–0.25M parameters, heads ≤ 24: the effect goes the other way (head size grows with "
         "model size there: the two confounded)"
     )

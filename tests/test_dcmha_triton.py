@@ -75,6 +75,12 @@ def test_kernel_matches_eager_reference_half_precision(device, dtype):
     assert_kernel_matches_reference(CASES["local"], dtype, device)
 
 
+def one_tile(case: Case) -> Case:
+    """``case`` over one tile of 16 rows: the interpreter's time grows with the tiles a program visits, and a test of
+    the grid over heads or of the feature steps needs no partial or second tile (the cases above cover those)."""
+    return dataclasses.replace(case, length=16)
+
+
 # Programs that each accumulate some of a group's heads (the grid over head chunks), while every one of them forms all
 # the group's scores: (case, heads a program). The cases above run a group in one program (4 heads a program).
 HEAD_CHUNKS = {
@@ -82,12 +88,13 @@ HEAD_CHUNKS = {
     "local-pre-only-2": (CASES["local-pre-only"], 2),
     "global-query-wise-2": (CASES["global-query-wise"], 2),
     # head_dim 40: q·kᵀ and dO·vᵀ in three steps of 16 features (FEATURES_PER_STEP), the last one partial
-    "global-40-features-2": (dataclasses.replace(CASES["global"], head_dim=40), 2),
+    "global-40-features-2": (one_tile(dataclasses.replace(CASES["global"], head_dim=40)), 2),
 }
 SLOW_HEAD_CHUNKS = {
-    "local-1": (CASES["local"], 1),
-    "local-post-only-1": (CASES["local-post-only"], 1),
-    "groups-padded-1": (CASES["groups-padded"], 1),  # M = 3 padded to 4: the last program's head is padding
+    "local-1": (one_tile(CASES["local"]), 1),
+    "local-post-only-1": (one_tile(CASES["local-post-only"]), 1),
+    # M = 3 padded to 4: the last program's head is padding
+    "groups-padded-1": (one_tile(dataclasses.replace(CASES["groups-padded"], batch=1)), 1),
 }
 
 
@@ -153,7 +160,7 @@ def test_a_compiled_call_is_one_graph_and_equals_the_eager_call(device, name):
     gradient exactly, since both launch the same kernels."""
     import torch._dynamo
 
-    case = CASES[name]
+    case = one_tile(CASES[name])
     leaves = make_inputs(case, torch.float32, device)
 
     def attention(*tensors: torch.Tensor) -> torch.Tensor:
@@ -178,7 +185,7 @@ def test_a_compiled_call_is_one_graph_and_equals_the_eager_call(device, name):
 def test_the_operators_registrations_pass_torchs_own_checks(device):
     """``torch.library.opcheck``: the schema, the fake (shape) implementation against the real one, and the autograd
     registration of the forward operator, on the smallest case."""
-    case = CASES["local"]
+    case = one_tile(CASES["local"])
     q, k, v, pre, post = split(make_inputs(case, torch.float32, device), case)
     spec = op.KernelSpec(1, case.n_heads, case.rank, True, True, True, case.window, 0.25, 16, heads_per_program=2)
     query_w = op.pack_weights([(m.qw1, m.qw2, m.qdd) for m in (pre, post)], q)

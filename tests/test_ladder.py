@@ -303,4 +303,4 @@ def test_a_claim_a_calibration_rules_out_on_the_cpu_is_not_measurable_there_and_
     needs = "needs extrapolation to 2× for mha+alibi and mha+sinusoidal+len2, which this comparison did not run"
     assert f"{needs}; the gpu-alibi preset runs them on a GPU" in judge(short, on_gpu).reason
     # A claim with no calibration is "not run" on the CPU as well.
-    assert judge(CLAIMS["alibi.in_distribution_vs_rope"], ladder).outcome == "not run"
+    assert judge(CLAIMS["alibi.extrapolation_vs_rope"], ladder).outcome == "not run"

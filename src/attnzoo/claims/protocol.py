@@ -26,8 +26,8 @@ LM_EFFECT_SOURCE = (
     "our choice, no paper figure being citable: 2% in perplexity, about a quarter of what 1.5× the training compute "
     "buys MHA. Fixed before the claims ladder ran, on the one-size run (docs/claims-one-size, made at c76947c: "
     "mha+rope 1.7929 → 1.7051 nats with 1.5× the steps at 0.12M, mean of 3 seeds); on the ladder's own curve "
-    "(docs/claims: MHA's loss against training compute fitted across its two sizes per seed, α = 0.120 on the mean "
-    "of 5 seeds), 1.5× the compute buys 0.090 nats at 0.12M and 0.077 at 0.25M, a quarter of which is 0.022 and 0.019"
+    "(docs/claims: MHA's loss against training compute fitted across its two sizes per seed, α = 0.121 on the mean "
+    "of 5 seeds), 1.5× the compute buys 0.091 nats at 0.12M and 0.077 at 0.25M, a quarter of which is 0.023 and 0.019"
 )
 LM_PROTOCOL = LanguageModelGate(loss_effect=LM_EFFECT)
 ACCURACY_EFFECT_SOURCE = (

@@ -326,7 +326,8 @@ _GPU_ALIBI_EVALS = EvalSpec(
 # rung and Ainslie et al.'s α = 5% (gqa.mqa_behind_gqa). At the small rung both uptrained models stayed above the
 # trigram level (MQA 2.2795, GQA 2.0606 against 2.027), so the claim was not measurable there, and MQA's 10 and 20%
 # traced no claim; the runs' own times put the cut at 8.3 of those 95.5 minutes. GQA keeps its trace at both sizes.
-# So cut: 1 h 21 min 9 s (d033df6, 2026-11-29, 191% CPU, 696 MB; MHA's 0.25M runs 249 s each, 300 s on 1d8af96's draw).
+# So cut: 1 h 21 min 9 s (d033df6, 2026-11-29, 191% CPU, 696 MB; MHA's 0.25M runs 249 s each, 300 s on 1d8af96's draw)
+# and 1 h 5 min 20 s on 2 Xeon cores (9459c02, 2026-12-02, 193% CPU, 1.75 GB; MHA's 0.25M runs 188 s each).
 _LADDER_MODELS = ("mha+rope", "diff+rope", "selective+rope", "dcmha+rope")
 # GQA (2 kv heads) uptrained from each seed's MHA: Ainslie et al.'s α, and twice and 4× it
 _GQA_UPTRAINED = tuple(f"mha+rope+kv2+up{fraction:g}" for fraction in (0.05, 0.1, 0.2))
@@ -345,8 +346,9 @@ LADDERS: dict[str, LadderSpec] = {
             "parameters, 21 tokens per parameter): MHA, Diff, selective, DCMHA, GQA uptrained with 5, 10 and 20% of "
             "the steps, at the larger size MQA with 5% × 5 seeds, evaluated at 50, 75 and 100% of training on 1,024 "
             "windows, and selective attention's denoising and graph tasks; meant for 90 minutes on 2 cores with "
-            "--executor local --jobs 2 (81 minutes measured; by machine: docs/jobs/compare.md); the ablations and "
-            "the learning-rate sweep are its rungs' parts (claims-static, claims-unmatched, claims-lr)"
+            "--executor local --jobs 2 (65 minutes measured on 2 Xeon cores, 81 on 2 EPYC cores; by machine: "
+            "docs/jobs/compare.md); the ablations and the learning-rate sweep are its rungs' parts (claims-ablations, "
+            "claims-unmatched, claims-lr) or stand alone (claims-static, claims-stability)"
         ),
         rungs=(
             _rung(
@@ -493,6 +495,7 @@ PRESETS["claims-unmatched"] = dataclasses.replace(
 # 9459c02: MHA 119 ms, DCMHA 177, query-wise 147, post alone 129, pre alone 128, selective without its position
 # temperature 148, ALiBi 104, GQA 112), so the ablations need no GPU at this size. Estimated from the small rung's
 # per-run times (MHA 77 s, DCMHA 88, selective 90; wall ÷ summed training 0.67): 30 runs, 28 minutes on 2 cores.
+# Measured from a clean clone of 441201d on the Xeon that ran the ladder in 65 minutes: 20 min 16 s.
 _SMALL_RUNG_EXTRAS = ("mha+rope+kv2", "mha+alibi", *(v for v in claim_variants(ABLATIONS) if v not in _LADDER_MODELS))
 PRESETS["claims-ablations"] = dataclasses.replace(
     LADDERS["claims"].rungs[0],

@@ -106,14 +106,17 @@ def uptraining_table(ladder: Ladder) -> Table | None:
 
 
 def compute_figures(ladder: Ladder, verdicts: list[Verdict], out_dir: Path) -> list:
-    """One picture per paper whose primary's models trained here, drawn into ``out_dir``'s plots: the baseline's
-    loss against training compute across the sizes, the paper's variant beside it; a sentence for the others."""
+    """One picture per paper whose primary's models both trained here, drawn into ``out_dir``'s plots: the
+    baseline's loss against training compute across the sizes, the paper's variant beside it; a sentence for the
+    others."""
     blocks: list = []
     missing = []
     for verdict in primaries(verdicts):
         claim = verdict.claim
-        if not any(claim.variant in rung.variants for rung in ladder.rungs):
-            missing.append(f"{claim.paper} ({claim.variant})")
+        trained = {label for rung in ladder.rungs for label in rung.variants}
+        untrained = [label for label in (claim.variant, claim.baseline) if label not in trained]
+        if untrained:
+            missing.append(f"{claim.paper} ({' and '.join(untrained)})")
             continue
         path = f"{PLOTS}/compute_{claim.id}.png"
         (out_dir / PLOTS).mkdir(parents=True, exist_ok=True)
@@ -127,7 +130,7 @@ def compute_figures(ladder: Ladder, verdicts: list[Verdict], out_dir: Path) -> l
             )
         )
     if missing:
-        blocks.append(Paragraph(f"No picture for {', '.join(missing)}: its variant trained at no size here."))
+        blocks.append(Paragraph(f"No picture for {', '.join(missing)}: trained at no size here."))
     return blocks
 
 
