@@ -413,9 +413,9 @@ LADDERS: dict[str, LadderSpec] = {
 # 260, 283, 271) scaled by each rung's measured wall ÷ summed training under --executor local --jobs 2 (0.67 and
 # 0.63): the sweep's 24 runs 22 minutes; the large rung 8.5 minutes per model that moves (7.8–8.9): 31 minutes when one
 # moves, 56 if all four do, past the 45-minute budget: then nothing cheaper stays honest (a verdict needs 3 seeds at
-# the large rung), so the run's own estimate, printed after the sweep, is what to decide on. Measured: the first 18
-# runs took 35 minutes of wall on a 2-core Xeon at a load of 12-15 (other jobs beside it), not a quiet machine; every
-# model's best was ×1 (docs/claims/lr-sweep, lr-sweep-x1), so no large-rung run was needed.
+# the large rung), so the run's own estimate, printed after the sweep, is what to decide on. Measured from a clean
+# clone of 3f8d706 on the 2-core Xeon that ran the ladder in 65 minutes, nothing else running: 16 min 20 s; every
+# model's best was ×1 (docs/claims/lr-sweep), so no large-rung run was needed.
 _LR_SWEEP = tuple(f"{model}+lr{multiple:g}" for model in _LADDER_MODELS for multiple in (0.5, 2))
 PRESETS["claims-lr"] = dataclasses.replace(
     LADDERS["claims"].rungs[0],
