@@ -304,3 +304,18 @@ def test_a_claim_a_calibration_rules_out_on_the_cpu_is_not_measurable_there_and_
     assert f"{needs}; the gpu-alibi preset runs them on a GPU" in judge(short, on_gpu).reason
     # A claim with no calibration is "not run" on the CPU as well.
     assert judge(CLAIMS["alibi.extrapolation_vs_rope"], ladder).outcome == "not run"
+
+
+def test_a_primary_whose_gate_stops_it_at_one_size_names_that_gate_not_a_missing_size():
+    """The stored ladder: Diff's gap to MHA at 0.12M still moved 0.0125 nats over the last quarter (gate (c) allows
+    0.01), so the primary is judged at 0.25M alone; the verdict says which gate stopped the other size, and the remedy
+    is at that size, which the ladder has."""
+    from pathlib import Path
+
+    from attnzoo.claims import CLAIMS, judge
+
+    ladder, _ = load_ladder(Path(__file__).parents[1] / "docs" / "claims")
+    diff = judge(CLAIMS["diff.lm_loss"], ladder)
+    assert diff.outcome == "not measurable" and len(ladder.rungs) == 2
+    assert "at 0.12M (head 16) not measurable: (c) gap stability: the gap moved 0.0125 nats" in diff.reason
+    assert diff.would_change == "the gates passing at 0.12M (more seeds or steps there)"

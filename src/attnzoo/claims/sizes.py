@@ -87,14 +87,25 @@ def measure(claim: Claim, ladder: Ladder) -> Verdict:
         spread = judged[-1].parameters / judged[0].parameters
         if len(judged) < MIN_SIZES or spread < MIN_SIZE_RATIO:
             shown = "; ".join(size.describe() for size in judged)
+            # A size the ladder trained whose gates stopped it: the remedy is there, not a new size.
+            stopped = [size for size in ran if not size.judged]
+            at_stopped = "".join(
+                f"; at {size.parameters / 1e6:.2f}M (head {size.head_dim}) {size.outcome}: {size.reason}"
+                for size in stopped
+            )
             return dataclasses.replace(
                 verdict,
                 outcome="not measurable",
-                reason=f"(e) sizes: judged at {len(judged)} size(s) ({shown}); a "
+                reason=f"(e) sizes: judged at {len(judged)} size(s) ({shown}){at_stopped}; a "
                 f"paper's primary language-model claim is judged across at least {MIN_SIZES} sizes, the largest "
                 f"≥ {MIN_SIZE_RATIO:g}× the smallest, as the papers judge it",
-                would_change=f"the same comparison at a second model size {MIN_SIZE_RATIO:g}× apart (a ladder of "
-                "comparisons, or a GPU rung)",
+                would_change=(
+                    f"the gates passing at {', '.join(f'{size.parameters / 1e6:.2f}M' for size in stopped)} (more "
+                    "seeds or steps there)"
+                    if stopped
+                    else f"the same comparison at a second model size {MIN_SIZE_RATIO:g}× apart (a ladder of "
+                    "comparisons, or a GPU rung)"
+                ),
             )
     directions = {size.outcome for size in judged} & {"supported", "contradicted"}
     if len(directions) > 1:
