@@ -292,3 +292,13 @@ def test_the_ablations_are_parts_of_the_ladders_rungs_at_their_model_and_schedul
         # each exploratory claim the part is for finds both its models in the rung with the part merged
         assert {CLAIMS[claim].variant, CLAIMS[claim].baseline} <= extras | set(small.variant_labels), claim
     assert json.dumps(dataclasses.asdict(PRESETS["claims-stability"].train))  # a preset as a config writes it
+
+
+def test_the_extrapolation_preset_scores_16L_at_the_small_rungs_model_and_schedule():
+    small = LADDERS["claims"].rungs[0]
+    alone = PRESETS["claims-extrapolation"]
+    assert (alone.model, alone.train, alone.seeds) == (small.model, small.train, small.seeds)
+    assert alone.evals.extrapolation_multiples == (1, 2, 16) and 16 not in small.evals.extrapolation_multiples
+    claim = CLAIMS["alibi.extrapolation_vs_rope"]
+    assert claim.is_run and claim.preset == "claims-extrapolation" and claim.measure.label.startswith("loss at 16×")
+    assert alone.variant_labels == [claim.baseline, claim.variant]

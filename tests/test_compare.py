@@ -134,7 +134,8 @@ def test_summary_is_mean_and_sample_std_over_seeds():
             {"preset_or_spec": "huge"},
             r"preset 'huge' is unknown; choose one of "
             r"\['micro', 'quick', 'claims-one-size', 'gpu', 'gpu-lm', 'standard', 'full', 'claims-lr', "
-            r"'claims-stability', 'claims-static', 'claims-unmatched', 'claims-ablations', 'gpu-ablations'\]",
+            r"'claims-stability', 'claims-static', 'claims-extrapolation', 'claims-unmatched', 'claims-ablations', "
+            r"'gpu-ablations'\]",
         ),
         ({"variants": ["mha+bogus"]}, "variant 'mha\\+bogus': 'bogus' is not a known positional scheme"),
         ({"variants": ["diff+alibi+kvx"]}, "bad kv-head count 'x'"),

@@ -18,6 +18,8 @@ from attnzoo.claims.protocol import (
 )
 
 PAPER = "ALiBi (Press et al., 2022)"
+# RoPE against ALiBi scored at 16L stands alone: the ladder's rungs score L and 2L only (attnzoo.compare.presets).
+EXTRAPOLATION_PRESET = "claims-extrapolation"
 EXTRAPOLATION_EFFECT = 0.1
 EXTRAPOLATION_EFFECT_SOURCE = (
     "our choice: a rise gap of 10% in perplexity at 16L; the paper's Figure 1 shows sinusoidal and rotary rising by "
@@ -74,6 +76,7 @@ register_claim(
         gate=LanguageModelGate(loss_effect=EXTRAPOLATION_EFFECT),
         paper_scale="WikiText-103 (model size not given in the review)",
         checks=SETUP_CHECKS,
+        preset=EXTRAPOLATION_PRESET,
     )
 )
 

@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from attnzoo.claims.alibi import EXTRAPOLATION_PRESET
 from attnzoo.claims.dcformer import STATIC_ONLY, UNMATCHED
 from attnzoo.claims.experiments import claim_tasks, claim_variants
 from attnzoo.claims.gqa import STABILITY_LR, STABILITY_PRESET
@@ -468,6 +469,23 @@ PRESETS["claims-static"] = dataclasses.replace(
         "estimated 9.8 minutes on 2 cores with --executor local --jobs 2"
     ),
     variants=Variant.parse_all(("dcmha+rope", STATIC_ONLY)),
+    tasks=(),
+)
+# alibi.extrapolation_vs_rope: RoPE and ALiBi at the small rung's model and schedule, scored at 16L (4,096 tokens) as
+# well as the rung's L and 2L, on the same tokens. It stands alone, as claims-static does, since a part of a rung
+# scores what the rung scores: its own report judges the claim on its own RoPE runs, which on one machine and commit
+# equal the rung's. Estimated from the stored runs' training times on the Xeon (small rung MHA 60-70 s, ALiBi 50-56 s;
+# wall ÷ summed training 0.67): 10 runs, 7 minutes on 2 cores, the 16L scoring seconds on top.
+PRESETS[EXTRAPOLATION_PRESET] = dataclasses.replace(
+    LADDERS["claims"].rungs[0],
+    name=EXTRAPOLATION_PRESET,
+    description=(
+        "alibi.extrapolation_vs_rope at the claims ladder's small rung (0.12M parameters): RoPE against ALiBi × 5 "
+        "seeds, each scored at L, 2L and 16L (4,096 tokens) on the same tokens; estimated 7 minutes on 2 cores with "
+        "--executor local --jobs 2"
+    ),
+    variants=Variant.parse_all(("mha+rope", "mha+alibi")),
+    evals=dataclasses.replace(LADDERS["claims"].rungs[0].evals, extrapolation_multiples=(1, 2, 16)),
     tasks=(),
 )
 # DCMHA as DCFormer pairs it, its composition on top of MHA's MLP (dcmha.compute_equivalence_unmatched): a part of
