@@ -279,6 +279,7 @@ def test_the_ablations_are_parts_of_the_ladders_rungs_at_their_model_and_schedul
         ("claims-unmatched", large, ["dcmha+rope+unmatched"]),
         ("claims-lr", small, PRESETS["claims-lr"].variant_labels),
         ("claims-ablations", small, PRESETS["claims-ablations"].variant_labels),
+        ("claims-ablations-large", large, ["dcmha[pre_compose=false]+rope", "dcmha[post_compose=false]+rope"]),
     ):
         part = PRESETS[name]
         assert (part.model, part.train, part.evals) == (rung.model, rung.train, rung.evals)

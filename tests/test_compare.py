@@ -135,7 +135,7 @@ def test_summary_is_mean_and_sample_std_over_seeds():
             r"preset 'huge' is unknown; choose one of "
             r"\['micro', 'quick', 'claims-one-size', 'gpu', 'gpu-lm', 'standard', 'full', 'claims-lr', "
             r"'claims-stability', 'claims-static', 'claims-extrapolation', 'claims-unmatched', 'claims-ablations', "
-            r"'gpu-ablations'\]",
+            r"'claims-ablations-large', 'gpu-ablations'\]",
         ),
         ({"variants": ["mha+bogus"]}, "variant 'mha\\+bogus': 'bogus' is not a known positional scheme"),
         ({"variants": ["diff+alibi+kvx"]}, "bad kv-head count 'x'"),

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from attnzoo.claims.alibi import EXTRAPOLATION_PRESET
+from attnzoo.claims.claim import CLAIMS
 from attnzoo.claims.dcformer import STATIC_ONLY, UNMATCHED
 from attnzoo.claims.experiments import claim_tasks, claim_variants
 from attnzoo.claims.gqa import STABILITY_LR, STABILITY_PRESET
@@ -526,6 +527,26 @@ PRESETS["claims-ablations"] = dataclasses.replace(
         "cores with --executor local --jobs 2"
     ),
     variants=Variant.parse_all(_SMALL_RUNG_EXTRAS),
+    tasks=(),
+)
+
+
+# dcmha.post_beats_pre at the large rung (0.25M parameters), a part of it: at the small rung the claim was stopped by
+# gate (d) alone (post-composition alone had 3 seeds above the trigram level, pre-composition alone 1), while
+# post-alone minus pre-alone was positive on every seed (+0.0005 to +0.078 nats, docs/claims/ablations). Every model
+# of the large rung beats the trigram level, so the same two models train there, read against each other. Estimated
+# from the large rung's DCMHA runs on the Xeon (206-231 s each; wall ÷ summed training 0.63): 10 runs, 14 minutes on
+# 2 cores, their start and evaluations some minutes on top.
+_POST_BEATS_PRE = CLAIMS["dcmha.post_beats_pre"]
+PRESETS["claims-ablations-large"] = dataclasses.replace(
+    LADDERS["claims"].rungs[-1],
+    name="claims-ablations-large",
+    description=(
+        "dcmha.post_beats_pre at the claims ladder's large rung (0.25M parameters), a part of it: DCMHA's post- and "
+        "pre-composition alone × 5 seeds, read against each other when stored in the ladder's folder; estimated "
+        "14 minutes on 2 cores with --executor local --jobs 2"
+    ),
+    variants=Variant.parse_all((_POST_BEATS_PRE.variant, _POST_BEATS_PRE.baseline)),
     tasks=(),
 )
 
