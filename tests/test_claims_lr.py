@@ -67,8 +67,18 @@ def test_a_primary_whose_verdict_changes_at_each_models_own_learning_rate_is_lr_
     [same] = check_learning_rates([verdict], shared, held, best)
     assert same.outcome == "contradicted" and "the same at each model's own best learning rate" in same.reason
 
+    # An exploratory verdict is noted, never re-judged: its outcome stands whatever the own rates' runs say.
     exploratory = dataclasses.replace(verdict, claim=dataclasses.replace(PRIMARY, primary=False))
-    assert check_learning_rates([exploratory], shared, flipped, best) == [exploratory]
+    [moved] = check_learning_rates([exploratory], shared, flipped, best)
+    assert moved.outcome == "contradicted" and "not checked at each model's own best learning rate" in moved.reason
+    assert "diff+rope+lr2 against mha+rope" in moved.reason
+    [held_at_x1] = check_learning_rates([exploratory], shared, flipped, {"mha+rope": 1.0, "diff+rope": 1.0})
+    assert held_at_x1.outcome == "contradicted"
+    assert "the same at each model's own best learning rate: the sweep's best for diff+rope and mha+rope is ×1" in (
+        held_at_x1.reason
+    )
+    [unswept] = check_learning_rates([exploratory], shared, flipped, {"mha+rope": 1.0})
+    assert "not checked at each model's own best learning rate: no learning-rate sweep ran diff+rope" in unswept.reason
 
 
 def test_an_uptrained_model_is_not_rejudged_when_its_sources_best_rate_moved():
@@ -173,7 +183,8 @@ def test_the_sweep_and_the_own_rate_rung_train_what_the_check_reads():
     assert sweep.model == small.model and sweep.train == small.train and len(sweep.seeds) >= 2
     assert {v.lr for v in sweep.variants} == {0.5, 1.0, 2.0}
     assert sweep.train_for(Variant.parse("dcmha+rope+lr2")).lr == 2 * small.train.lr
-    assert own_lr_rung({"mha+rope": 1.0, "dcmha+rope": 1.0}) is None
+    assert own_lr_rung({"mha+rope": 1.0, "dcmha+rope": 1.0, "mha+alibi": 2.0}) is None  # no ALiBi at the large rung
+    assert {"mha+alibi+lr0.5", "mha+alibi+lr2"} <= set(sweep.variant_labels)
     rung = own_lr_rung({"mha+rope": 1.0, "dcmha+rope": 2.0})
     assert (
         rung is not None

@@ -789,6 +789,23 @@ def test_the_report_redraws_from_a_stored_results_file_without_training(tmp_path
     assert (out / "report.html").read_text().count("<table>") >= 4
 
 
+def test_a_report_re_rendered_without_its_runs_keeps_the_maps_they_drew_and_only_those(tmp_path):
+    """A stored comparison keeps its report and plots, not its runs: re-rendered (--report-only), it dropped the
+    attention maps while their images stayed in plots/."""
+    out = tmp_path / "out"
+    shutil.copytree(FIXTURE, out)
+    results = CompareResults.load(out / "results.json")
+    write_report(results, out)
+    drawn = (out / "plots/attention_maps.png").read_bytes()
+    shutil.rmtree(out / "runs")
+    linked = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", write_report(results, out)["markdown"].read_text())
+    assert "plots/attention_maps.png" in linked and (out / "plots/attention_maps.png").read_bytes() == drawn
+    assert {f"plots/attention_heads_{label}.png" for label in results.variants} <= set(linked)
+    (out / "plots/attention_heads_diff+rope.png").unlink()  # one variant's image gone: no maps claimed for any
+    linked = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", write_report(results, out)["markdown"].read_text())
+    assert not any("attention_" in path for path in linked) and "extrapolation" in " ".join(linked)
+
+
 def test_a_compare_that_lists_no_bench_cases_reports_without_them(tmp_path):
     """``EvalSpec(bench_cases=())`` is valid (a GPU lease spends its minutes on training): the report says the
     throughput was not measured and draws no plot of it, where it divided by zero before (2026-11-26, on an H100)."""

@@ -67,14 +67,19 @@ def _mean(values: Sequence[float]) -> float:
     return float(np.mean(values)) if all(math.isfinite(v) for v in values) else math.inf
 
 
+def _swept_as(label: str) -> str:
+    """The model whose sweep sets ``label``'s rate: an uptrained model trains at its source's."""
+    variant = Variant.parse(label)
+    return (variant.source if variant.uptrain is not None else variant).label
+
+
 def own_lr_claim(claim: Claim, best: Mapping[str, float]) -> Claim | str:
     """``claim`` with its variant and baseline at their own best multiples (a compute multiple read off the baseline
     at its own); a string says why it cannot be: a model no sweep ran, or an uptrained one, which trains at its
     source's pre-training rate, whose best is not ×1."""
     labels = {}
     for label in (claim.variant, claim.baseline, *claim.measure.trains):
-        variant = Variant.parse(label)
-        model = (variant.source if variant.uptrain is not None else variant).label
+        variant, model = Variant.parse(label), _swept_as(label)
         if model not in best:
             return f"no learning-rate sweep ran {model}"
         if variant.uptrain is not None and best[model] != 1:
@@ -103,16 +108,21 @@ def check_learning_rates(
     (``own``: the ladder whose rungs hold the models at their best multiples) and at the shared rate (``shared``,
     restricted to the seeds ``own`` ran there), each at the raw 5% level of one size; **LR-sensitive** where the
     two outcomes differ and both were judged. The others keep their verdicts, the check's result added to the
-    reason; an exploratory claim is left as it is."""
+    reason. An exploratory language-model verdict is noted, not re-judged: the same where each of its models' best
+    is ×1 (the runs it was judged on are the runs at each model's own rate), not checked where one's is not (the
+    own rates train for the primaries only) or where no sweep ran a model."""
     checked = []
     for verdict in verdicts:
         claim = verdict.claim
-        if not claim.primary or claim.measure.task is not None or verdict.outcome not in (*DECIDED, "inconclusive"):
+        if claim.measure.task is not None or verdict.outcome not in (*DECIDED, "inconclusive"):
             checked.append(verdict)
             continue
         at_own = own_lr_claim(claim, best)
         if isinstance(at_own, str):
             checked.append(_noted(verdict, f"not checked at each model's own best learning rate: {at_own}"))
+            continue
+        if not claim.primary:
+            checked.append(_noted(verdict, _exploratory_check(claim, at_own)))
             continue
         theirs = judge_largest(at_own, own)
         if isinstance(theirs, str):
@@ -186,6 +196,18 @@ def _seeds(ladder: Ladder, claim: Claim) -> list[int]:
     rung = ladder.largest
     ran = [{run.seed for run in rung.variants[label].runs} for label in (claim.variant, claim.baseline)]
     return sorted(ran[0] & ran[1])
+
+
+def _exploratory_check(claim: Claim, at_own: Claim) -> str:
+    """What the learning-rate check says of an exploratory claim whose models the sweep ran (``at_own``: the claim
+    with each at its own best multiple)."""
+    if (at_own.variant, at_own.baseline) == (claim.variant, claim.baseline):
+        swept = dict.fromkeys(_swept_as(label) for label in (claim.variant, claim.baseline, *claim.measure.trains))
+        return f"the same at each model's own best learning rate: the sweep's best for {' and '.join(swept)} is ×1"
+    return (
+        f"not checked at each model's own best learning rate ({at_own.variant} against {at_own.baseline}): the own "
+        "rates train at the largest size for the primaries only"
+    )
 
 
 def _noted(verdict: Verdict, note: str) -> Verdict:

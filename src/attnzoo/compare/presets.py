@@ -417,19 +417,22 @@ LADDERS: dict[str, LadderSpec] = {
 # moves, 56 if all four do, past the 45-minute budget: then nothing cheaper stays honest (a verdict needs 3 seeds at
 # the large rung), so the run's own estimate, printed after the sweep, is what to decide on. Measured from a clean
 # clone of 3f8d706 on the 2-core Xeon that ran the ladder in 65 minutes, nothing else running: 16 min 20 s; every
-# model's best was ×1 (docs/claims/lr-sweep), so no large-rung run was needed.
-_LR_SWEEP = tuple(f"{model}+lr{multiple:g}" for model in _LADDER_MODELS for multiple in (0.5, 2))
+# model's best was ×1 (docs/claims/lr-sweep), so no large-rung run was needed. ALiBi joined the sweep after that run:
+# alibi.in_distribution_vs_rope was decided at the small rung at the shared rate, ALiBi never swept; its 6 runs (50-56
+# s each on the Xeon) add about 3.5 minutes. Its own rate trains at the small rung only, where its claims are judged.
+_SWEPT_MODELS = (*_LADDER_MODELS, "mha+alibi")
+_LR_SWEEP = tuple(f"{model}+lr{multiple:g}" for model in _SWEPT_MODELS for multiple in (0.5, 2))
 PRESETS["claims-lr"] = dataclasses.replace(
     LADDERS["claims"].rungs[0],
     name="claims-lr",
     description=(
         "each claims-ladder model's peak learning rate swept at the small rung (0.12M parameters), a part of it: "
-        "MHA, Diff, selective and DCMHA at ×0.5, ×1 and ×2 the shared 3e-3 (+lr0.5, +lr2) × seeds 0 and 1; each "
-        "model's best multiple by validation loss then trains at the large rung (own_lr_rung) to re-judge every "
-        "primary at each model's own rate; estimated 22 minutes on 2 cores with --executor local --jobs 2, and 8.5 "
-        "more per model whose best is not ×1, from the stored ladder's per-run times"
+        "MHA, Diff, selective, DCMHA and ALiBi at ×0.5, ×1 and ×2 the shared 3e-3 (+lr0.5, +lr2) × seeds 0 and 1; "
+        "each ladder model's best multiple by validation loss then trains at the large rung (own_lr_rung) to "
+        "re-judge every primary at each model's own rate; 16 min 20 s measured on 2 Xeon cores without ALiBi, "
+        "about 20 minutes with it, with --executor local --jobs 2, and 8.5 more per model whose best is not ×1"
     ),
-    variants=Variant.parse_all((*_LADDER_MODELS, *_LR_SWEEP)),
+    variants=Variant.parse_all((*_SWEPT_MODELS, *_LR_SWEEP)),
     seeds=(0, 1),
 )
 OWN_LR_SEEDS = (0, 1, 2)
@@ -552,12 +555,14 @@ PRESETS["claims-ablations-large"] = dataclasses.replace(
 
 
 def own_lr_rung(best: Mapping[str, float]) -> CompareSpec | None:
-    """The claims ladder's large rung with each model whose best learning-rate multiple (``best``, from
+    """The claims ladder's large rung with each of its models whose best learning-rate multiple (``best``, from
     :func:`attnzoo.claims.learning_rate.best_learning_rates`) is not ×1 at that multiple, × :data:`OWN_LR_SEEDS`;
-    None when every model's best is ×1, so the ladder's own runs answer the check. Run it with
-    ``run_compare(own_lr_rung(best), out)``."""
+    None when every one's best is ×1, so the ladder's own runs answer the check. A swept model the rung does not
+    train (ALiBi) stays out. Run it with ``run_compare(own_lr_rung(best), out)``."""
     moved = [
-        dataclasses.replace(Variant.parse(model), lr=multiple) for model, multiple in best.items() if multiple != 1
+        dataclasses.replace(Variant.parse(model), lr=multiple)
+        for model, multiple in best.items()
+        if multiple != 1 and model in _LADDER_MODELS
     ]
     if not moved:
         return None

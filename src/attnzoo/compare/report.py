@@ -448,15 +448,21 @@ def write_report(results: CompareResults, out_dir: Path) -> dict[str, Path]:
     }
     if results.bench.measurements:
         plots["throughput_memory"] = f"{PLOTS}/throughput_memory.png"
-    if all((out_dir / variant.runs[0].run_dir / ATTENTION_MAPS).is_file() for variant in results.variants.values()):
-        plots["attention_maps"] = f"{PLOTS}/attention_maps.png"
-        plots |= {f"attention_heads_{label}": f"{PLOTS}/attention_heads_{label}.png" for label in results.variants}
+    maps = {
+        "attention_maps": f"{PLOTS}/attention_maps.png",
+        **{f"attention_heads_{label}": f"{PLOTS}/attention_heads_{label}.png" for label in results.variants},
+    }
+    # The maps are drawn from the seed-0 runs' files; a report re-rendered where only its plots were kept (a stored
+    # comparison, --report-only) keeps the maps those runs drew.
+    draw_maps = all((out_dir / v.runs[0].run_dir / ATTENTION_MAPS).is_file() for v in results.variants.values())
+    if draw_maps or all((out_dir / path).is_file() for path in maps.values()):
+        plots |= maps
     (out_dir / PLOTS).mkdir(parents=True, exist_ok=True)
     plot_loss_curves(results, out_dir / plots["loss_curves"])
     plot_extrapolation(results, out_dir / plots["extrapolation"])
     if "throughput_memory" in plots:
         plot_throughput_memory(results, out_dir / plots["throughput_memory"])
-    if "attention_maps" in plots:
+    if draw_maps:
         plot_attention_maps(results, out_dir, out_dir / plots["attention_maps"])
         for label in results.variants:
             plot_attention_heads(results, label, out_dir, out_dir / plots[f"attention_heads_{label}"])
