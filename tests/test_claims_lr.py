@@ -290,7 +290,7 @@ def test_the_ablations_are_parts_of_the_ladders_rungs_at_their_model_and_schedul
         ("claims-unmatched", large, ["dcmha+rope+unmatched"]),
         ("claims-lr", small, PRESETS["claims-lr"].variant_labels),
         ("claims-ablations", small, PRESETS["claims-ablations"].variant_labels),
-        ("claims-ablations-large", large, ["dcmha[pre_compose=false]+rope", "dcmha[post_compose=false]+rope"]),
+        ("claims-ablations-large", large, PRESETS["claims-ablations-large"].variant_labels),
     ):
         part = PRESETS[name]
         assert (part.model, part.train, part.evals) == (rung.model, rung.train, rung.evals)
@@ -303,6 +303,9 @@ def test_the_ablations_are_parts_of_the_ladders_rungs_at_their_model_and_schedul
     for claim in (*claims, "dcmha.query_wise_slightly_worse", "selective.position_temperature_dilution"):
         # each exploratory claim the part is for finds both its models in the rung with the part merged
         assert {CLAIMS[claim].variant, CLAIMS[claim].baseline} <= extras | set(small.variant_labels), claim
+    extras = set(PRESETS["claims-ablations-large"].variant_labels)
+    for claim in ("dcmha.post_beats_pre", "gqa.close_to_mha", "dcmha.query_wise_slightly_worse"):
+        assert {CLAIMS[claim].variant, CLAIMS[claim].baseline} <= extras | set(large.variant_labels), claim
     assert json.dumps(dataclasses.asdict(PRESETS["claims-stability"].train))  # a preset as a config writes it
 
 

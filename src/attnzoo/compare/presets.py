@@ -440,15 +440,17 @@ OWN_LR_SEEDS = (0, 1, 2)
 # gqa.mqa_less_stable (issue 53): MQA against GQA, both from scratch, at a peak learning rate near the stability edge,
 # counting loss spikes by the rule its claim states (attnzoo.claims.gqa.SPIKE_RULE), at the claims ladder's small
 # rung × 5 seeds. The rate, 2e-2, is twice the largest at which benchmarks/results/lr_sweep.md trained every model
-# (1e-2; one seed): a guess at the edge, not yet run. Estimated from the small rung's MHA runs (77 s each, wall ÷
-# summed training 0.67 under --executor local --jobs 2): 10 runs, 8.6 minutes on 2 cores.
+# (1e-2; one seed): a guess at the edge. Estimated from the small rung's MHA runs (77 s each, wall ÷ summed training
+# 0.67 under --executor local --jobs 2): 10 runs, 8.6 minutes on 2 cores; measured from a clean clone of 389b882 on
+# the Xeon: 8 min 27 s (a 4-minute test run beside it for part of the time). No run of either model spiked; both
+# degraded, 5 of the 10 seeds ending above the trigram level.
 PRESETS[STABILITY_PRESET] = dataclasses.replace(
     LADDERS["claims"].rungs[0],
     name=STABILITY_PRESET,
     description=(
         "gqa.mqa_less_stable: MQA (one kv head) against GQA (two), both from scratch at the claims ladder's small "
         f"rung (0.12M parameters) at a peak learning rate of {STABILITY_LR:g} near the stability edge, × 5 seeds, "
-        "loss spikes counted by the claim's stated rule; estimated 8.6 minutes on 2 cores with --executor local "
+        "loss spikes counted by the claim's stated rule; 8.5 minutes measured on 2 Xeon cores with --executor local "
         "--jobs 2"
     ),
     variants=Variant.parse_all(("mha+rope+kv2", "mha+rope+kv1")),
@@ -463,14 +465,14 @@ PRESETS[STABILITY_PRESET] = dataclasses.replace(
 # composition alone (Talking-Heads Attention, the paper's Table 9 branch 1) is judged against the dynamic one trained
 # beside it, on one machine and commit, so dcmha.dynamic_beats_static reads its own comparison (its report), as
 # claims-stability's claim does: 10 runs at the small rung, estimated 9.8 minutes on 2 cores (its DCMHA runs, 88 s,
-# wall ÷ summed training 0.67).
+# wall ÷ summed training 0.67); measured from a clean clone of c440d57 on the Xeon: 6 min 5 s.
 PRESETS["claims-static"] = dataclasses.replace(
     LADDERS["claims"].rungs[0],
     name="claims-static",
     description=(
         "dcmha.dynamic_beats_static at the claims ladder's small rung (0.12M parameters): DCMHA against its static "
         "composition alone (the paper's branch 1, Talking-Heads Attention), both matched to MHA, × 5 seeds; "
-        "estimated 9.8 minutes on 2 cores with --executor local --jobs 2"
+        "6 minutes measured on 2 Xeon cores with --executor local --jobs 2"
     ),
     variants=Variant.parse_all(("dcmha+rope", STATIC_ONLY)),
     tasks=(),
@@ -479,14 +481,15 @@ PRESETS["claims-static"] = dataclasses.replace(
 # well as the rung's L and 2L, on the same tokens. It stands alone, as claims-static does, since a part of a rung
 # scores what the rung scores: its own report judges the claim on its own RoPE runs, which on one machine and commit
 # equal the rung's. Estimated from the stored runs' training times on the Xeon (small rung MHA 60-70 s, ALiBi 50-56 s;
-# wall ÷ summed training 0.67): 10 runs, 7 minutes on 2 cores, the 16L scoring seconds on top.
+# wall ÷ summed training 0.67): 10 runs, 7 minutes on 2 cores, the 16L scoring seconds on top. Measured from a clean
+# clone of a1abb8c on the Xeon: 5 min 16 s.
 PRESETS[EXTRAPOLATION_PRESET] = dataclasses.replace(
     LADDERS["claims"].rungs[0],
     name=EXTRAPOLATION_PRESET,
     description=(
         "alibi.extrapolation_vs_rope at the claims ladder's small rung (0.12M parameters): RoPE against ALiBi × 5 "
-        "seeds, each scored at L, 2L and 16L (4,096 tokens) on the same tokens; estimated 7 minutes on 2 cores with "
-        "--executor local --jobs 2"
+        "seeds, each scored at L, 2L and 16L (4,096 tokens) on the same tokens; 5.3 minutes measured on 2 Xeon "
+        "cores with --executor local --jobs 2"
     ),
     variants=Variant.parse_all(("mha+rope", "mha+alibi")),
     evals=dataclasses.replace(LADDERS["claims"].rungs[0].evals, extrapolation_multiples=(1, 2, 16)),
@@ -494,14 +497,15 @@ PRESETS[EXTRAPOLATION_PRESET] = dataclasses.replace(
 )
 # DCMHA as DCFormer pairs it, its composition on top of MHA's MLP (dcmha.compute_equivalence_unmatched): a part of
 # the large rung, read off the ladder's MHA across the sizes: 5 runs, estimated 14.2 minutes on 2 cores (the large
-# rung's DCMHA runs, 271 s each, wall ÷ summed training 0.63).
+# rung's DCMHA runs, 271 s each, wall ÷ summed training 0.63); measured from a clean clone of 389b882 on the Xeon:
+# 10 min 22 s (its runs 173-200 s each, the fifth alone on one core).
 PRESETS["claims-unmatched"] = dataclasses.replace(
     LADDERS["claims"].rungs[-1],
     name="claims-unmatched",
     description=(
         "dcmha.compute_equivalence_unmatched, a part of the claims ladder's large rung (0.25M parameters): DCMHA "
         "with its composition on top of MHA's MLP, as DCFormer pairs them, × 5 seeds, judged against the ladder's "
-        "MHA across the sizes when stored in the ladder's folder; estimated 14.2 minutes on 2 cores with "
+        "MHA across the sizes when stored in the ladder's folder; 10.4 minutes measured on 2 Xeon cores with "
         "--executor local --jobs 2"
     ),
     variants=Variant.parse_all((UNMATCHED,)),
@@ -534,22 +538,34 @@ PRESETS["claims-ablations"] = dataclasses.replace(
 )
 
 
-# dcmha.post_beats_pre at the large rung (0.25M parameters), a part of it: at the small rung the claim was stopped by
-# gate (d) alone (post-composition alone had 3 seeds above the trigram level, pre-composition alone 1), while
-# post-alone minus pre-alone was positive on every seed (+0.0005 to +0.078 nats, docs/claims/ablations). Every model
-# of the large rung beats the trigram level, so the same two models train there, read against each other. Estimated
-# from the large rung's DCMHA runs on the Xeon (206-231 s each; wall ÷ summed training 0.63): 10 runs, 14 minutes on
-# 2 cores, their start and evaluations some minutes on top.
-_POST_BEATS_PRE = CLAIMS["dcmha.post_beats_pre"]
+# The small rung's exploratory claims that its seeds could not decide, at the large rung (0.25M parameters), a part
+# of it. dcmha.post_beats_pre was stopped by gate (d) alone (post-composition alone had 3 seeds above the trigram
+# level, pre-composition alone 1), while post-alone minus pre-alone was positive on every seed (+0.0005 to +0.078
+# nats, docs/claims/ablations). gqa.close_to_mha was inconclusive (−0.022 [−0.095, +0.050]) and
+# dcmha.query_wise_slightly_worse stopped by gate (c) (its gap moved 0.0105): MHA's five seeds spread 0.15 nats at
+# the small rung and 0.008 at the large, where every model beats the trigram level. So the same models train there,
+# read against each other and the rung's MHA and DCMHA. Estimated from the large rung's runs on the Xeon (DCMHA
+# 206-231 s each, MHA 184-195; wall ÷ summed training 0.63): 20 runs, 27 minutes on 2 cores. Measured from a clean
+# clone of 389b882 with post- and pre-composition alone only (10 runs): 15 min 47 s.
+_LARGE_RUNG_CLAIMS = ("dcmha.post_beats_pre", "gqa.close_to_mha", "dcmha.query_wise_slightly_worse")
+_LARGE_RUNG_EXTRAS = tuple(
+    dict.fromkeys(
+        label
+        for claim in _LARGE_RUNG_CLAIMS
+        for label in (CLAIMS[claim].variant, CLAIMS[claim].baseline)
+        if label not in LADDERS["claims"].rungs[-1].variant_labels
+    )
+)
 PRESETS["claims-ablations-large"] = dataclasses.replace(
     LADDERS["claims"].rungs[-1],
     name="claims-ablations-large",
     description=(
-        "dcmha.post_beats_pre at the claims ladder's large rung (0.25M parameters), a part of it: DCMHA's post- and "
-        "pre-composition alone × 5 seeds, read against each other when stored in the ladder's folder; estimated "
-        "14 minutes on 2 cores with --executor local --jobs 2"
+        "the small rung's undecided exploratory claims at the claims ladder's large rung (0.25M parameters), a part "
+        "of it: DCMHA's post- and pre-composition alone, GQA (2 kv heads) from scratch and DCMHA's query-wise "
+        "composition × 5 seeds, read against each other and the rung's MHA and DCMHA when stored in the ladder's "
+        "folder; estimated 27 minutes on 2 cores with --executor local --jobs 2"
     ),
-    variants=Variant.parse_all((_POST_BEATS_PRE.variant, _POST_BEATS_PRE.baseline)),
+    variants=Variant.parse_all(_LARGE_RUNG_EXTRAS),
     tasks=(),
 )
 
