@@ -402,6 +402,16 @@ LADDERS: dict[str, LadderSpec] = {
 }
 
 
+def _at_rung(rung: CompareSpec, name: str, description: str, variants: tuple[str, ...], **changes: Any) -> CompareSpec:
+    """A comparison at a claims-ladder rung's model, schedule and seeds (a part of it, or one standing alone) that
+    trains ``variants`` and no task; ``changes`` replace more of the rung's fields."""
+    fields = {"tasks": (), **changes}
+    return dataclasses.replace(rung, name=name, description=description, variants=Variant.parse_all(variants), **fields)
+
+
+_SMALL, _LARGE = LADDERS["claims"].rungs
+
+
 # Each ladder model at its own best learning rate (issue 53; attnzoo.claims.learning_rate): every claims-ladder run
 # trains at 3e-3, the rate chosen for MHA, and a one-seed sweep (benchmarks/results/lr_sweep.md) had DCMHA best at
 # 1e-2. The sweep is a part of the small rung (stored in the ladder's folder): each model at ×0.5, ×1 and ×2 that
@@ -422,17 +432,17 @@ LADDERS: dict[str, LadderSpec] = {
 # s each on the Xeon) add about 3.5 minutes. Its own rate trains at the small rung only, where its claims are judged.
 _SWEPT_MODELS = (*_LADDER_MODELS, "mha+alibi")
 _LR_SWEEP = tuple(f"{model}+lr{multiple:g}" for model in _SWEPT_MODELS for multiple in (0.5, 2))
-PRESETS["claims-lr"] = dataclasses.replace(
-    LADDERS["claims"].rungs[0],
-    name="claims-lr",
-    description=(
+PRESETS["claims-lr"] = _at_rung(
+    _SMALL,
+    "claims-lr",
+    (
         "each claims-ladder model's peak learning rate swept at the small rung (0.12M parameters), a part of it: "
         "MHA, Diff, selective, DCMHA and ALiBi at ×0.5, ×1 and ×2 the shared 3e-3 (+lr0.5, +lr2) × seeds 0 and 1; "
         "each ladder model's best multiple by validation loss then trains at the large rung (own_lr_rung) to "
         "re-judge every primary at each model's own rate; 16 min 20 s measured on 2 Xeon cores without ALiBi, "
         "about 20 minutes with it, with --executor local --jobs 2, and 8.5 more per model whose best is not ×1"
     ),
-    variants=Variant.parse_all((*_SWEPT_MODELS, *_LR_SWEEP)),
+    (*_SWEPT_MODELS, *_LR_SWEEP),
     seeds=(0, 1),
 )
 OWN_LR_SEEDS = (0, 1, 2)
@@ -444,17 +454,17 @@ OWN_LR_SEEDS = (0, 1, 2)
 # 0.67 under --executor local --jobs 2): 10 runs, 8.6 minutes on 2 cores; measured from a clean clone of 389b882 on
 # the Xeon: 8 min 27 s (a 4-minute test run beside it for part of the time). No run of either model spiked; both
 # degraded, 5 of the 10 seeds ending above the trigram level.
-PRESETS[STABILITY_PRESET] = dataclasses.replace(
-    LADDERS["claims"].rungs[0],
-    name=STABILITY_PRESET,
-    description=(
+PRESETS[STABILITY_PRESET] = _at_rung(
+    _SMALL,
+    STABILITY_PRESET,
+    (
         "gqa.mqa_less_stable: MQA (one kv head) against GQA (two), both from scratch at the claims ladder's small "
         f"rung (0.12M parameters) at a peak learning rate of {STABILITY_LR:g} near the stability edge, × 5 seeds, "
         "loss spikes counted by the claim's stated rule; 8.5 minutes measured on 2 Xeon cores with --executor local "
         "--jobs 2"
     ),
-    variants=Variant.parse_all(("mha+rope+kv2", "mha+rope+kv1")),
-    train=dataclasses.replace(LADDERS["claims"].rungs[0].train, lr=STABILITY_LR),
+    ("mha+rope+kv2", "mha+rope+kv1"),
+    train=dataclasses.replace(_SMALL.train, lr=STABILITY_LR),
 )
 
 
@@ -466,16 +476,15 @@ PRESETS[STABILITY_PRESET] = dataclasses.replace(
 # beside it, on one machine and commit, so dcmha.dynamic_beats_static reads its own comparison (its report), as
 # claims-stability's claim does: 10 runs at the small rung, estimated 9.8 minutes on 2 cores (its DCMHA runs, 88 s,
 # wall ÷ summed training 0.67); measured from a clean clone of c440d57 on the Xeon: 6 min 5 s.
-PRESETS["claims-static"] = dataclasses.replace(
-    LADDERS["claims"].rungs[0],
-    name="claims-static",
-    description=(
+PRESETS["claims-static"] = _at_rung(
+    _SMALL,
+    "claims-static",
+    (
         "dcmha.dynamic_beats_static at the claims ladder's small rung (0.12M parameters): DCMHA against its static "
         "composition alone (the paper's branch 1, Talking-Heads Attention), both matched to MHA, × 5 seeds; "
         "6 minutes measured on 2 Xeon cores with --executor local --jobs 2"
     ),
-    variants=Variant.parse_all(("dcmha+rope", STATIC_ONLY)),
-    tasks=(),
+    ("dcmha+rope", STATIC_ONLY),
 )
 # alibi.extrapolation_vs_rope: RoPE and ALiBi at the small rung's model and schedule, scored at 16L (4,096 tokens) as
 # well as the rung's L and 2L, on the same tokens. It stands alone, as claims-static does, since a part of a rung
@@ -483,33 +492,31 @@ PRESETS["claims-static"] = dataclasses.replace(
 # equal the rung's. Estimated from the stored runs' training times on the Xeon (small rung MHA 60-70 s, ALiBi 50-56 s;
 # wall ÷ summed training 0.67): 10 runs, 7 minutes on 2 cores, the 16L scoring seconds on top. Measured from a clean
 # clone of a1abb8c on the Xeon: 5 min 16 s.
-PRESETS[EXTRAPOLATION_PRESET] = dataclasses.replace(
-    LADDERS["claims"].rungs[0],
-    name=EXTRAPOLATION_PRESET,
-    description=(
+PRESETS[EXTRAPOLATION_PRESET] = _at_rung(
+    _SMALL,
+    EXTRAPOLATION_PRESET,
+    (
         "alibi.extrapolation_vs_rope at the claims ladder's small rung (0.12M parameters): RoPE against ALiBi × 5 "
         "seeds, each scored at L, 2L and 16L (4,096 tokens) on the same tokens; 5.3 minutes measured on 2 Xeon "
         "cores with --executor local --jobs 2"
     ),
-    variants=Variant.parse_all(("mha+rope", "mha+alibi")),
-    evals=dataclasses.replace(LADDERS["claims"].rungs[0].evals, extrapolation_multiples=(1, 2, 16)),
-    tasks=(),
+    ("mha+rope", "mha+alibi"),
+    evals=dataclasses.replace(_SMALL.evals, extrapolation_multiples=(1, 2, 16)),
 )
 # DCMHA as DCFormer pairs it, its composition on top of MHA's MLP (dcmha.compute_equivalence_unmatched): a part of
 # the large rung, read off the ladder's MHA across the sizes: 5 runs, estimated 14.2 minutes on 2 cores (the large
 # rung's DCMHA runs, 271 s each, wall ÷ summed training 0.63); measured from a clean clone of 389b882 on the Xeon:
 # 10 min 22 s (its runs 173-200 s each, the fifth alone on one core).
-PRESETS["claims-unmatched"] = dataclasses.replace(
-    LADDERS["claims"].rungs[-1],
-    name="claims-unmatched",
-    description=(
+PRESETS["claims-unmatched"] = _at_rung(
+    _LARGE,
+    "claims-unmatched",
+    (
         "dcmha.compute_equivalence_unmatched, a part of the claims ladder's large rung (0.25M parameters): DCMHA "
         "with its composition on top of MHA's MLP, as DCFormer pairs them, × 5 seeds, judged against the ladder's "
         "MHA across the sizes when stored in the ladder's folder; 10.4 minutes measured on 2 Xeon cores with "
         "--executor local --jobs 2"
     ),
-    variants=Variant.parse_all((UNMATCHED,)),
-    tasks=(),
+    (UNMATCHED,),
 )
 
 
@@ -523,18 +530,17 @@ PRESETS["claims-unmatched"] = dataclasses.replace(
 # per-run times (MHA 77 s, DCMHA 88, selective 90; wall ÷ summed training 0.67): 30 runs, 28 minutes on 2 cores.
 # Measured from a clean clone of 441201d on the Xeon that ran the ladder in 65 minutes: 20 min 16 s.
 _SMALL_RUNG_EXTRAS = ("mha+rope+kv2", "mha+alibi", *(v for v in claim_variants(ABLATIONS) if v not in _LADDER_MODELS))
-PRESETS["claims-ablations"] = dataclasses.replace(
-    LADDERS["claims"].rungs[0],
-    name="claims-ablations",
-    description=(
+PRESETS["claims-ablations"] = _at_rung(
+    _SMALL,
+    "claims-ablations",
+    (
         "the exploratory claims whose models the claims ladder does not train, a part of its small rung (0.12M "
         "parameters): GQA (2 kv heads) from scratch, ALiBi, DCMHA's post- and pre-composition alone and its "
         "query-wise composition, selective attention without its position temperature × 5 seeds, judged against "
         "the rung's MHA, DCMHA and selective runs when stored in the ladder's folder; estimated 28 minutes on 2 "
         "cores with --executor local --jobs 2"
     ),
-    variants=Variant.parse_all(_SMALL_RUNG_EXTRAS),
-    tasks=(),
+    _SMALL_RUNG_EXTRAS,
 )
 
 
@@ -553,20 +559,19 @@ _LARGE_RUNG_EXTRAS = tuple(
         label
         for claim in _LARGE_RUNG_CLAIMS
         for label in (CLAIMS[claim].variant, CLAIMS[claim].baseline)
-        if label not in LADDERS["claims"].rungs[-1].variant_labels
+        if label not in _LARGE.variant_labels
     )
 )
-PRESETS["claims-ablations-large"] = dataclasses.replace(
-    LADDERS["claims"].rungs[-1],
-    name="claims-ablations-large",
-    description=(
+PRESETS["claims-ablations-large"] = _at_rung(
+    _LARGE,
+    "claims-ablations-large",
+    (
         "the small rung's undecided exploratory claims at the claims ladder's large rung (0.25M parameters), a part "
         "of it: DCMHA's post- and pre-composition alone, GQA (2 kv heads) from scratch and DCMHA's query-wise "
         "composition × 5 seeds, read against each other and the rung's MHA and DCMHA when stored in the ladder's "
         "folder; estimated 27 minutes on 2 cores with --executor local --jobs 2"
     ),
-    variants=Variant.parse_all(_LARGE_RUNG_EXTRAS),
-    tasks=(),
+    _LARGE_RUNG_EXTRAS,
 )
 
 
@@ -582,7 +587,7 @@ def own_lr_rung(best: Mapping[str, float]) -> CompareSpec | None:
     ]
     if not moved:
         return None
-    large = LADDERS["claims"].rungs[-1]
+    large = _LARGE
     return dataclasses.replace(
         large,
         name="claims-lr-large",
