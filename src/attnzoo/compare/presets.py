@@ -537,8 +537,8 @@ PRESETS["claims-ablations"] = _at_rung(
         "the exploratory claims whose models the claims ladder does not train, a part of its small rung (0.12M "
         "parameters): GQA (2 kv heads) from scratch, ALiBi, DCMHA's post- and pre-composition alone and its "
         "query-wise composition, selective attention without its position temperature × 5 seeds, judged against "
-        "the rung's MHA, DCMHA and selective runs when stored in the ladder's folder; estimated 28 minutes on 2 "
-        "cores with --executor local --jobs 2"
+        "the rung's MHA, DCMHA and selective runs when stored in the ladder's folder; 20 minutes measured on 2 "
+        "Xeon cores with --executor local --jobs 2"
     ),
     _SMALL_RUNG_EXTRAS,
 )
@@ -551,8 +551,9 @@ PRESETS["claims-ablations"] = _at_rung(
 # dcmha.query_wise_slightly_worse stopped by gate (c) (its gap moved 0.0105): MHA's five seeds spread 0.15 nats at
 # the small rung and 0.008 at the large, where every model beats the trigram level. So the same models train there,
 # read against each other and the rung's MHA and DCMHA. Estimated from the large rung's runs on the Xeon (DCMHA
-# 206-231 s each, MHA 184-195; wall ÷ summed training 0.63): 20 runs, 27 minutes on 2 cores. Measured from a clean
-# clone of 389b882 with post- and pre-composition alone only (10 runs): 15 min 47 s.
+# 206-231 s each, MHA 184-195; wall ÷ summed training 0.63): 20 runs, 27 minutes on 2 cores. Measured from clean
+# clones on the Xeon in two halves: post- and pre-composition alone at 389b882 (10 runs, 15 min 47 s), then GQA and
+# query-wise at 7e787f4 with the first half merged (--merge-from, --pool-commits; 10 runs, 15 min 54 s): 31 min 41 s.
 _LARGE_RUNG_CLAIMS = ("dcmha.post_beats_pre", "gqa.close_to_mha", "dcmha.query_wise_slightly_worse")
 _LARGE_RUNG_EXTRAS = tuple(
     dict.fromkeys(
@@ -569,7 +570,7 @@ PRESETS["claims-ablations-large"] = _at_rung(
         "the small rung's undecided exploratory claims at the claims ladder's large rung (0.25M parameters), a part "
         "of it: DCMHA's post- and pre-composition alone, GQA (2 kv heads) from scratch and DCMHA's query-wise "
         "composition × 5 seeds, read against each other and the rung's MHA and DCMHA when stored in the ladder's "
-        "folder; estimated 27 minutes on 2 cores with --executor local --jobs 2"
+        "folder; 32 minutes measured on 2 Xeon cores with --executor local --jobs 2"
     ),
     _LARGE_RUNG_EXTRAS,
 )
