@@ -184,7 +184,10 @@ def test_the_sweep_and_the_own_rate_rung_train_what_the_check_reads():
     assert {v.lr for v in sweep.variants} == {0.5, 1.0, 2.0}
     assert sweep.train_for(Variant.parse("dcmha+rope+lr2")).lr == 2 * small.train.lr
     assert own_lr_rung({"mha+rope": 1.0, "dcmha+rope": 1.0, "mha+alibi": 2.0}) is None  # no ALiBi at the large rung
-    assert {"mha+alibi+lr0.5", "mha+alibi+lr2"} <= set(sweep.variant_labels)
+    for claim in ("alibi.in_distribution_vs_rope", "gqa.close_to_mha", "dcmha.post_beats_pre"):
+        # a decided exploratory claim's models are swept, so its verdict says whether their own rates would move it
+        models = (CLAIMS[claim].variant, CLAIMS[claim].baseline)
+        assert {f"{model}+lr{m}" for model in models for m in ("0.5", "2")} <= set(sweep.variant_labels), claim
     rung = own_lr_rung({"mha+rope": 1.0, "dcmha+rope": 2.0})
     assert (
         rung is not None

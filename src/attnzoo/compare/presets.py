@@ -427,20 +427,29 @@ _SMALL, _LARGE = LADDERS["claims"].rungs
 # moves, 56 if all four do, past the 45-minute budget: then nothing cheaper stays honest (a verdict needs 3 seeds at
 # the large rung), so the run's own estimate, printed after the sweep, is what to decide on. Measured from a clean
 # clone of 3f8d706 on the 2-core Xeon that ran the ladder in 65 minutes, nothing else running: 16 min 20 s; every
-# model's best was ×1 (docs/claims/lr-sweep), so no large-rung run was needed. ALiBi joined the sweep after that run:
-# alibi.in_distribution_vs_rope was decided at the small rung at the shared rate, ALiBi never swept; its 6 runs (50-56
-# s each on the Xeon) add about 3.5 minutes. Its own rate trains at the small rung only, where its claims are judged.
-_SWEPT_MODELS = (*_LADDER_MODELS, "mha+alibi")
+# model's best was ×1 (docs/claims/lr-sweep), so no large-rung run was needed. ALiBi joined the sweep after that run
+# (30 runs, 17 min 10 s from a clean clone of 2c93b9a): alibi.in_distribution_vs_rope was decided at the shared rate,
+# ALiBi never swept. Then the models of the other decided exploratory claims did (GQA from scratch, DCMHA's post- and
+# pre-composition alone: 18 runs, trained beside the first 30 with --merge-from). A model outside the ladder is swept
+# so that its verdicts say whether its own rate would move them; its own rate trains at no larger rung.
+_SWEPT_MODELS = (
+    *_LADDER_MODELS,
+    "mha+alibi",
+    "mha+rope+kv2",
+    "dcmha[pre_compose=false]+rope",
+    "dcmha[post_compose=false]+rope",
+)
 _LR_SWEEP = tuple(f"{model}+lr{multiple:g}" for model in _SWEPT_MODELS for multiple in (0.5, 2))
 PRESETS["claims-lr"] = _at_rung(
     _SMALL,
     "claims-lr",
     (
         "each claims-ladder model's peak learning rate swept at the small rung (0.12M parameters), a part of it: "
-        "MHA, Diff, selective, DCMHA and ALiBi at ×0.5, ×1 and ×2 the shared 3e-3 (+lr0.5, +lr2) × seeds 0 and 1; "
-        "each ladder model's best multiple by validation loss then trains at the large rung (own_lr_rung) to "
-        "re-judge every primary at each model's own rate; 16 min 20 s measured on 2 Xeon cores without ALiBi, "
-        "about 20 minutes with it, with --executor local --jobs 2, and 8.5 more per model whose best is not ×1"
+        "MHA, Diff, selective, DCMHA, ALiBi, GQA from scratch and DCMHA's post- and pre-composition alone at ×0.5, "
+        "×1 and ×2 the shared 3e-3 (+lr0.5, +lr2) × seeds 0 and 1; each ladder model's best multiple by validation "
+        "loss then trains at the large rung (own_lr_rung) to re-judge every primary at each model's own rate; about "
+        "27 minutes on 2 Xeon cores with --executor local --jobs 2 (17 min 10 s measured for its first 30 runs), "
+        "and 8.5 more per model whose best is not ×1"
     ),
     (*_SWEPT_MODELS, *_LR_SWEEP),
     seeds=(0, 1),
