@@ -73,6 +73,11 @@ def _swept_as(label: str) -> str:
     return (variant.source if variant.uptrain is not None else variant).label
 
 
+def _swept_models_of(claim: Claim) -> list[str]:
+    """The models whose sweep sets the rates of ``claim``'s runs, each once."""
+    return list(dict.fromkeys(_swept_as(label) for label in (claim.variant, claim.baseline, *claim.measure.trains)))
+
+
 def own_lr_claim(claim: Claim, best: Mapping[str, float]) -> Claim | str:
     """``claim`` with its variant and baseline at their own best multiples (a compute multiple read off the baseline
     at its own); a string says why it cannot be: a model no sweep ran, or an uptrained one, which trains at its
@@ -130,7 +135,7 @@ def check_learning_rates(
             continue
         seeds = _seeds(own, at_own)
         ours = judge_largest(claim, Ladder(tuple(on_seeds(rung, seeds) for rung in shared.rungs)))
-        rates = ", ".join(f"{model} ×{multiple:g}" for model, multiple in best.items())
+        rates = ", ".join(f"{model} ×{best[model]:g}" for model in _swept_models_of(claim))
         if isinstance(ours, str) or not (ours.judged and theirs.judged):
             why = ours if isinstance(ours, str) else f"{ours.outcome} at the shared rate, {theirs.outcome} at its own"
             checked.append(_noted(verdict, f"the learning-rate check was not judged on both sides ({why})"))
@@ -202,8 +207,8 @@ def _exploratory_check(claim: Claim, at_own: Claim) -> str:
     """What the learning-rate check says of an exploratory claim whose models the sweep ran (``at_own``: the claim
     with each at its own best multiple)."""
     if (at_own.variant, at_own.baseline) == (claim.variant, claim.baseline):
-        swept = dict.fromkeys(_swept_as(label) for label in (claim.variant, claim.baseline, *claim.measure.trains))
-        return f"the same at each model's own best learning rate: the sweep's best for {' and '.join(swept)} is ×1"
+        swept = " and ".join(_swept_models_of(claim))
+        return f"the same at each model's own best learning rate: the sweep's best for {swept} is ×1"
     return (
         f"not checked at each model's own best learning rate ({at_own.variant} against {at_own.baseline}): the own "
         "rates train at the largest size for the primaries only"
