@@ -111,9 +111,9 @@ def compute_figures(ladder: Ladder, verdicts: list[Verdict], out_dir: Path) -> l
     others."""
     blocks: list = []
     missing = []
+    trained = {label for rung in ladder.rungs for label in rung.variants}
     for verdict in primaries(verdicts):
         claim = verdict.claim
-        trained = {label for rung in ladder.rungs for label in rung.variants}
         untrained = [label for label in (claim.variant, claim.baseline) if label not in trained]
         if untrained:
             missing.append(f"{claim.paper} ({' and '.join(untrained)})")
