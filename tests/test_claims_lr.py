@@ -194,6 +194,9 @@ def test_the_sweep_and_the_own_rate_rung_train_what_the_check_reads():
         and rung.variant_labels == ["dcmha+rope+lr2"]
         and rung.model == LADDERS["claims"].rungs[1].model
     )
+    # a model of the large rung's ablations part moves too: an exploratory claim decided there is re-judged
+    post_alone = own_lr_rung({"dcmha+rope": 1.0, "dcmha[pre_compose=false]+rope": 2.0})
+    assert post_alone is not None and post_alone.variant_labels == ["dcmha[pre_compose=false]+rope+lr2"]
     assert "minutes" in sweep.description
 
 

@@ -586,21 +586,25 @@ PRESETS["claims-ablations-large"] = _at_rung(
 )
 
 
+# What trains at the large rung: the ladder's models and its ablations part's (claims-ablations-large).
+_AT_LARGE_RUNG = (*_LADDER_MODELS, *_LARGE_RUNG_EXTRAS)
+
+
 def own_lr_rung(best: Mapping[str, float]) -> CompareSpec | None:
-    """The claims ladder's large rung with each of its models whose best learning-rate multiple (``best``, from
-    :func:`attnzoo.claims.learning_rate.best_learning_rates`) is not ×1 at that multiple, × :data:`OWN_LR_SEEDS`;
-    None when every one's best is ×1, so the ladder's own runs answer the check. A swept model the rung does not
-    train (ALiBi) stays out. Run it with ``run_compare(own_lr_rung(best), out)``."""
+    """The claims ladder's large rung with each model it trains (its own or its ablations part's) whose best
+    learning-rate multiple (``best``, from :func:`attnzoo.claims.learning_rate.best_learning_rates`) is not ×1 at
+    that multiple, × :data:`OWN_LR_SEEDS`; None when every one's best is ×1, so the rung's own runs answer the
+    check. A swept model the rung does not train (ALiBi) stays out. Run it with ``run_compare(own_lr_rung(best),
+    out)``."""
     moved = [
         dataclasses.replace(Variant.parse(model), lr=multiple)
         for model, multiple in best.items()
-        if multiple != 1 and model in _LADDER_MODELS
+        if multiple != 1 and model in _AT_LARGE_RUNG
     ]
     if not moved:
         return None
-    large = _LARGE
     return dataclasses.replace(
-        large,
+        _LARGE,
         name="claims-lr-large",
         description="claims-lr: the claims ladder's large rung, each model whose best learning rate is not ×1 at it",
         variants=tuple(moved),
