@@ -67,11 +67,17 @@ def test_a_primary_whose_verdict_changes_at_each_models_own_learning_rate_is_lr_
     [same] = check_learning_rates([verdict], shared, held, best)
     assert same.outcome == "contradicted" and "the same at each model's own best learning rate" in same.reason
 
-    # An exploratory verdict is noted, never re-judged: its outcome stands whatever the own rates' runs say.
+    # An exploratory verdict is re-judged the same way where the largest size trained its models at their own rates,
+    # and not checked where it did not.
     exploratory = dataclasses.replace(verdict, claim=dataclasses.replace(PRIMARY, primary=False))
     [moved] = check_learning_rates([exploratory], shared, flipped, best)
-    assert moved.outcome == "contradicted" and "not checked at each model's own best learning rate" in moved.reason
-    assert "diff+rope+lr2 against mha+rope" in moved.reason
+    assert moved.outcome == "LR-sensitive" and "diff+rope ×2" in moved.reason
+    [untrained] = check_learning_rates([exploratory], shared, shared, best)
+    assert untrained.outcome == "contradicted"
+    assert "not checked at each model's own best learning rate (diff+rope+lr2 against mha+rope) at the largest" in (
+        untrained.reason
+    )
+    assert "diff+rope+lr2, which this comparison did not run" in untrained.reason
     [held_at_x1] = check_learning_rates([exploratory], shared, flipped, {"mha+rope": 1.0, "diff+rope": 1.0})
     assert held_at_x1.outcome == "contradicted"
     assert "the same at each model's own best learning rate: the sweep's best for diff+rope and mha+rope is ×1" in (

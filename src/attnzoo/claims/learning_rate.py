@@ -1,12 +1,12 @@
 """Each model at its own best learning rate: the papers' reading of a comparison, set against the shared rate's.
 
 The claims ladder trains every model at one peak learning rate, the one chosen for MHA. A verdict that another rate
-could flip is a verdict on the rate, not on the mechanism. So a sweep (the ``claims-lr`` preset: each ladder model
+could flip is a verdict on the rate, not on the mechanism. So a sweep (the ``claims-lr`` preset: each model it swept
 at ×0.5 and ×2 the shared rate at the small rung, ``+lrF``, beside the ladder's own ×1 runs) picks each model's best
 multiple by its mean validation loss (:func:`best_learning_rates`), the large rung trains each model at it
-(:func:`attnzoo.compare.presets.own_lr_rung`), and :func:`check_learning_rates` re-judges every primary there, each
-model at its own best rate, beside the shared rate on the same seeds. A primary whose verdict at that size differs
-between the two is **LR-sensitive**: not decided. Both runs are parts of the ladder's rungs, stored beside them in
+(:func:`attnzoo.compare.presets.own_lr_rung`), and :func:`check_learning_rates` re-judges every verdict there, each
+model at its own best rate, beside the shared rate on the same seeds. A verdict that differs at that size between
+the two is **LR-sensitive**: not decided. Both runs are parts of the ladder's rungs, stored beside them in
 its folder (:func:`attnzoo.results.ladder.load_ladder` merges them), and :func:`attnzoo.claims.verdicts.judge_all`
 makes the check wherever the smallest rung holds a sweep (:func:`with_learning_rate_check`).
 """
@@ -109,13 +109,13 @@ def on_seeds(rung: CompareResults, seeds: Sequence[int]) -> CompareResults:
 def check_learning_rates(
     verdicts: Sequence[Verdict], shared: Ladder, own: Ladder, best: Mapping[str, float]
 ) -> list[Verdict]:
-    """Every primary language-model verdict re-judged at the largest size with each model at its own best rate
-    (``own``: the ladder whose rungs hold the models at their best multiples) and at the shared rate (``shared``,
-    restricted to the seeds ``own`` ran there), each at the raw 5% level of one size; **LR-sensitive** where the
-    two outcomes differ and both were judged. The others keep their verdicts, the check's result added to the
-    reason. An exploratory language-model verdict is noted, not re-judged: the same where each of its models' best
-    is ×1 (the runs it was judged on are the runs at each model's own rate), not checked where one's is not (the
-    own rates train for the primaries only) or where no sweep ran a model."""
+    """Every decided or inconclusive language-model verdict re-judged at the largest size with each model at its
+    own best rate (``own``: the ladder whose rungs hold the models at their best multiples) and at the shared rate
+    (``shared``, restricted to the seeds ``own`` ran there), each at the raw 5% level of one size; **LR-sensitive**
+    where the two outcomes differ and both were judged. The others keep their verdicts, the check's result added to
+    the reason. An exploratory claim whose models' best are all ×1 is the same without a re-judging: the runs it
+    was judged on, at whichever size, are the runs at each model's own rate. Not checked where no sweep ran a
+    model, or where the largest size did not train a model at its own rate."""
     checked = []
     for verdict in verdicts:
         claim = verdict.claim
@@ -126,12 +126,21 @@ def check_learning_rates(
         if isinstance(at_own, str):
             checked.append(_noted(verdict, f"not checked at each model's own best learning rate: {at_own}"))
             continue
-        if not claim.primary:
-            checked.append(_noted(verdict, _exploratory_check(claim, at_own)))
+        if not claim.primary and (at_own.variant, at_own.baseline) == (claim.variant, claim.baseline):
+            swept = " and ".join(_swept_models_of(claim))
+            checked.append(
+                _noted(verdict, f"the same at each model's own best learning rate: the sweep's best for {swept} is ×1")
+            )
             continue
         theirs = judge_largest(at_own, own)
         if isinstance(theirs, str):
-            checked.append(_noted(verdict, f"not checked at each model's own best learning rate: {theirs}"))
+            checked.append(
+                _noted(
+                    verdict,
+                    f"not checked at each model's own best learning rate ({at_own.variant} against "
+                    f"{at_own.baseline}) at the largest size: {theirs}",
+                )
+            )
             continue
         seeds = _seeds(own, at_own)
         ours = judge_largest(claim, Ladder(tuple(on_seeds(rung, seeds) for rung in shared.rungs)))
@@ -201,18 +210,6 @@ def _seeds(ladder: Ladder, claim: Claim) -> list[int]:
     rung = ladder.largest
     ran = [{run.seed for run in rung.variants[label].runs} for label in (claim.variant, claim.baseline)]
     return sorted(ran[0] & ran[1])
-
-
-def _exploratory_check(claim: Claim, at_own: Claim) -> str:
-    """What the learning-rate check says of an exploratory claim whose models the sweep ran (``at_own``: the claim
-    with each at its own best multiple)."""
-    if (at_own.variant, at_own.baseline) == (claim.variant, claim.baseline):
-        swept = " and ".join(_swept_models_of(claim))
-        return f"the same at each model's own best learning rate: the sweep's best for {swept} is ×1"
-    return (
-        f"not checked at each model's own best learning rate ({at_own.variant} against {at_own.baseline}): the own "
-        "rates train at the largest size for the primaries only"
-    )
 
 
 def _noted(verdict: Verdict, note: str) -> Verdict:

@@ -15,8 +15,8 @@ comparison is a ladder of one size). In order, the first that applies:
    with this size's own result beside it, so that no rung's report contradicts its ladder's.
 3. **inconclusive**: fewer than :data:`MIN_SEEDS` seeds, or no spread to form an interval from.
 4. **scale-dependent**: two sizes each decide the claim on their own, in opposite directions (each size's effect is
-   shown). **LR-sensitive** (:mod:`attnzoo.claims.learning_rate`, where a learning-rate sweep ran): a primary
-   whose verdict at the largest size differs between the shared learning rate and each model at its own best one.
+   shown). **LR-sensitive** (:mod:`attnzoo.claims.learning_rate`, where a learning-rate sweep ran): a verdict
+   that differs at the largest size between the shared learning rate and each model at its own best one.
 5. At the largest size, by the rules of :mod:`attnzoo.claims.rules`, with the paired difference
    ``variant − baseline`` (:mod:`attnzoo.stats`) and its 90% interval, for a directional claim: **supported** or
    **contradicted** when the interval lies beyond ± the smallest effect of interest δ on the claimed or the
