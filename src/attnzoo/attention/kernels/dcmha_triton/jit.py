@@ -481,6 +481,55 @@ if triton is not None:
         return (first, second), (third, fourth)
 
     @triton.jit
+    def _backward_tile(
+        Q, K, V, DO, WQ, WK, LSE, b, bg, g0, own, c, t, s, t0, s0,
+        stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt,
+        stride_ob, stride_oh, stride_ot,
+        H, T, n_rep, window, scale, deltas,
+        M: tl.constexpr, MP: tl.constexpr, MC: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, D: tl.constexpr,
+        DP: tl.constexpr, DF: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, PRE: tl.constexpr,
+        POST: tl.constexpr, KEY_WISE: tl.constexpr, LOCAL: tl.constexpr, PREC: tl.constexpr, WIDEN: tl.constexpr,
+    ):  # fmt: skip
+        """Both backward kernels' work at one tile (t, s): the group's mixes, each stage once the one before it is
+        complete (the pre-mixes of the logits, the post-mixes of P and dP', the pre-mixes of dZ; zeros where off),
+        then the own chunk c's tile as far as dZ. Returns the four mixes, then the tile (:func:`_chunk_tile`)."""
+        zero = tl.zeros((RP, BT, BS), tl.float32)
+        no_mixes = (zero, zero)
+        pre_mixes = no_mixes
+        post_mixes = no_mixes
+        post_grad_mixes = no_mixes
+        pre_grad_mixes = no_mixes
+        if PRE:
+            pre_mixes = _group_mixes(
+                Q, K, V, DO, WQ, WK, LSE, b, bg, g0, t, s, t0, s0,
+                stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh,
+                stride_vt, stride_ob, stride_oh, stride_ot, H, T, n_rep, window, scale, no_mixes, no_mixes, 0.0,
+                M, MP, MC, R, RP, D, DP, DF, BT, BS, PRE, POST, KEY_WISE, LOCAL, PREC, WIDEN, 1,
+            )[0]  # fmt: skip
+        if POST:
+            post_mixes, post_grad_mixes = _group_mixes(
+                Q, K, V, DO, WQ, WK, LSE, b, bg, g0, t, s, t0, s0,
+                stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh,
+                stride_vt, stride_ob, stride_oh, stride_ot, H, T, n_rep, window, scale, pre_mixes, no_mixes, 0.0,
+                M, MP, MC, R, RP, D, DP, DF, BT, BS, PRE, POST, KEY_WISE, LOCAL, PREC, WIDEN, 2,
+            )  # fmt: skip
+        if PRE:
+            pre_grad_mixes = _group_mixes(
+                Q, K, V, DO, WQ, WK, LSE, b, bg, g0, t, s, t0, s0,
+                stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh,
+                stride_vt, stride_ob, stride_oh, stride_ot, H, T, n_rep, window, scale, pre_mixes,
+                post_grad_mixes, deltas, M, MP, MC, R, RP, D, DP, DF, BT, BS, PRE, POST, KEY_WISE, LOCAL, PREC,
+                WIDEN, 4,
+            )[0]  # fmt: skip
+        tile = _chunk_tile(
+            Q, K, V, DO, WQ, WK, LSE, b, bg, g0, own, t, s, t0, s0,
+            stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt,
+            stride_ob, stride_oh, stride_ot, H, T, n_rep, window, scale, pre_mixes, post_grad_mixes,
+            _of_chunk(deltas, c), M, R, RP, D, DP, DF, BT, BS, PRE, POST, KEY_WISE, LOCAL, PREC, WIDEN, 4,
+        )  # fmt: skip
+        return pre_mixes, post_mixes, post_grad_mixes, pre_grad_mixes, tile
+
+    @triton.jit
     def _backward_query_kernel(
         Q, K, V, DO, WQ, WK, LSE, DELTA, DQ, DWQ,
         stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt,
@@ -553,38 +602,13 @@ if triton is not None:
         post_grads = pre_grads
         for s0 in range(lo, hi, BS):
             s = s0 + tl.arange(0, BS)
-            pre_mixes = no_mixes
-            post_mixes = no_mixes
-            post_grad_mixes = no_mixes
-            pre_grad_mixes = no_mixes
-            if PRE:
-                pre_mixes = _group_mixes(
-                    Q, K, V, DO, WQ, WK, LSE, b, bg, g0, t, s, t0, s0,
-                    stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh,
-                    stride_vt, stride_ob, stride_oh, stride_ot, H, T, n_rep, window, scale, no_mixes, no_mixes, 0.0,
-                    M, MP, MC, R, RP, D, DP, DF, BT, BS, PRE, POST, KEY_WISE, LOCAL, PREC, WIDEN, 1,
-                )[0]  # fmt: skip
-            if POST:
-                post_mixes, post_grad_mixes = _group_mixes(
-                    Q, K, V, DO, WQ, WK, LSE, b, bg, g0, t, s, t0, s0,
-                    stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh,
-                    stride_vt, stride_ob, stride_oh, stride_ot, H, T, n_rep, window, scale, pre_mixes, no_mixes, 0.0,
-                    M, MP, MC, R, RP, D, DP, DF, BT, BS, PRE, POST, KEY_WISE, LOCAL, PREC, WIDEN, 2,
-                )  # fmt: skip
-            if PRE:
-                pre_grad_mixes = _group_mixes(
-                    Q, K, V, DO, WQ, WK, LSE, b, bg, g0, t, s, t0, s0,
-                    stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh,
-                    stride_vt, stride_ob, stride_oh, stride_ot, H, T, n_rep, window, scale, pre_mixes,
-                    post_grad_mixes, deltas, M, MP, MC, R, RP, D, DP, DF, BT, BS, PRE, POST, KEY_WISE, LOCAL, PREC,
-                    WIDEN, 4,
-                )[0]  # fmt: skip
-            pre, _, logits, probs, grad_mixed, _, grad_logits = _chunk_tile(
-                Q, K, V, DO, WQ, WK, LSE, b, bg, g0, own, t, s, t0, s0,
+            pre_mixes, post_mixes, post_grad_mixes, pre_grad_mixes, tile = _backward_tile(
+                Q, K, V, DO, WQ, WK, LSE, b, bg, g0, own, c, t, s, t0, s0,
                 stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt,
-                stride_ob, stride_oh, stride_ot, H, T, n_rep, window, scale, pre_mixes, post_grad_mixes,
-                _of_chunk(deltas, c), M, R, RP, D, DP, DF, BT, BS, PRE, POST, KEY_WISE, LOCAL, PREC, WIDEN, 4,
+                stride_ob, stride_oh, stride_ot, H, T, n_rep, window, scale, deltas,
+                M, MP, MC, R, RP, D, DP, DF, BT, BS, PRE, POST, KEY_WISE, LOCAL, PREC, WIDEN,
             )  # fmt: skip
+            pre, _, logits, probs, grad_mixed, _, grad_logits = tile
             if POST:
                 g_w1, g_w2, g_dd = _weight_grads(probs, grad_mixed, post_mixes[0], post_grad_mixes[0], 2)
                 post_grads = (post_grads[0] + g_w1, post_grads[1] + g_w2, post_grads[2] + g_dd)
@@ -631,8 +655,6 @@ if triton is not None:
         hi = T
         if LOCAL:
             hi = tl.minimum(s0 + BS - 1 + window, T)
-        zero = tl.zeros((RP, BT, BS), tl.float32)
-        no_mixes = (zero, zero)
 
         grad_k = tl.zeros((MC, BS, DP), tl.float32)
         grad_v = tl.zeros((MC, BS, DP), tl.float32)
@@ -642,38 +664,13 @@ if triton is not None:
         for t0 in range(lo, hi, BT):
             t = t0 + tl.arange(0, BT)
             deltas = _group_rows(DELTA, b, H, g0, t, T, M, MP, MC)
-            pre_mixes = no_mixes
-            post_mixes = no_mixes
-            post_grad_mixes = no_mixes
-            pre_grad_mixes = no_mixes
-            if PRE:
-                pre_mixes = _group_mixes(
-                    Q, K, V, DO, WQ, WK, LSE, b, bg, g0, t, s, t0, s0,
-                    stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh,
-                    stride_vt, stride_ob, stride_oh, stride_ot, H, T, n_rep, window, scale, no_mixes, no_mixes, 0.0,
-                    M, MP, MC, R, RP, D, DP, DF, BT, BS, PRE, POST, KEY_WISE, LOCAL, PREC, WIDEN, 1,
-                )[0]  # fmt: skip
-            if POST:
-                post_mixes, post_grad_mixes = _group_mixes(
-                    Q, K, V, DO, WQ, WK, LSE, b, bg, g0, t, s, t0, s0,
-                    stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh,
-                    stride_vt, stride_ob, stride_oh, stride_ot, H, T, n_rep, window, scale, pre_mixes, no_mixes, 0.0,
-                    M, MP, MC, R, RP, D, DP, DF, BT, BS, PRE, POST, KEY_WISE, LOCAL, PREC, WIDEN, 2,
-                )  # fmt: skip
-            if PRE:
-                pre_grad_mixes = _group_mixes(
-                    Q, K, V, DO, WQ, WK, LSE, b, bg, g0, t, s, t0, s0,
-                    stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh,
-                    stride_vt, stride_ob, stride_oh, stride_ot, H, T, n_rep, window, scale, pre_mixes,
-                    post_grad_mixes, deltas, M, MP, MC, R, RP, D, DP, DF, BT, BS, PRE, POST, KEY_WISE, LOCAL, PREC,
-                    WIDEN, 4,
-                )[0]  # fmt: skip
-            pre, post, logits, probs, grad_mixed, _, grad_logits = _chunk_tile(
-                Q, K, V, DO, WQ, WK, LSE, b, bg, g0, own, t, s, t0, s0,
+            pre_mixes, post_mixes, post_grad_mixes, pre_grad_mixes, tile = _backward_tile(
+                Q, K, V, DO, WQ, WK, LSE, b, bg, g0, own, c, t, s, t0, s0,
                 stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt,
-                stride_ob, stride_oh, stride_ot, H, T, n_rep, window, scale, pre_mixes, post_grad_mixes,
-                _of_chunk(deltas, c), M, R, RP, D, DP, DF, BT, BS, PRE, POST, KEY_WISE, LOCAL, PREC, WIDEN, 4,
+                stride_ob, stride_oh, stride_ot, H, T, n_rep, window, scale, deltas,
+                M, MP, MC, R, RP, D, DP, DF, BT, BS, PRE, POST, KEY_WISE, LOCAL, PREC, WIDEN,
             )  # fmt: skip
+            pre, post, logits, probs, grad_mixed, _, grad_logits = tile
             mixed = probs
             if POST:
                 mixed = _composed(probs, post, post_mixes, KEY_WISE)
