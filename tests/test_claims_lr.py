@@ -237,7 +237,14 @@ def test_a_verdict_names_the_regime_read_off_its_stored_runs_and_the_papers_own(
     row = next(r for r in verdicts_record(ladder, list(verdicts.values()))["claims"] if r["id"] == "diff.lm_loss")
     assert row["regime"]["head_dims"] == [16, 24] and row["regime"]["confounded"]
     assert "head dim 128" in row["paper_regime"]
-    assert verdicts["selective.value_temperature_denoising"].regime is None  # a task's claim: its own scale
+    denoising = verdicts["selective.value_temperature_denoising"].regime  # a task's claim: its task's model
+    assert denoising is not None and denoising.describe() == (
+        "0.013M parameters (1 layer, 2 heads × 16), the denoising task (synthetic tokens), 471 tokens per parameter, "
+        "peak learning rate 0.01 for every model (the task's budget: 100 warmup steps of 3000)"
+    )
+    assert scoped_answer(verdicts["selective.value_temperature_denoising"]) == (
+        "reproduced at 0.013M parameters, heads ≤ 16"
+    )
     table = brief_table(list(verdicts.values())).to_markdown()
     assert "| measured at |" in table and "head size confounded with size" in table
     one = {v.claim.id: v for v in judge_all(CompareResults.load(DOCS / "claims-one-size" / "results.json"))}

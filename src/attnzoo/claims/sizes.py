@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from attnzoo.claims.gates import DIVERGED
-from attnzoo.claims.regime import Regime, regime_of
+from attnzoo.claims.regime import Regime, regime_of, task_regime
 from attnzoo.claims.rules import MIN_SEEDS, MIN_SIZE_RATIO, MIN_SIZES, decide, p_value, seeds_to_decide
 from attnzoo.claims.verdict import SizeVerdict, Verdict
 from attnzoo.results.ladder import Ladder, head_dim, ladder_of, parameters
@@ -126,9 +126,11 @@ def judge_largest(claim: Claim, ladder: Ladder) -> SizeVerdict | str:
 
 
 def _regime(claim: Claim, ladder: Ladder, ran: list[SizeVerdict]) -> Regime | None:
-    """The sizes a language-model claim was measured at, read off their rungs."""
+    """The sizes a language-model claim was measured at, read off their rungs; a task's claim, its task's regime at
+    the size that decides it."""
     if claim.measure.task is not None:
-        return None
+        deciding = next(rung for rung in ladder.rungs if parameters(rung) == ran[-1].parameters)
+        return task_regime(deciding.tasks[claim.measure.task], [claim.baseline, claim.variant])
     sizes = {size.parameters for size in ran}
     return regime_of([rung for rung in ladder.rungs if parameters(rung) in sizes], [claim.variant, claim.baseline])
 

@@ -85,7 +85,7 @@ class Verdict:
     levels: dict[str, float] = dataclasses.field(default_factory=dict)  # means reached, and chance where defined
     sizes: tuple[SizeVerdict, ...] = ()  # every size that ran the claim, smallest first
     parts: tuple[PartVerdict, ...] = ()  # the statement's other parts; the outcome is the whole's
-    regime: Regime | None = None  # the language-model sizes it was measured at; None for a task's claim or not run
+    regime: Regime | None = None  # the sizes it was measured at (a task's claim: its task's); None if not run
 
     @property
     def interval(self) -> tuple[float, float] | None:
