@@ -305,7 +305,7 @@ def test_an_unmatched_variant_keeps_the_baselines_mlp_and_adds_its_mechanisms_pa
 def test_the_ablations_are_parts_of_the_ladders_rungs_at_their_model_and_schedule():
     small, large = LADDERS["claims"].rungs
     for name, rung, labels in (
-        ("claims-static", small, ["dcmha+rope", "dcmha[static_only=true]+rope"]),
+        ("claims-static", small, PRESETS["claims-static"].variant_labels),
         ("claims-unmatched", large, ["dcmha+rope+unmatched"]),
         ("claims-lr", small, PRESETS["claims-lr"].variant_labels),
         ("claims-ablations", small, PRESETS["claims-ablations"].variant_labels),
@@ -315,6 +315,10 @@ def test_the_ablations_are_parts_of_the_ladders_rungs_at_their_model_and_schedul
         assert (part.model, part.train, part.evals) == (rung.model, rung.train, rung.evals)
         assert part.variant_labels == labels and labels[-1] not in rung.variant_labels
     claim = CLAIMS["dcmha.dynamic_beats_static"]
+    # its own sweep: both its models at every multiple, so its report checks the verdict at each one's best rate
+    models = (claim.variant, claim.baseline)
+    swept = {f"{model}+lr{multiple}" for model in models for multiple in ("0.5", "2")}
+    assert swept | set(models) == set(PRESETS["claims-static"].variant_labels)
     assert claim.baseline == "dcmha[static_only=true]+rope" and claim.is_run and claim.preset == "claims-static"
     assert CLAIMS["dcmha.compute_equivalence_unmatched"].preset == "claims-unmatched"
     extras = set(PRESETS["claims-ablations"].variant_labels)
