@@ -339,4 +339,6 @@ def test_the_extrapolation_preset_scores_16L_at_the_small_rungs_model_and_schedu
     assert alone.evals.extrapolation_multiples == (1, 2, 16) and 16 not in small.evals.extrapolation_multiples
     claim = CLAIMS["alibi.extrapolation_vs_rope"]
     assert claim.is_run and claim.preset == "claims-extrapolation" and claim.measure.label.startswith("loss at 16×")
-    assert alone.variant_labels == [claim.baseline, claim.variant]
+    assert alone.variant_labels[:2] == [claim.baseline, claim.variant]
+    models = (claim.variant, claim.baseline)  # and its own sweep: each at every multiple
+    assert set(alone.variant_labels) == set(models) | {f"{m}+lr{x}" for m in models for x in ("0.5", "2")}
