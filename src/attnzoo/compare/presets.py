@@ -508,7 +508,8 @@ PRESETS["claims-static"] = _at_rung(
 # wall ÷ summed training 0.67): 10 runs, 7 minutes on 2 cores, the 16L scoring seconds on top. Measured from a clean
 # clone of a1abb8c on the Xeon: 5 min 16 s.
 # Like claims-static it holds its own sweep: both models at ×0.5, ×1 and ×2 the shared rate, so its report checks
-# the verdicts at each model's own best rate.
+# the verdicts at each model's own best rate: 30 runs, measured from a clean clone of f9e0d47 on the 2-core EPYC:
+# 17 min 53 s (both models best at ×1).
 _EXTRAPOLATION_MODELS = ("mha+rope", "mha+alibi")
 PRESETS[EXTRAPOLATION_PRESET] = _at_rung(
     _SMALL,
@@ -516,8 +517,8 @@ PRESETS[EXTRAPOLATION_PRESET] = _at_rung(
     (
         "alibi.extrapolation_vs_rope at the claims ladder's small rung (0.12M parameters): RoPE against ALiBi, each "
         "at ×0.5, ×1 and ×2 the shared rate × 5 seeds, so the verdict is checked at each model's own best rate, "
-        "each scored at L, 2L and 16L (4,096 tokens) on the same tokens; 5.3 minutes measured on 2 Xeon cores with "
-        "--executor local --jobs 2 for the ×1 runs alone"
+        "each scored at L, 2L and 16L (4,096 tokens) on the same tokens; 17.9 minutes measured on 2 EPYC cores with "
+        "--executor local --jobs 2"
     ),
     (*_EXTRAPOLATION_MODELS, *(f"{m}+lr{multiple:g}" for m in _EXTRAPOLATION_MODELS for multiple in (0.5, 2))),
     evals=dataclasses.replace(_SMALL.evals, extrapolation_multiples=(1, 2, 16)),
