@@ -82,14 +82,18 @@ def check(claim: Claim, metric: dict[str, dict[float, list[float]]], higher_is_b
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--claim", default="selective.value_temperature_denoising", help="a claim on a task")
+    on_tasks = sorted(claim_id for claim_id, claim in CLAIMS.items() if claim.measure.task is not None)
+    parser.add_argument(
+        "--claim", default="selective.value_temperature_denoising", choices=on_tasks, help="a claim on a task"
+    )
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "task-lr-denoising.md")
     args = parser.parse_args(argv)
     claim = CLAIMS[args.claim]
-    if claim.measure.task is None:
-        parser.error(f"--claim {args.claim} is a language-model claim: its check is claims-lr's (docs/jobs/compare.md)")
+    rungs = [r for r in LADDERS["claims"].rungs if any(t.name == claim.measure.task for t in r.tasks)]
+    if not rungs:
+        parser.error(f"--claim {args.claim}: the claims ladder does not run its task {claim.measure.task!r}")
     torch.set_num_threads(1)
-    rung = next(r for r in reversed(LADDERS["claims"].rungs) if any(t.name == claim.measure.task for t in r.tasks))
+    rung = rungs[-1]
     task = next(t for t in rung.tasks if t.name == claim.measure.task)
     seeds = rung.task_seeds or rung.seeds
     metric = sweep(claim, task, seeds)

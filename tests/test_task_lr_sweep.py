@@ -54,5 +54,11 @@ def test_the_sweep_trains_the_claims_models_on_its_task_at_every_multiple():
     for by_multiple in metric.values():
         assert set(by_multiple) == set(LR_MULTIPLES) and all(len(v) == 2 for v in by_multiple.values())
         assert by_multiple[0.5] != by_multiple[2.0]  # the rate reached the optimizer
+
+
+@pytest.mark.parametrize("claim", ["dcmha.lm_loss", "no.such.claim"])  # a language-model claim has claims-lr
+def test_a_claim_not_on_a_task_is_refused_naming_the_ones_allowed(claim, capsys):
     with pytest.raises(SystemExit):
-        task_lr_sweep.main(["--claim", "dcmha.lm_loss"])  # a language-model claim has claims-lr
+        task_lr_sweep.main(["--claim", claim])
+    error = capsys.readouterr().err
+    assert f"invalid choice: '{claim}'" in error and "selective.value_temperature_denoising" in error
