@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,7 +25,7 @@ import numpy as np
 import torch
 
 from attnzoo.claims import CLAIMS, Claim
-from attnzoo.claims.learning_rate import LR_MULTIPLES
+from attnzoo.claims.learning_rate import LR_MULTIPLES, best_multiple
 from attnzoo.claims.rules import EQUIVALENCE_CONFIDENCE, decide, p_value
 from attnzoo.compare.presets import LADDERS
 from attnzoo.compare.tasks import task_configs, train_task
@@ -59,12 +58,11 @@ def sweep(claim: Claim, task: TaskSpec, seeds: Sequence[int]) -> dict[str, dict[
 def check(claim: Claim, metric: dict[str, dict[float, list[float]]], higher_is_better: bool) -> dict[str, Any]:
     """Each model's best multiple (its best mean metric over the seeds; a tie keeps ×1, as claims-lr does), the claim
     judged at the shared rate and at each model's own best on the same seeds, and whether the two outcomes agree."""
-
-    def key(model: str, multiple: float) -> tuple[float, float]:
-        value = float(np.mean(metric[model][multiple]))
-        return (-value if higher_is_better else value, abs(math.log(multiple)))
-
-    best = {model: min(LR_MULTIPLES, key=lambda m, model=model: key(model, m)) for model in metric}
+    sign = -1.0 if higher_is_better else 1.0
+    best = {
+        model: best_multiple({m: sign * float(np.mean(values)) for m, values in by_multiple.items()})
+        for model, by_multiple in metric.items()
+    }
 
     def judged(variant_multiple: float, baseline_multiple: float) -> dict[str, Any]:
         difference = paired_over_seeds(

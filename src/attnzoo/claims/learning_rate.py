@@ -57,9 +57,13 @@ def best_learning_rates(
         seeds = sorted(set.intersection(*(set(by_seed) for by_seed in losses.values())))
         if not seeds:
             raise ValueError(f"no seed of {model} ran at every multiple {multiples}")
-        means = {multiple: _mean([by_seed[seed] for seed in seeds]) for multiple, by_seed in losses.items()}
-        best[model] = min(multiples, key=lambda m: (means[m], abs(math.log(m))))
+        best[model] = best_multiple({m: _mean([by_seed[seed] for seed in seeds]) for m, by_seed in losses.items()})
     return best
+
+
+def best_multiple(means: Mapping[float, float]) -> float:
+    """The multiple whose mean (lower is better) is lowest; a tie goes to the multiple nearest ×1."""
+    return min(means, key=lambda m: (means[m], abs(math.log(m))))
 
 
 def _mean(values: Sequence[float]) -> float:
